@@ -55,8 +55,8 @@ class TTLinear(nn.Module):
         super().__init__()
         self.in_features = _check_size(in_features, "in_features")
         self.out_features = _check_size(out_features, "out_features")
-        if not gate_threshold >= 0:
-            raise ValueError(f"gate_threshold must be >= 0, got {gate_threshold}")
+        if not 0 <= gate_threshold < 1:  # gates start at 1: tau >= 1 would mask everything
+            raise ValueError(f"gate_threshold must be in [0, 1), got {gate_threshold}")
         if d is not None:
             _check_size(d, "d")
         if d is None and in_modes is None and out_modes is None:

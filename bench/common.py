@@ -1,0 +1,60 @@
+"""Shared helpers for the benchmarks: machine info, interleaved timing, JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine_info() -> dict:
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
+    }
+
+
+def interleaved_medians(
+    fns: dict[str, Callable[[], None]], repeats: int, warmup: int = 3, inner: int = 1
+) -> dict[str, float]:
+    """Median seconds per call of each fn, timed round-robin so drift hits all alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            samples[name].append((time.perf_counter() - start) / inner)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def write_json(name: str, payload: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
+    return path

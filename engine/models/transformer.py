@@ -1,0 +1,314 @@
+"""The paper's sentence-pair classifier: six post-LN encoder blocks, dense or tensorized.
+
+Architecture as in the authors' code (method doc §8): word + learned position + token-type
+embeddings, LayerNorm, dropout; post-LN blocks (residual, then LayerNorm, eps 1e-9) with GELU
+FFN; the classifier reads the first token: fc1 (d -> d) -> tanh -> dropout -> fc2 (d -> C).
+
+``build_transformer(config, tensorized=True)`` builds the CoMERA model directly with random
+init (training from scratch): every encoder linear and the classifier fc1 are ``TTLinear``,
+the word embedding is ``TTMEmbedding``; classifier fc2, position / token-type embeddings and
+LayerNorms stay dense. ``shapes="mnli"`` uses the exact shapes of method doc §2.3.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine.nn.tt_linear import TTLinear
+from engine.nn.ttm_embedding import TTMEmbedding
+
+__all__ = [
+    "TransformerConfig",
+    "TransformerClassifier",
+    "build_transformer",
+    "ParameterReport",
+    "parameter_report",
+    "MNLI_SHAPES",
+]
+
+CONFIG_VERSION = 1
+
+# method doc §2.3: (in_modes, out_modes) per role; embedding rows, cols and fixed ranks
+MNLI_SHAPES: dict[str, Any] = {
+    "attn": ((12, 8, 8), (8, 8, 12)),
+    "ffn1": ((12, 8, 8), (12, 16, 16)),
+    "ffn2": ((16, 16, 12), (8, 8, 12)),
+    "cls1": ((12, 8, 8), (8, 8, 12)),
+    "embedding": ((16, 20, 10, 10), (4, 4, 8, 6), (1, 32, 32, 32, 1)),
+}
+
+MakeLinear = Callable[[str, int, int], nn.Module]  # (role, in, out) -> module
+MakeEmbedding = Callable[[int, int], nn.Module]  # (num, dim) -> module
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """Sizes of the encoder classifier; the defaults are the MNLI model of the paper."""
+
+    vocab_size: int = 30522
+    d_model: int = 768
+    n_heads: int = 12
+    d_ff: int = 3072
+    n_layers: int = 6
+    max_len: int = 512
+    type_vocab: int = 2
+    num_classes: int = 3
+    dropout: float = 0.1
+    attn_dropout: float = 0.1
+    ln_eps: float = 1e-9
+    version: int = CONFIG_VERSION
+
+    def __post_init__(self) -> None:
+        if self.version != CONFIG_VERSION:
+            raise ValueError(f"version must be {CONFIG_VERSION}, got {self.version!r}")
+        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len",
+                     "type_vocab", "num_classes"):  # fmt: skip
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model must be divisible by n_heads, got {self.d_model} and "
+                             f"{self.n_heads}")
+        for name in ("dropout", "attn_dropout"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {v!r}")
+        if isinstance(self.ln_eps, bool) or not isinstance(self.ln_eps, numbers.Real) or (
+            not self.ln_eps > 0
+        ):
+            raise ValueError(f"ln_eps must be > 0, got {self.ln_eps!r}")
+
+    @classmethod
+    def mnli(cls, **changes: Any) -> TransformerConfig:
+        """The paper's six-encoder MNLI model (method doc §2.3)."""
+        return cls(**changes)
+
+    @classmethod
+    def tiny(cls, **changes: Any) -> TransformerConfig:
+        """A small model for tests and smoke runs (use ``shapes="auto"``)."""
+        base = {"vocab_size": 100, "d_model": 32, "n_heads": 4, "d_ff": 64, "n_layers": 2,
+                "max_len": 64}  # fmt: skip
+        return cls(**{**base, **changes})
+
+    def replace(self, **changes: Any) -> TransformerConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TransformerConfig:
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"TransformerConfig: unknown keys {unknown}")
+        if "version" not in data:
+            raise ValueError("TransformerConfig: version is required")
+        return cls(**data)
+
+
+# -- modules, small to large ----------------------------------------------------------------
+class Embeddings(nn.Module):
+    def __init__(self, cfg: TransformerConfig, make_embedding: MakeEmbedding) -> None:
+        super().__init__()
+        self.word = make_embedding(cfg.vocab_size, cfg.d_model)
+        self.position = nn.Embedding(cfg.max_len, cfg.d_model)
+        self.token_type = nn.Embedding(cfg.type_vocab, cfg.d_model)
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
+        s = input_ids.shape[1]
+        pos = torch.arange(s, device=input_ids.device)  # (S,)
+        x = self.word(input_ids) + self.position(pos) + self.token_type(token_type_ids)  # (B,S,D)
+        return self.drop(self.norm(x))  # (B, S, D)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: TransformerConfig, make_linear: MakeLinear) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.n_heads = cfg.n_heads
+        self.attn_dropout = cfg.attn_dropout
+        self.q, self.k, self.v = (make_linear("attn", d, d) for _ in range(3))
+        self.out = make_linear("attn", d, d)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, keep: Tensor | None) -> Tensor:
+        b, s, d = x.shape
+        h = self.n_heads
+
+        def heads(t: Tensor) -> Tensor:
+            return t.view(b, s, h, d // h).transpose(1, 2)  # (B, H, S, D/H)
+
+        q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))  # each (B, H, S, D/H)
+        p = self.attn_dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p)  # (B,H,S,D/H)
+        y = y.transpose(1, 2).reshape(b, s, d)  # (B, S, D)
+        return self.drop(self.out(y))  # (B, S, D)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: TransformerConfig, make_linear: MakeLinear) -> None:
+        super().__init__()
+        self.fc1 = make_linear("ffn1", cfg.d_model, cfg.d_ff)
+        self.fc2 = make_linear("ffn2", cfg.d_ff, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.gelu(self.fc1(x))  # (B, S, F)
+        return self.drop(self.fc2(h))  # (B, S, D)
+
+
+class EncoderBlock(nn.Module):
+    """Post-LN: ``x = LN(x + attn(x)); x = LN(x + ffn(x))``."""
+
+    def __init__(self, cfg: TransformerConfig, make_linear: MakeLinear) -> None:
+        super().__init__()
+        self.attn = SelfAttention(cfg, make_linear)
+        self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
+        self.ffn = FeedForward(cfg, make_linear)
+        self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
+
+    def forward(self, x: Tensor, keep: Tensor | None) -> Tensor:
+        x = self.norm1(x + self.attn(x, keep))  # (B, S, D)
+        return self.norm2(x + self.ffn(x))  # (B, S, D)
+
+
+class Classifier(nn.Module):
+    def __init__(self, cfg: TransformerConfig, make_linear: MakeLinear) -> None:
+        super().__init__()
+        self.fc1 = make_linear("cls1", cfg.d_model, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.fc2 = nn.Linear(cfg.d_model, cfg.num_classes)  # always dense
+
+    def forward(self, first: Tensor) -> Tensor:
+        h = self.drop(torch.tanh(self.fc1(first)))  # (B, D)
+        return self.fc2(h)  # (B, C)
+
+
+class TransformerClassifier(nn.Module):
+    """``(input_ids (B,S), token_type_ids, attention_mask) -> logits (B, classes)``."""
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        make_linear: MakeLinear | None = None,
+        make_embedding: MakeEmbedding | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        make_linear = make_linear or (lambda role, i, o: nn.Linear(i, o))
+        make_embedding = make_embedding or nn.Embedding
+        self.embeddings = Embeddings(config, make_embedding)
+        self.encoder = nn.ModuleList(
+            [EncoderBlock(config, make_linear) for _ in range(config.n_layers)]
+        )
+        self.classifier = Classifier(config, make_linear)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        token_type_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+    ) -> Tensor:
+        if input_ids.ndim != 2:
+            raise ValueError(f"input_ids must be (B, S), got shape {tuple(input_ids.shape)}")
+        if input_ids.shape[1] > self.config.max_len:
+            raise ValueError(f"sequence length {input_ids.shape[1]} > max_len "
+                             f"{self.config.max_len}")
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)  # (B, S)
+        keep = None
+        if attention_mask is not None:
+            keep = attention_mask.to(torch.bool)[:, None, None, :]  # (B, 1, 1, S) True = attend
+        x = self.embeddings(input_ids, token_type_ids)  # (B, S, D)
+        for block in self.encoder:
+            x = block(x, keep)  # (B, S, D)
+        return self.classifier(x[:, 0])  # (B, C)
+
+
+# -- builders -------------------------------------------------------------------------------
+def _check_mnli(cfg: TransformerConfig) -> None:
+    rows = math.prod(MNLI_SHAPES["embedding"][0])
+    if cfg.d_model != 768 or cfg.d_ff != 3072 or cfg.vocab_size > rows:
+        raise ValueError(
+            f"shapes='mnli' needs d_model=768, d_ff=3072 and vocab_size <= {rows}; got "
+            f"{cfg.d_model}, {cfg.d_ff}, {cfg.vocab_size} (use shapes='auto')"
+        )
+
+
+def build_transformer(
+    config: TransformerConfig,
+    *,
+    tensorized: bool,
+    max_rank: int = 30,
+    shapes: str = "mnli",
+) -> TransformerClassifier:
+    """Dense model, or the CoMERA model built directly in TT / TTM form (random init).
+
+    ``shapes="mnli"``: method doc §2.3 (TT ranks ``max_rank`` capped by the bond bounds,
+    embedding ranks fixed at 32). ``shapes="auto"``: automatic modes, ``max_rank`` everywhere.
+    """
+    if not tensorized:
+        return TransformerClassifier(config)
+    if shapes not in ("mnli", "auto"):
+        raise ValueError(f"shapes must be 'mnli' or 'auto', got {shapes!r}")
+    if shapes == "mnli":
+        _check_mnli(config)
+
+    def make_linear(role: str, n_in: int, n_out: int) -> nn.Module:
+        if shapes == "auto":
+            return TTLinear(n_in, n_out, max_rank=max_rank)
+        in_modes, out_modes = MNLI_SHAPES[role]
+        return TTLinear(n_in, n_out, max_rank=max_rank, in_modes=in_modes, out_modes=out_modes)
+
+    def make_embedding(num: int, dim: int) -> nn.Module:
+        if shapes == "auto":
+            return TTMEmbedding(num, dim, max_rank=max_rank)
+        rows, cols, ranks = MNLI_SHAPES["embedding"]
+        return TTMEmbedding(num, dim, row_modes=rows, col_modes=cols, ranks=ranks)
+
+    return TransformerClassifier(config, make_linear, make_embedding)
+
+
+@dataclass(frozen=True)
+class ParameterReport:
+    """Parameter counts of a (possibly tensorized) model; ``other`` includes TT biases."""
+
+    total: int
+    tt_cores: int  # TT / TTM core entries
+    gates: int  # rank-gate entries
+    other: int  # everything else: dense layers, biases, LayerNorms, position embeddings
+    tensorized_dense: int  # dense weight entries the TT / TTM layers stand in for
+    tensorized_layers: int
+
+    @property
+    def tensorized_ratio(self) -> float:
+        """Dense weight entries over core entries, tensorized layers only."""
+        return math.inf if self.tt_cores == 0 else self.tensorized_dense / self.tt_cores
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["tensorized_ratio"] = self.tensorized_ratio
+        return out
+
+
+def parameter_report(model: nn.Module) -> ParameterReport:
+    """Exact counts for any model holding ``TTLinear`` / ``TTMEmbedding`` modules."""
+    total = sum(p.numel() for p in model.parameters())
+    tt = [m for m in model.modules() if isinstance(m, TTLinear | TTMEmbedding)]
+    cores = sum(p.numel() for m in tt for p in m.cores)
+    gates = sum(p.numel() for m in tt for p in m.gates)
+    return ParameterReport(
+        total=total, tt_cores=cores, gates=gates, other=total - cores - gates,
+        tensorized_dense=sum(m.dense_parameters() for m in tt), tensorized_layers=len(tt),
+    )  # fmt: skip
