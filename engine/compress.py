@@ -229,7 +229,7 @@ def _embedding_to_ttm(mod: nn.Embedding, cfg: CompressConfig, ov: LayerOverride)
     shape = (mod.num_embeddings, mod.embedding_dim)
     if cfg.init == "random":
         return TTMEmbedding(*shape, max_rank=max_rank, ranks=ov.ranks, device=w.device,
-                            dtype=w.dtype, **kw)
+                            dtype=w.dtype, padding_idx=mod.padding_idx, **kw)
     if ov.ranks is None:
         return TTMEmbedding.from_embedding(mod, max_rank=max_rank, tol=cfg.tol, **kw)
     probe = TTMEmbedding(*shape, max_rank=max_rank, ranks=ov.ranks, device="meta", **kw)
@@ -237,7 +237,8 @@ def _embedding_to_ttm(mod: nn.Embedding, cfg: CompressConfig, ov: LayerOverride)
                              max_rank=list(probe.ranks[1:-1]), tol=cfg.tol)  # (r, n, m, r')
     ranks = [c.shape[0] for c in cores] + [1]
     kw.update(row_modes=probe.row_modes, col_modes=probe.col_modes, d=None)
-    layer = TTMEmbedding(*shape, ranks=ranks, device=w.device, dtype=w.dtype, **kw)
+    layer = TTMEmbedding(*shape, ranks=ranks, device=w.device, dtype=w.dtype,
+                         padding_idx=mod.padding_idx, **kw)
     with torch.no_grad():
         for p, c in zip(layer.cores, cores, strict=True):
             p.copy_(c)

@@ -70,6 +70,7 @@ class TTMEmbedding(nn.Module):
         gate_threshold: float = 1e-2,
         d: int | None = None,
         dedup: bool = True,
+        padding_idx: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -90,6 +91,14 @@ class TTMEmbedding(nn.Module):
         self.row_modes, self.col_modes = rows, cols
         self.gate_threshold = float(gate_threshold)
         self.dedup = dedup
+        if padding_idx is not None:
+            if isinstance(padding_idx, bool) or not isinstance(padding_idx, int) or not (
+                -num_embeddings <= padding_idx < num_embeddings
+            ):
+                raise ValueError(f"padding_idx must be in [-{num_embeddings}, {num_embeddings}),"
+                                 f" got {padding_idx!r}")
+            padding_idx %= num_embeddings
+        self.padding_idx = padding_idx
         kw = {"device": device, "dtype": dtype}
         pairs = enumerate(zip(rows, cols, strict=True))
         shapes = [(full[k], n, m, full[k + 1]) for k, (n, m) in pairs]  # (r_{k-1}, n_k, m_k, r_k)
@@ -119,6 +128,7 @@ class TTMEmbedding(nn.Module):
         col_modes: Sequence[int] | None = None,
         gate_threshold: float = 1e-2,
         d: int | None = None,
+        dedup: bool = True,
     ) -> TTMEmbedding:
         """TT-SVD of ``emb.weight`` (padded with zero rows) into TTM cores; gates at 1."""
         weight = emb.weight.detach()  # (V, D)
@@ -133,6 +143,8 @@ class TTMEmbedding(nn.Module):
             col_modes=cols,
             ranks=ranks,
             gate_threshold=gate_threshold,
+            dedup=dedup,
+            padding_idx=emb.padding_idx,
             device="meta",
             dtype=weight.dtype,
         )
@@ -185,22 +197,29 @@ class TTMEmbedding(nn.Module):
             zero = self.cores[-1].sum()  # () empty sum: keeps the graph, gradients are empty
             return zero.expand(*ids.shape, self.embedding_dim).contiguous()  # (..., D)
         cores, gates = list(self.cores), list(self.gates)
-        return ttm_lookup(
+        out = ttm_lookup(
             ids, cores, gates, self.gate_threshold, dedup=self.dedup, plan=self._lookup_plan()
         )  # (..., D)
+        if self.padding_idx is not None:
+            # as nn.Embedding: the padding row reads as zeros and sends no gradient
+            out = out.masked_fill((ids == self.padding_idx).unsqueeze(-1), 0.0)  # (..., D)
+        return out
 
     def to_dense(self) -> Tensor:
         """The table ``(num_embeddings, embedding_dim)`` through the dense oracle."""
         if 0 in self.ranks:
             c = self.cores[0]
             return c.new_zeros(self.num_embeddings, self.embedding_dim)
-        return ttm_table(
+        table = ttm_table(
             list(self.cores),
             list(self.gates),
             self.gate_threshold,
             self.num_embeddings,
             self.embedding_dim,
         )  # (V, D)
+        if self.padding_idx is not None:
+            table = table.index_fill(0, torch.tensor([self.padding_idx], device=table.device), 0)
+        return table
 
     # ---- rank changes ------------------------------------------------------------------------
 
@@ -227,4 +246,5 @@ class TTMEmbedding(nn.Module):
             f"{self.num_embeddings}, {self.embedding_dim}, row_modes={list(self.row_modes)}, "
             f"col_modes={list(self.col_modes)}, ranks={list(self.ranks)}, "
             f"params={self.num_parameters()}, compression={self.compression_ratio():.1f}x"
+            + (f", padding_idx={self.padding_idx}" if self.padding_idx is not None else "")
         )

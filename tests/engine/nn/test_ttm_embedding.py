@@ -295,3 +295,32 @@ def test_ids_out_of_range():
     with pytest.raises(TypeError):
         mod(torch.tensor([0.0]))
     assert mod(torch.empty(0, 5, dtype=torch.long)).shape == (0, 5, mod.embedding_dim)
+
+
+def test_padding_idx_reads_zero_and_sends_no_gradient_like_nn_embedding():
+    emb = TTMEmbedding(30, 12, max_rank=3, row_modes=(5, 6), col_modes=(3, 4), padding_idx=-2,
+                       dtype=torch.float64)
+    assert emb.padding_idx == 28
+    ids = torch.tensor([[28, 3, 28], [7, 3, 0]])
+    out = emb(ids)
+    assert torch.all(out[0, 0] == 0) and torch.all(out[0, 2] == 0)
+    table = emb.to_dense()
+    assert torch.all(table[28] == 0)
+    torch.testing.assert_close(out[1], table[[7, 3, 0]], rtol=1e-12, atol=1e-14)
+    # gradients equal those of the lookup with the padded positions removed
+    params = list(emb.parameters())
+    g_pad = torch.autograd.grad(out.pow(2).sum(), params)
+    keep = emb(torch.tensor([3, 7, 3, 0]))
+    g_ref = torch.autograd.grad(keep.pow(2).sum(), params)
+    for a, b in zip(g_pad, g_ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+    with pytest.raises(ValueError, match="padding_idx"):
+        TTMEmbedding(30, 12, max_rank=3, padding_idx=30)
+
+
+def test_from_embedding_keeps_padding_idx():
+    src = nn.Embedding(20, 8, padding_idx=0, dtype=torch.float64)
+    emb = TTMEmbedding.from_embedding(src, row_modes=(4, 5), col_modes=(2, 4))
+    assert emb.padding_idx == 0
+    ids = torch.tensor([0, 5, 19])
+    torch.testing.assert_close(emb(ids), src(ids), rtol=1e-8, atol=1e-10)
