@@ -40,6 +40,10 @@ def tt_linear(
     plan: str | Plan = "auto",
 ) -> Tensor:
     """y (..., M) = x (..., N) W^T + b for the gated TT weight given by ``cores``/``gates``."""
+    if x.dim() == 0 or x.shape[-1] != meta.in_features:
+        raise ValueError(
+            f"input's last dimension must be in_features={meta.in_features}, got {tuple(x.shape)}"
+        )
     lead = x.shape[:-1]
     x2 = x.reshape(-1, meta.in_features)  # (B, N)  view for contiguous x
     cores, gates = list(cores), list(gates)

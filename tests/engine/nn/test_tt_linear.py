@@ -85,6 +85,12 @@ def test_input_without_grad_and_float32():
     assert_close_rel(layer(x), x @ w.T + layer.bias, 1e-5, "float32 output")
 
 
+def test_wrong_input_width_is_a_clear_error():
+    layer = make_layer(CASES[0])
+    with pytest.raises(ValueError, match="in_features=35"):
+        layer(torch.randn(4, 34, dtype=torch.float64))
+
+
 def test_to_dense_is_the_weight_and_rank_is_bounded_by_middle_rank():
     layer = make_layer(CASES[3], dead=False)
     x = torch.randn(6, 60, dtype=torch.float64)
