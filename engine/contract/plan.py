@@ -112,9 +112,15 @@ class PlanCost:
 
 @dataclass(frozen=True)
 class CostWeights:
-    """How the planner trades arithmetic, launches and saved memory."""
+    """How the planner trades arithmetic, launches and saved memory.
 
-    kernel_overhead: float = 2.0e5
+    ``kernel_overhead`` is a launch priced in multiply-adds. The default comes from
+    ``python -m bench.plan_calibration`` on the 2-core CI machine: a least-squares fit of
+    measured step times to ``macs / rate + launches * cost`` over 5 shapes x 4 row counts x 10
+    plans gave 77 GMAC/s and 12.9 us per launch, i.e. about 1e6 multiply-adds per launch.
+    """
+
+    kernel_overhead: float = 1.0e6
     bytes_weight: float = 0.0
 
     def score(self, cost: PlanCost) -> float:
@@ -149,12 +155,11 @@ def _side_in(p: TTLinearProblem, side: Side) -> PlanCost:
         bwd = 2 * fwd - (0 if p.input_grad else steps[0])
         shapes = p.in_core_shapes()
         saved = sum(s // b for s, (_, _, b) in zip(steps, shapes, strict=True))  # step inputs
-        return PlanCost(fwd, bwd, saved, 3 * p.d, p.itemsize)
+        return PlanCost(fwd, bwd, saved, 0, p.itemsize)
     merge = merge_macs(p.in_core_shapes(), side)
     fwd = merge + B * N * r
     bwd = 2 * merge + B * N * r * (2 if p.input_grad else 1)
-    kernels = 3 * (p.d - 1) + 1 + (2 if p.input_grad else 1)
-    return PlanCost(fwd, bwd, B * N, kernels, p.itemsize)
+    return PlanCost(fwd, bwd, B * N, 0, p.itemsize)
 
 
 def _side_out(p: TTLinearProblem, side: Side, fused_bias: bool) -> PlanCost:
@@ -164,21 +169,42 @@ def _side_out(p: TTLinearProblem, side: Side, fused_bias: bool) -> PlanCost:
         fwd = sum(steps)
         shapes = p.out_core_shapes()
         saved = sum(s // (m * b) for s, (_, m, b) in zip(steps, shapes, strict=True))
-        return PlanCost(fwd, 2 * fwd, saved, 3 * len(p.out_modes), p.itemsize)
+        return PlanCost(fwd, 2 * fwd, saved, 0, p.itemsize)
     merge = merge_macs(p.out_core_shapes(), side)
     r_b = r + (1 if fused_bias else 0)  # the fused path carries the bias as an extra rank
     fwd = merge + B * r_b * M
     bwd = 2 * merge + B * r * M + B * r_b * M
-    kernels = 3 * (len(p.out_modes) - 1) + 3
-    return PlanCost(fwd, bwd, B * r, kernels, p.itemsize)
+    return PlanCost(fwd, bwd, B * r, 0, p.itemsize)
 
 
-def _add(a: PlanCost, b: PlanCost) -> PlanCost:
+def _launches(p: TTLinearProblem, plan: Plan) -> int:
+    """Op launches (forward + backward) the executor issues for ``plan``.
+
+    The fused function applies all gates with three ops and does its own backward; composed
+    plans pay autograd's per-op bookkeeping: five ops per gated core (threshold and multiply,
+    then three back), three per merge step or skinny GEMM, six per swept core (a permuting
+    copy and a GEMM, each with its backward).
+    """
+    d_in, d_out = p.d, len(p.out_modes)
+    k = d_in + d_out
+    if plan.fused:
+        fwd = 4 + (d_in - 1) + (d_out - 1) + 2 + (2 if p.bias else 0)
+        bwd = 5 + 2 * (d_in - 1) + 2 * (d_out - 1) + (k + 3) + (1 if p.input_grad else 0)
+        return fwd + bwd
+    total = 5 * (k - 1) + (2 if p.bias else 0)
+    if plan.kind == "dense":
+        return total + 3 * (d_in - 1 + d_out - 1 + 2)
+    for side, n in ((plan.input_side, d_in), (plan.output_side, d_out)):
+        total += 6 * n if side == "sweep" else 3 * (n - 1) + 3
+    return total
+
+
+def _add(a: PlanCost, b: PlanCost, kernels: int) -> PlanCost:
     return PlanCost(
         a.forward_macs + b.forward_macs,
         a.backward_macs + b.backward_macs,
         a.saved_elements + b.saved_elements,
-        a.kernels + b.kernels,
+        kernels,
         a.itemsize,
     )
 
@@ -192,10 +218,10 @@ def plan_cost(p: TTLinearProblem, plan: Plan) -> PlanCost:
         rebuild = N * r * M
         fwd = merges + rebuild + B * N * M
         bwd = 2 * (merges + rebuild) + B * N * M * (2 if p.input_grad else 1)
-        kernels = 3 * (p.d + len(p.out_modes)) + 4
-        return PlanCost(fwd, bwd, B * N + N * M, kernels, p.itemsize)
+        return PlanCost(fwd, bwd, B * N + N * M, _launches(p, plan), p.itemsize)
     fused_bias = plan.fused and p.bias
-    return _add(_side_in(p, plan.input_side), _side_out(p, plan.output_side, fused_bias))
+    sides = _side_in(p, plan.input_side), _side_out(p, plan.output_side, fused_bias)
+    return _add(*sides, _launches(p, plan))
 
 
 def candidate_plans() -> list[Plan]:
