@@ -53,6 +53,26 @@ def interleaved_medians(
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
+def fwd_bwd_step(
+    module: torch.nn.Module,
+    x: torch.Tensor,
+    dy: torch.Tensor,
+    setup: Callable[[], None] | None = None,
+) -> Callable[[], None]:
+    """One forward+backward driven by the fixed upstream gradient ``dy``; grads reset to None
+    first (as ``zero_grad(set_to_none=True)``), after an optional ``setup``."""
+    params = [x, *module.parameters()]
+
+    def run() -> None:
+        if setup is not None:
+            setup()
+        for p in params:
+            p.grad = None
+        module(x).backward(dy)
+
+    return run
+
+
 def write_json(name: str, payload: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import argparse
 from collections import defaultdict
+from functools import partial
 
 import numpy as np
 import torch
 
-from bench.common import interleaved_medians, machine_info, write_json
+from bench.common import fwd_bwd_step, interleaved_medians, machine_info, write_json
 from engine.contract.plan import CostWeights, candidate_plans, plan_cost
 from engine.nn.functional import problem_for
 from engine.nn.tt_linear import TTLinear
@@ -32,16 +33,6 @@ SHAPES = [  # (in, out, in_modes, out_modes, max_rank)
 ROWS = (1, 8, 64, 512)
 
 
-def _step(layer: TTLinear, plan, x: torch.Tensor, dy: torch.Tensor, params: list):
-    def run() -> None:
-        layer.plan = plan
-        for p in params:
-            p.grad = None
-        layer(x).backward(dy)
-
-    return run
-
-
 def measure(repeats: int) -> list[dict]:
     torch.manual_seed(0)
     out = []
@@ -50,10 +41,12 @@ def measure(repeats: int) -> list[dict]:
         for rows in ROWS:
             x = torch.randn(rows, n, requires_grad=True)
             dy = torch.randn(rows, m)
-            params = [x, *layer.parameters()]
             problem = problem_for(x, list(layer.cores), layer.bias, layer.meta)
 
-            fns = {str(p): _step(layer, p, x, dy, params) for p in candidate_plans()}
+            fns = {
+                str(p): fwd_bwd_step(layer, x, dy, setup=partial(setattr, layer, "plan", p))
+                for p in candidate_plans()
+            }
             times = interleaved_medians(fns, repeats)
             for plan in candidate_plans():
                 cost = plan_cost(problem, plan)

@@ -27,7 +27,7 @@ import sys
 import torch
 from torch import nn
 
-from bench.common import interleaved_medians, machine_info, write_json
+from bench.common import fwd_bwd_step, interleaved_medians, machine_info, write_json
 from engine.contract.plan import plan_cost, plan_tt_linear
 from engine.nn.functional import problem_for
 from engine.nn.tt_linear import TTLinear
@@ -41,17 +41,6 @@ SHAPES = {
 ROWS = (128, 1024, 4096)
 RANK = 30
 TUNED_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
-
-
-def _step(module: nn.Module, x: torch.Tensor, dy: torch.Tensor):
-    params = [x, *module.parameters()]
-
-    def run() -> None:
-        for p in params:
-            p.grad = None
-        module(x).backward(dy)
-
-    return run
 
 
 def measure(repeats: int) -> list[dict]:
@@ -68,8 +57,8 @@ def measure(repeats: int) -> list[dict]:
             dy = torch.randn(rows, m)
             inner = max(1, 256 // rows)
             t = interleaved_medians(
-                {"dense": _step(dense, x, dy), "tt": _step(tt, x, dy),
-                 "two_gemm": _step(two_gemm, x, dy)},
+                {"dense": fwd_bwd_step(dense, x, dy), "tt": fwd_bwd_step(tt, x, dy),
+                 "two_gemm": fwd_bwd_step(two_gemm, x, dy)},
                 repeats=repeats, inner=inner,
             )
             problem = problem_for(x, list(tt.cores), tt.bias, tt.meta)
