@@ -9,6 +9,8 @@ a swept side, and the dense plan, are compositions of torch ops under autograd.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -19,20 +21,14 @@ from engine.tt.cores import gate_mu, gated_cores
 __all__ = ["TTLinearMeta", "TTLinearFunction", "run_plan"]
 
 
-class TTLinearMeta(tuple):
-    """``(in_modes, out_modes, in_features, out_features, tau)`` as a hashable tuple."""
+class TTLinearMeta(NamedTuple):
+    """The static description of a TT-linear that the executor needs (hashable)."""
 
-    __slots__ = ()
-
-    def __new__(cls, in_modes, out_modes, in_features, out_features, tau):  # noqa: D102
-        return super().__new__(cls, (tuple(in_modes), tuple(out_modes), in_features,
-                                     out_features, float(tau)))
-
-    in_modes = property(lambda s: s[0])
-    out_modes = property(lambda s: s[1])
-    in_features = property(lambda s: s[2])
-    out_features = property(lambda s: s[3])
-    tau = property(lambda s: s[4])
+    in_modes: tuple[int, ...]
+    out_modes: tuple[int, ...]
+    in_features: int
+    out_features: int
+    tau: float
 
 
 # Below this many rows MKL's GEMM with a skinny (<= ~32 columns) output is faster computed as
