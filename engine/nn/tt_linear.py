@@ -21,7 +21,7 @@ from engine.contract.reference import tt_linear_weight
 from engine.nn.functional import parse_plan, tt_linear
 from engine.tt.cores import active_ranks, chain_numel, init_cores
 from engine.tt.decompose import matrix_to_tt
-from engine.tt.shapes import resolve_modes, resolve_ranks
+from engine.tt.shapes import default_order, resolve_modes, resolve_ranks
 from engine.tt.surgery import SliceMap, fold_gates_chain_, shrink_chain_
 
 __all__ = ["TTLinear"]
@@ -60,7 +60,7 @@ class TTLinear(nn.Module):
         if d is not None:
             _check_size(d, "d")
         if d is None and in_modes is None and out_modes is None:
-            d = 3 if max(in_features, out_features) >= 256 else 2
+            d = default_order(max(in_features, out_features))
         if d is None:
             d = len(in_modes if in_modes is not None else out_modes)  # type: ignore[arg-type]
         fin = resolve_modes(in_features, in_modes, d=d, name="in_modes", descending=True)
