@@ -83,8 +83,10 @@ class TTLinear(nn.Module):
         """Cores with E[W_ij^2] = 1/(in+out); gates at 1; bias U(-1/sqrt(out), 1/sqrt(out))."""
         shapes = [tuple(c.shape) for c in self.cores]
         variance = 1.0 / (self.in_features + self.out_features)
+        first = self.cores[0]  # draw on the cores' own device and dtype (free on meta)
+        inits = init_cores(shapes, variance, device=first.device, dtype=first.dtype)
         with torch.no_grad():
-            for p, init in zip(self.cores, init_cores(shapes, variance), strict=True):
+            for p, init in zip(self.cores, inits, strict=True):
                 p.copy_(init)
             for g in self.gates:
                 g.fill_(1.0)
