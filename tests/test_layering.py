@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ENGINE_ALLOWED = {"engine", "torch", "numpy", "triton", "safetensors", "tokenizers"}
+ENGINE_ALLOWED = {
+    "engine", "torch", "numpy", "triton", "safetensors", "tokenizers", "rich", "galore_torch",
+}
 
 
 def _top_level_imports(path: Path) -> set[str]:
