@@ -1,0 +1,188 @@
+"""Differentiable rank penalties ``R(g)`` and the on-device size ``S``, from one flat gate index.
+
+Notation: layer ``l`` has ``K`` cores with mode sizes ``s_k`` (:func:`layer_mode_sizes`), dense
+size ``D_l`` (``dense_parameters()``), threshold ``tau_l`` and one gate vector per internal bond
+``k = 1..K-1``. ``mu(g) = g * 1[g > tau]``; ``r_k = #{g_k > tau}`` (``r_0 = r_K = 1``). A layer
+is *live* when all its ``r_k > 0``; a layer with a dead bond is identically zero (its size is 0
+and it is cut to rank 0 at the next shrink). An entry is *active* when ``g > tau`` **and** its
+layer is live; sums over ``e`` run over active entries.
+
+Entries left in a zero layer are not active: they no longer control any parameter (the exact
+gradient of ``S`` with respect to them is 0) and the next shrink removes them, so excluding them
+keeps ``R``, its gradient and :meth:`GateIndex.active_entries` unchanged by a shrink, as Part B
+item 6 requires. (The released code never shrinks and would still count them; this is the only
+departure from its ``uniform`` formula, and it only matters once a whole bond has died.)
+
+``uniform`` (the authors' code, method doc §3.3)::
+
+    R = sum_e mu(g_e) / N                     N = #active entries (a constant: no gradient)
+
+``cost_weighted`` (Part B item 3, the default). Killing one rank of bond ``k`` removes
+``c_k = s_k r_{k-1} + s_{k+1} r_{k+1}`` entries from its two neighbouring cores, so entry ``e`` of
+bond ``k`` of layer ``l`` gets the weight ``w_e = c_k / D_l`` (parameters controlled, per dense
+parameter of its layer) and::
+
+    R = sum_e w_e mu(g_e) / sum_e w_e         (the denominator is a constant: no gradient)
+
+so ``R = 1`` when every gate is 1, as for ``uniform``, and ``dR/dg_e = w_e / sum w`` for an active
+entry, 0 for any other. ``w`` is piecewise constant in ``g``; it is recomputed from the current
+active ranks on every call. If nothing is active ``R = 0``.
+
+Everything runs on the gates' device with no host synchronisation (no ``.item()``, no
+data-dependent shapes): one ``torch.cat`` of all gates, a threshold, ``index_add_`` segment counts
+and gathers through index tensors cached by :meth:`GateIndex.refresh`. This runs every training
+step and inside CUDA graphs. :meth:`GateIndex.size` computes the exact size model ``S`` of
+:mod:`engine.rank.size` the same way (int64, returned as float64)::
+
+    S = sum_l 1[all r_k > 0] * sum_k r_{k-1} s_k r_k
+
+Call :meth:`GateIndex.refresh` after any shrink (gate vectors change length) and never inside a
+capture; a stale index raises instead of computing garbage.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from engine.rank.size import layer_mode_sizes, tensorized_layers
+
+__all__ = ["PENALTIES", "GateIndex"]
+
+PENALTIES = ("uniform", "cost_weighted")
+
+
+class GateIndex:
+    """Flat view of every rank gate of ``model``: penalty ``R``, size ``S`` and active count."""
+
+    def __init__(self, model: nn.Module, variant: str = "cost_weighted") -> None:
+        if variant not in PENALTIES:
+            raise ValueError(f"compression.penalty must be one of {PENALTIES}, got {variant!r}")
+        self.model = model
+        self.variant = variant
+        self.refresh()
+
+    # -- index ----------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Rebuild the cached index tensors from the model's current gates and cores.
+
+        Layout: entries ``e`` (all gate entries, layer by layer, bond by bond), bonds ``b``,
+        cores ``c`` and *rank slots*: per layer ``K + 1`` slots holding ``(1, r_1..r_{K-1}, 1)``.
+        """
+        gates: list[nn.Parameter] = []
+        entry_bond: list[int] = []
+        entry_tau: list[float] = []
+        bond_layer: list[int] = []
+        bond_slot: list[int] = []
+        bond_s_left: list[int] = []
+        bond_s_right: list[int] = []
+        bond_dense: list[int] = []
+        core_slot: list[int] = []
+        core_s: list[int] = []
+        core_layer: list[int] = []
+        slots = 0
+        layers = [m for _, m in tensorized_layers(self.model)]
+        for l, mod in enumerate(layers):
+            sizes = layer_mode_sizes(mod)
+            for k, s in enumerate(sizes):  # core k sits between slots k and k + 1
+                core_slot.append(slots + k)
+                core_s.append(s)
+                core_layer.append(l)
+            for k, g in enumerate(mod.gates):  # bond k: between cores k and k + 1, slot k + 1
+                b = len(bond_layer)
+                gates.append(g)
+                entry_bond.extend([b] * g.numel())
+                entry_tau.extend([mod.gate_threshold] * g.numel())
+                bond_layer.append(l)
+                bond_slot.append(slots + k + 1)
+                bond_s_left.append(sizes[k])
+                bond_s_right.append(sizes[k + 1])
+                bond_dense.append(mod.dense_parameters())
+            slots += len(sizes) + 1
+        first = gates[0] if gates else next(iter(self.model.parameters()), None)
+        device = first.device if first is not None else torch.device("cpu")
+        dtype = first.dtype if first is not None else torch.get_default_dtype()
+
+        def idx(values: list[int]) -> Tensor:
+            return torch.tensor(values, dtype=torch.long, device=device)
+
+        def flt(values: list[float] | list[int]) -> Tensor:
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        self._gates = gates
+        self._shapes = tuple(g.numel() for g in gates)
+        self._device, self._dtype = device, dtype
+        self._num_layers, self._num_bonds, self._num_slots = len(layers), len(bond_layer), slots
+        self._entry_bond, self._entry_tau = idx(entry_bond), flt(entry_tau)
+        self._entry_layer = idx([bond_layer[b] for b in entry_bond])
+        self._bond_layer, self._bond_slot = idx(bond_layer), idx(bond_slot)
+        self._bond_s_left, self._bond_s_right = flt(bond_s_left), flt(bond_s_right)
+        self._bond_dense = flt(bond_dense)
+        self._core_slot, self._core_s = idx(core_slot), idx(core_s)
+        self._core_layer = idx(core_layer)
+
+    def _flat(self) -> Tensor:
+        if tuple(g.numel() for g in self._gates) != self._shapes:
+            raise RuntimeError("GateIndex is stale: the gates changed shape (a shrink?); "
+                               "call refresh() first")
+        if not self._gates:
+            return torch.zeros(0, dtype=self._dtype, device=self._device)  # (0,)
+        if self._gates[0].device != self._device:  # the model moved: move the index with it
+            self.refresh()
+        return torch.cat([g.reshape(-1) for g in self._gates])  # (E,)
+
+    def _state(self, flat: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Active mask (E,), rank slots (N,) ``(1, r_1..r_{K-1}, 1)`` and live layers (L,)."""
+        above = flat.detach() > self._entry_tau  # (E,)
+        counts = torch.zeros(self._num_bonds, dtype=torch.long, device=self._device)
+        counts = counts.index_add(0, self._entry_bond, above.long())  # (B,) r_k
+        ones = torch.ones(self._num_slots, dtype=torch.long, device=self._device)
+        ranks = ones.index_copy(0, self._bond_slot, counts)  # (N,)
+        zeros = torch.zeros(self._num_layers, dtype=torch.long, device=self._device)
+        dead_bonds = zeros.index_add(0, self._bond_layer, (counts == 0).long())  # (L,)
+        live = dead_bonds == 0  # (L,)
+        active = above & live.index_select(0, self._entry_layer)  # (E,)
+        return active, ranks, live
+
+    def _weights(self, ranks: Tensor) -> Tensor:
+        """Weight of every entry (E,) at the given rank slots."""
+        if self.variant == "uniform":
+            return torch.ones(self._entry_bond.shape, dtype=self._dtype, device=self._device)
+        left = ranks.index_select(0, self._bond_slot - 1).to(self._dtype)  # (B,) r_{k-1}
+        right = ranks.index_select(0, self._bond_slot + 1).to(self._dtype)  # (B,) r_{k+1}
+        cost = self._bond_s_left * left + self._bond_s_right * right  # (B,) c_k
+        return (cost / self._bond_dense).index_select(0, self._entry_bond)  # (E,) w_e
+
+    # -- public ---------------------------------------------------------------------------
+    def entry_weights(self) -> Tensor:
+        """Weight of every gate entry (E,): ``c_k / D_l`` (``cost_weighted``) or 1 (``uniform``).
+
+        Inactive entries get their bond's weight too; the penalty masks them.
+        """
+        _, ranks, _ = self._state(self._flat())
+        return self._weights(ranks)  # (E,)
+
+    def penalty(self) -> Tensor:
+        """``R(g)`` as a () tensor, differentiable w.r.t. every gate (see the module docstring)."""
+        flat = self._flat()  # (E,)
+        active, ranks, _ = self._state(flat)  # (E,), (N,)
+        mu = torch.where(active, flat, torch.zeros_like(flat))  # (E,) dmu/dg = 1[active]
+        w = self._weights(ranks) * active  # (E,) active weights, no gradient
+        den = w.sum().detach()  # ()
+        num = (w * mu).sum()  # ()
+        return num / torch.where(den > 0, den, torch.ones_like(den))  # () 0 if nothing active
+
+    def size(self) -> Tensor:
+        """``S`` at the active ranks as a () float64 tensor, equal to ``model_size(model)``."""
+        _, ranks, live = self._state(self._flat())  # (N,), (L,)
+        left = ranks.index_select(0, self._core_slot)  # (C,) r_{k-1}
+        right = ranks.index_select(0, self._core_slot + 1)  # (C,) r_k
+        per_core = left * self._core_s * right  # (C,)
+        zeros = torch.zeros(self._num_layers, dtype=torch.long, device=self._device)
+        per_layer = zeros.index_add(0, self._core_layer, per_core)  # (L,)
+        return (per_layer * live).sum().to(torch.float64)  # ()
+
+    def active_entries(self) -> Tensor:
+        """Active gate entries (above ``tau``, in a live layer) as a () int64 tensor."""
+        active, _, _ = self._state(self._flat())
+        return active.sum()  # ()
