@@ -5,16 +5,26 @@ internals: it builds the model (dense or tensorized) from a config dict, and tur
 (a dict of tensors, keys in ``batch_keys``) into a task loss plus metric sums. Metric sums are
 additive over batches (``count``, ``loss_sum``, ``correct``, ...); :meth:`Workload.summarize`
 turns accumulated sums into the reported metrics (``loss``, ``accuracy``, ...).
+:meth:`Workload.example_batch` draws a random valid batch (tests, benchmarks).
 
 Batches per architecture:
 
 * ``transformer``: ``input_ids`` (B, S) long, ``token_type_ids`` (B, S) long,
   ``attention_mask`` (B, S) bool, ``labels`` (B,) long.
+* ``dlrm``: ``dense`` (B, n_dense) float, ``sparse`` (B, n_tables) long (column ``j`` in
+  ``[0, table_sizes[j])``), ``labels`` (B,) float in {0, 1}.
+* ``mlm``: ``input_ids`` (B, S) long, ``attention_mask`` (B, S) bool, ``labels`` (B, S) long,
+  ``-100`` where no loss is taken (optional ``token_type_ids``).
+* ``mlp``: ``x`` (B, in_features) float, ``labels`` (B,) long.
+
+Tensorization options (:class:`~engine.models.tensorize.TensorizeOptions`, the job's
+``compression`` section) reach every builder in full; ``shapes="paper"`` exists only for the
+transformer.
 """
 
 from __future__ import annotations
 
-import fnmatch
+import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -24,7 +34,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.models.transformer import TransformerConfig, build_transformer
+from engine.models.dlrm import DLRMConfig, build_dlrm
+from engine.models.mlm import IGNORE_INDEX, MLMConfig, build_mlm, masked_lm_loss
+from engine.models.mlp import MLPConfig, build_mlp
+from engine.models.tensorize import TensorizeOptions
+from engine.models.transformer import TransformerConfig, _check_mnli, build_transformer
 
 __all__ = [
     "TensorizeOptions",
@@ -32,66 +46,9 @@ __all__ = [
     "Workload",
     "WORKLOADS",
     "get_workload",
+    "build_model",
     "classification_output",
 ]
-
-
-@dataclass(frozen=True)
-class TensorizeOptions:
-    """How a workload builds its tensorized layers (ignored for dense models).
-
-    ``shapes="paper"`` uses the architecture's published shapes where it has them (the MNLI
-    transformer of method doc §2.3), ``"auto"`` factorizes every layer automatically.
-    ``layers`` are ``fnmatch`` patterns over module names (``encoder.*.ffn.*``); a layer is
-    tensorized when it is tensorizable by its architecture and matches one pattern.
-    """
-
-    max_rank: int = 30
-    embedding_max_rank: int | None = None  # None: max_rank
-    gate_threshold: float = 1e-2
-    shapes: str = "auto"
-    d: int | None = None
-    layers: tuple[str, ...] = ("*",)
-
-    def __post_init__(self) -> None:
-        for name in ("max_rank", "embedding_max_rank", "d"):
-            v = getattr(self, name)
-            if v is None and name != "max_rank":
-                continue
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-        t = self.gate_threshold
-        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not 0 <= t < 1:
-            raise ValueError(f"gate_threshold must be in [0, 1), got {t!r}")
-        if self.shapes not in ("auto", "paper"):
-            raise ValueError(f"shapes must be 'auto' or 'paper', got {self.shapes!r}")
-        layers = self.layers
-        if isinstance(layers, str) or not all(isinstance(p, str) and p for p in layers):
-            raise ValueError(f"layers must be a list of non-empty name patterns, got {layers!r}")
-        object.__setattr__(self, "layers", tuple(layers))
-
-    @property
-    def embedding_rank(self) -> int:
-        return self.embedding_max_rank if self.embedding_max_rank is not None else self.max_rank
-
-    def selects(self, name: str) -> bool:
-        """Whether the module called ``name`` should be tensorized."""
-        return any(fnmatch.fnmatchcase(name, p) for p in self.layers)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["layers"] = list(self.layers)
-        return out
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> TensorizeOptions:
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ValueError(f"TensorizeOptions: unknown keys {unknown}")
-        data = dict(data)
-        if "layers" in data and isinstance(data["layers"], list):
-            data["layers"] = tuple(data["layers"])
-        return cls(**data)
 
 
 @dataclass
@@ -111,17 +68,101 @@ def classification_output(logits: Tensor, labels: Tensor) -> StepOutput:
     return StepOutput(loss, {"count": n, "loss_sum": loss.detach() * n, "correct": correct})
 
 
+def _field_error(err: Exception, known: set[str]) -> ValueError:
+    """Prefix a config error with ``model.config.<field>`` when it starts with a field name."""
+    msg = str(err)
+    first = msg.split(" ", 1)[0].rstrip(":,")
+    if first in known:
+        return ValueError(f"model.config.{msg}")
+    return ValueError(f"model.config: {msg}")
+
+
+def _compression_error(err: Exception) -> ValueError:
+    """Name the ``compression.<field>`` a build error is about (``compression`` if unclear)."""
+    msg = str(err)
+    first = msg.split(" ", 1)[0].rstrip(":,")
+    if first in {f.name for f in fields(TensorizeOptions)}:
+        return ValueError(f"compression.{msg}")
+    return ValueError(f"compression: {msg}")
+
+
+def _lengths(batch: int, seq: int, g: torch.Generator | None) -> Tensor:
+    """Random valid lengths in ``[max(1, seq // 2), seq]``, one row at full length."""
+    lo = max(1, seq // 2)
+    n = torch.randint(lo, seq + 1, (batch,), generator=g)  # (B,)
+    n[0] = seq
+    return n
+
+
 class Workload:
     """Base class: subclasses set ``name``, ``config_cls``, ``batch_keys`` and override."""
 
     name: str = ""
     config_cls: type = object
     batch_keys: tuple[str, ...] = ()
+    paper_shapes: bool = False  # whether compression.shapes="paper" means something here
 
+    # -- config and model -------------------------------------------------------------------
     def config_from_dict(self, data: Mapping[str, Any]) -> Any:
-        return self.config_cls.from_dict({"version": 1, **data})  # type: ignore[attr-defined]
+        """The config dataclass from ``model.config``; errors name ``model.config.<field>``."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"model.config must be a mapping, got {type(data).__name__}")
+        known = {f.name for f in fields(self.config_cls)}
+        unknown = sorted(str(k) for k in set(data) - known)
+        if unknown:
+            raise ValueError(f"model.config.{unknown[0]}: unknown field (all unknown: {unknown}) "
+                             f"for arch {self.name!r}; known fields are "
+                             f"{sorted(known - {'version'})}")
+        try:
+            return self.config_cls.from_dict({"version": 1, **data})  # type: ignore[attr-defined]
+        except (ValueError, TypeError) as err:
+            raise _field_error(err, known) from None
+
+    def _config(self, config: Any) -> Any:
+        if isinstance(config, Mapping):
+            return self.config_from_dict(config)
+        if not isinstance(config, self.config_cls):
+            raise TypeError(f"model.config must be a {self.config_cls.__name__} or a mapping, "
+                            f"got {type(config).__name__}")
+        return config
 
     def build(self, config: Any, *, tensorized: bool, options: TensorizeOptions) -> nn.Module:
+        """The model, dense or tensorized; ``model.tensorize_report`` lists the layer choices."""
+        config = self._config(config)
+        if not isinstance(options, TensorizeOptions):
+            raise TypeError(f"options must be TensorizeOptions, got {type(options).__name__}")
+        if tensorized and options.shapes == "paper" and not self.paper_shapes:
+            raise ValueError(f"compression.shapes='paper' is defined only for the transformer "
+                             f"(the paper's MNLI shapes); use 'auto' for arch {self.name!r}")
+        try:
+            return self._build(config, tensorized, options)
+        except ValueError as err:
+            if not tensorized or str(err).startswith(("compression.", "model.")):
+                raise
+            raise _compression_error(err) from None
+
+    def _build(self, config: Any, tensorized: bool, options: TensorizeOptions) -> nn.Module:
+        raise NotImplementedError
+
+    # -- data and loss ----------------------------------------------------------------------
+    def example_batch(
+        self,
+        config: Any,
+        batch_size: int,
+        generator: torch.Generator | None = None,
+        *,
+        seq_len: int | None = None,
+    ) -> dict[str, Tensor]:
+        """A random valid CPU batch (``seq_len`` only for sequence models; default 16)."""
+        config = self._config(config)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or (
+            batch_size < 1
+        ):
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        return self._example(config, int(batch_size), generator, seq_len)
+
+    def _example(self, config: Any, b: int, g: torch.Generator | None,
+                 seq_len: int | None) -> dict[str, Tensor]:  # fmt: skip
         raise NotImplementedError
 
     def forward_loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> StepOutput:
@@ -136,17 +177,43 @@ class Workload:
         return out
 
 
+def _seq_len(config: Any, seq_len: int | None) -> int:
+    s = min(config.max_len, 16) if seq_len is None else seq_len
+    if isinstance(s, bool) or not isinstance(s, numbers.Integral) or not 1 <= s <= config.max_len:
+        raise ValueError(f"seq_len must be an integer in [1, {config.max_len}], got {s!r}")
+    return int(s)
+
+
 class TransformerWorkload(Workload):
     """Sentence(-pair) classification with the paper's encoder classifier."""
 
     name = "transformer"
     config_cls = TransformerConfig
     batch_keys = ("input_ids", "token_type_ids", "attention_mask", "labels")
+    paper_shapes = True
 
-    def build(self, config: Any, *, tensorized: bool, options: TensorizeOptions) -> nn.Module:
+    def _build(self, config: Any, tensorized: bool, options: TensorizeOptions) -> nn.Module:
         shapes = "mnli" if options.shapes == "paper" else "auto"
-        return build_transformer(config, tensorized=tensorized, max_rank=options.max_rank,
-                                 shapes=shapes)
+        if tensorized and shapes == "mnli":
+            if options.d is not None:
+                raise ValueError(f"compression.d must be null with compression.shapes='paper' "
+                                 f"(the paper fixes the modes), got {options.d}")
+            try:
+                _check_mnli(config)
+            except ValueError as err:
+                raise ValueError(f"compression.shapes='paper': {err}") from None
+        return build_transformer(config, tensorized=tensorized, shapes=shapes,
+                                 **options.builder_kwargs())  # fmt: skip
+
+    def _example(self, config, b, g, seq_len):
+        s = _seq_len(config, seq_len)
+        ids = torch.randint(0, config.vocab_size, (b, s), generator=g)  # (B, S)
+        second = (torch.arange(s) >= s // 2) & (config.type_vocab > 1)  # (S,)
+        types = second.long().expand(b, s).clone()  # (B, S)
+        mask = torch.arange(s) < _lengths(b, s, g)[:, None]  # (B, S)
+        labels = torch.randint(0, config.num_classes, (b,), generator=g)  # (B,)
+        return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask,
+                "labels": labels}  # fmt: skip
 
     def forward_loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> StepOutput:
         logits = model(batch["input_ids"], batch.get("token_type_ids"),
@@ -154,7 +221,95 @@ class TransformerWorkload(Workload):
         return classification_output(logits, batch["labels"])
 
 
-WORKLOADS: dict[str, Workload] = {w.name: w for w in (TransformerWorkload(),)}
+class DLRMWorkload(Workload):
+    """Click-through prediction: one logit per row, binary cross-entropy."""
+
+    name = "dlrm"
+    config_cls = DLRMConfig
+    batch_keys = ("dense", "sparse", "labels")
+
+    def _build(self, config: Any, tensorized: bool, options: TensorizeOptions) -> nn.Module:
+        return build_dlrm(config, tensorized=tensorized, **options.builder_kwargs())
+
+    def _example(self, config, b, g, seq_len):
+        dense = torch.randn(b, config.n_dense, generator=g)  # (B, n_dense)
+        sizes = torch.tensor(config.table_sizes, dtype=torch.float64)  # (T,)
+        u = torch.rand(b, config.n_tables, generator=g, dtype=torch.float64)  # (B, T)
+        sparse = (u * sizes).long().minimum(sizes.long() - 1)  # (B, T)
+        labels = (torch.rand(b, generator=g) < 0.5).float()  # (B,)
+        return {"dense": dense, "sparse": sparse, "labels": labels}
+
+    def forward_loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> StepOutput:
+        logits = model(batch["dense"], batch["sparse"])  # (B,)
+        labels = batch["labels"].to(logits.dtype)  # (B,)
+        loss = F.binary_cross_entropy_with_logits(logits, labels)  # ()
+        with torch.no_grad():
+            n = torch.tensor(float(labels.numel()), device=logits.device)
+            correct = ((logits > 0) == (labels > 0.5)).sum().to(logits.dtype)  # ()
+        return StepOutput(loss, {"count": n, "loss_sum": loss.detach() * n, "correct": correct})
+
+
+class MLMWorkload(Workload):
+    """Masked-language-model pre-training: CE over the positions whose label is not -100."""
+
+    name = "mlm"
+    config_cls = MLMConfig
+    batch_keys = ("input_ids", "attention_mask", "labels")
+
+    def _build(self, config: Any, tensorized: bool, options: TensorizeOptions) -> nn.Module:
+        return build_mlm(config, tensorized=tensorized, **options.builder_kwargs())
+
+    def _example(self, config, b, g, seq_len):
+        """15% of the valid positions (at least one a row) carry labels; their input id is
+        replaced by ``vocab_size - 1``, standing in for ``[MASK]``."""
+        s = _seq_len(config, seq_len)
+        ids = torch.randint(0, config.vocab_size, (b, s), generator=g)  # (B, S)
+        n = _lengths(b, s, g)  # (B,)
+        valid = torch.arange(s) < n[:, None]  # (B, S)
+        chosen = (torch.rand(b, s, generator=g) < 0.15) & valid  # (B, S)
+        one = (torch.rand(b, generator=g) * n).long()  # (B,) a valid position per row
+        chosen[torch.arange(b), one] = True
+        labels = torch.where(chosen, ids, torch.full_like(ids, IGNORE_INDEX))  # (B, S)
+        inputs = ids.masked_fill(chosen, config.vocab_size - 1)  # (B, S)
+        return {"input_ids": inputs, "attention_mask": valid, "labels": labels}
+
+    def forward_loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> StepOutput:
+        labels = batch["labels"]  # (B, S)
+        select = labels != IGNORE_INDEX  # (B, S)
+        logits = model(batch["input_ids"], batch.get("attention_mask"),
+                       batch.get("token_type_ids"), select=select)  # (N, V)
+        loss, sums = masked_lm_loss(logits, labels[select])
+        return StepOutput(loss, sums)
+
+    def summarize(self, sums: Mapping[str, float]) -> dict[str, float]:
+        """``loss``, ``accuracy`` (over masked tokens) and ``perplexity = exp(loss)``."""
+        out = super().summarize(sums)
+        out["perplexity"] = math.exp(out["loss"]) if out["loss"] < 700 else math.inf
+        return out
+
+
+class MLPWorkload(Workload):
+    """Classification of flat feature vectors (tabular rows, flattened images)."""
+
+    name = "mlp"
+    config_cls = MLPConfig
+    batch_keys = ("x", "labels")
+
+    def _build(self, config: Any, tensorized: bool, options: TensorizeOptions) -> nn.Module:
+        return build_mlp(config, tensorized=tensorized, **options.builder_kwargs())
+
+    def _example(self, config, b, g, seq_len):
+        x = torch.randn(b, config.in_features, generator=g)  # (B, F)
+        labels = torch.randint(0, config.num_classes, (b,), generator=g)  # (B,)
+        return {"x": x, "labels": labels}
+
+    def forward_loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> StepOutput:
+        return classification_output(model(batch["x"]), batch["labels"])  # (B, C) logits
+
+
+WORKLOADS: dict[str, Workload] = {
+    w.name: w for w in (TransformerWorkload(), DLRMWorkload(), MLMWorkload(), MLPWorkload())
+}
 
 
 def get_workload(arch: str) -> Workload:
@@ -165,3 +320,15 @@ def get_workload(arch: str) -> Workload:
         raise ValueError(
             f"model.arch: unknown architecture {arch!r}; choose one of {sorted(WORKLOADS)}"
         ) from None
+
+
+def build_model(
+    arch: str,
+    config: Mapping[str, Any] | Any,
+    *,
+    tensorized: bool,
+    options: TensorizeOptions | None = None,
+) -> nn.Module:
+    """``get_workload(arch).build(...)`` from a config dict or dataclass; options default."""
+    options = options if options is not None else TensorizeOptions()
+    return get_workload(arch).build(config, tensorized=tensorized, options=options)

@@ -15,14 +15,26 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
+from engine.models.tensorize import (
+    Slot,
+    Specialize,
+    TensorizeOptions,
+    TensorizeReport,
+    embedding_slot,
+    linear_slot,
+    materialize,
+)
+from engine.nn.attention import scaled_dot_product_attention
+from engine.nn.dropout import dropout
 from engine.nn.tt_linear import TTLinear
 from engine.nn.ttm_embedding import TTMEmbedding
 
@@ -65,6 +77,7 @@ class TransformerConfig:
     dropout: float = 0.1
     attn_dropout: float = 0.1
     ln_eps: float = 1e-9
+    recompute: bool = False  # training: keep only each block's input, rerun the block backward
     version: int = CONFIG_VERSION
 
     def __post_init__(self) -> None:
@@ -86,6 +99,8 @@ class TransformerConfig:
             not self.ln_eps > 0
         ):
             raise ValueError(f"ln_eps must be > 0, got {self.ln_eps!r}")
+        if not isinstance(self.recompute, bool):
+            raise ValueError(f"recompute must be a bool, got {self.recompute!r}")
 
     @classmethod
     def mnli(cls, **changes: Any) -> TransformerConfig:
@@ -129,7 +144,7 @@ class Embeddings(nn.Module):
         s = input_ids.shape[1]
         pos = torch.arange(s, device=input_ids.device)  # (S,)
         x = self.word(input_ids) + self.position(pos) + self.token_type(token_type_ids)  # (B,S,D)
-        return self.drop(self.norm(x))  # (B, S, D)
+        return dropout(self.norm(x), self.drop.p, self.training)  # (B, S, D)
 
 
 class SelfAttention(nn.Module):
@@ -151,9 +166,9 @@ class SelfAttention(nn.Module):
 
         q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))  # each (B, H, S, D/H)
         p = self.attn_dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p)  # (B,H,S,D/H)
+        y = scaled_dot_product_attention(q, k, v, keep, p)  # (B, H, S, D/H)
         y = y.transpose(1, 2).reshape(b, s, d)  # (B, S, D)
-        return self.drop(self.out(y))  # (B, S, D)
+        return dropout(self.out(y), self.drop.p, self.training)  # (B, S, D)
 
 
 class FeedForward(nn.Module):
@@ -164,8 +179,12 @@ class FeedForward(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = F.gelu(self.fc1(x))  # (B, S, F)
-        return self.drop(self.fc2(h))  # (B, S, D)
+        h = self.fc1(x)  # (B, S, F)
+        if isinstance(self.fc2, TTLinear):
+            y = self.fc2(h, activation="gelu")  # (B, S, D)  gelu(h) recomputed in backward
+        else:
+            y = self.fc2(F.gelu(h))  # (B, S, D)
+        return dropout(y, self.drop.p, self.training)  # (B, S, D)
 
 
 class EncoderBlock(nn.Module):
@@ -191,7 +210,7 @@ class Classifier(nn.Module):
         self.fc2 = nn.Linear(cfg.d_model, cfg.num_classes)  # always dense
 
     def forward(self, first: Tensor) -> Tensor:
-        h = self.drop(torch.tanh(self.fc1(first)))  # (B, D)
+        h = dropout(torch.tanh(self.fc1(first)), self.drop.p, self.training)  # (B, D)
         return self.fc2(h)  # (B, C)
 
 
@@ -231,8 +250,12 @@ class TransformerClassifier(nn.Module):
         if attention_mask is not None:
             keep = attention_mask.to(torch.bool)[:, None, None, :]  # (B, 1, 1, S) True = attend
         x = self.embeddings(input_ids, token_type_ids)  # (B, S, D)
+        recompute = self.config.recompute and self.training and torch.is_grad_enabled()
         for block in self.encoder:
-            x = block(x, keep)  # (B, S, D)
+            if recompute:  # saves x only; the block reruns (same dropout masks) in backward
+                x = checkpoint(block, x, keep, use_reentrant=False)  # (B, S, D)
+            else:
+                x = block(x, keep)  # (B, S, D)
         return self.classifier(x[:, 0])  # (B, C)
 
 
@@ -246,38 +269,73 @@ def _check_mnli(cfg: TransformerConfig) -> None:
         )
 
 
+def _mnli_specialize(embedding_max_rank: int | None) -> Specialize:
+    """Exact method doc §2.3 shapes per role; embedding ranks 32 unless capped explicitly."""
+
+    def specialize(name: str, slot: Slot) -> dict[str, Any]:
+        if slot.kind == "embedding":
+            rows, cols, ranks = MNLI_SHAPES["embedding"]
+            if embedding_max_rank is None:
+                return {"row_modes": rows, "col_modes": cols, "ranks": ranks, "d": None}
+            return {"row_modes": rows, "col_modes": cols, "max_rank": embedding_max_rank,
+                    "d": None}  # fmt: skip
+        if slot.role not in MNLI_SHAPES:
+            raise ValueError(f"shapes='mnli' has no shapes for {name!r} (role {slot.role!r})")
+        in_modes, out_modes = MNLI_SHAPES[slot.role]
+        return {"in_modes": in_modes, "out_modes": out_modes, "d": None}
+
+    return specialize
+
+
 def build_transformer(
     config: TransformerConfig,
     *,
     tensorized: bool,
     max_rank: int = 30,
     shapes: str = "mnli",
+    embedding_max_rank: int | None = None,
+    gate_threshold: float = 1e-2,
+    d: int | None = None,
+    layers: Sequence[str] = ("*",),
+    min_size: int = 1024,
 ) -> TransformerClassifier:
     """Dense model, or the CoMERA model built directly in TT / TTM form (random init).
 
-    ``shapes="mnli"``: method doc §2.3 (TT ranks ``max_rank`` capped by the bond bounds,
-    embedding ranks fixed at 32). ``shapes="auto"``: automatic modes, ``max_rank`` everywhere.
+    Tensorizable layers: ``embeddings.word`` (TTM), every encoder linear
+    (``encoder.<i>.attn.{q,k,v,out}``, ``encoder.<i>.ffn.{fc1,fc2}``) and ``classifier.fc1``
+    (TT); one is tensorized when it matches a ``layers`` pattern and has at least ``min_size``
+    dense weight entries (see :mod:`engine.models.tensorize`), the others stay dense and are
+    listed in ``model.tensorize_report``. ``shapes="mnli"``: method doc §2.3 (TT ranks
+    ``max_rank`` capped by the bond bounds, embedding ranks fixed at 32 unless
+    ``embedding_max_rank`` is given; ``d`` must be ``None``). ``shapes="auto"``: automatic
+    modes with ``d`` modes per side (per-size default when ``None``), ``max_rank`` for the
+    linears and ``embedding_max_rank`` (default ``max_rank``) for the embedding.
+    ``gate_threshold`` goes to every TT / TTM layer.
     """
     if not tensorized:
-        return TransformerClassifier(config)
+        model = TransformerClassifier(config)
+        model.tensorize_report = TensorizeReport()
+        return model
     if shapes not in ("mnli", "auto"):
         raise ValueError(f"shapes must be 'mnli' or 'auto', got {shapes!r}")
+    options = TensorizeOptions(
+        max_rank=max_rank, embedding_max_rank=embedding_max_rank, gate_threshold=gate_threshold,
+        d=d, layers=layers, min_size=min_size,
+    )  # fmt: skip
+    specialize = None
     if shapes == "mnli":
         _check_mnli(config)
-
-    def make_linear(role: str, n_in: int, n_out: int) -> nn.Module:
-        if shapes == "auto":
-            return TTLinear(n_in, n_out, max_rank=max_rank)
-        in_modes, out_modes = MNLI_SHAPES[role]
-        return TTLinear(n_in, n_out, max_rank=max_rank, in_modes=in_modes, out_modes=out_modes)
-
-    def make_embedding(num: int, dim: int) -> nn.Module:
-        if shapes == "auto":
-            return TTMEmbedding(num, dim, max_rank=max_rank)
-        rows, cols, ranks = MNLI_SHAPES["embedding"]
-        return TTMEmbedding(num, dim, row_modes=rows, col_modes=cols, ranks=ranks)
-
-    return TransformerClassifier(config, make_linear, make_embedding)
+        if d is not None:
+            raise ValueError(f"d must be None with shapes='mnli' (its modes are fixed), got {d}; "
+                             "use shapes='auto'")
+        specialize = _mnli_specialize(embedding_max_rank)
+    model = TransformerClassifier(
+        config,
+        lambda role, n_in, n_out: linear_slot(n_in, n_out, role=role),
+        lambda num, dim: embedding_slot(num, dim, role="embedding"),
+    )
+    materialize(model, options, specialize=specialize)
+    return model
 
 
 @dataclass(frozen=True)

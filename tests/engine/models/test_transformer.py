@@ -191,3 +191,57 @@ def test_config_round_trip():
         TransformerConfig.from_dict({**cfg.to_dict(), "layers": 2})
     with pytest.raises(ValueError, match="version"):
         TransformerConfig.from_dict({k: v for k, v in cfg.to_dict().items() if k != "version"})
+
+
+# -- builder options: layers, min_size, gate_threshold, embedding_max_rank, d ----------------
+def tt_names(model) -> set[str]:
+    return {n for n, m in model.named_modules() if isinstance(m, TTLinear | TTMEmbedding)}
+
+
+def test_layer_patterns_select_exactly():
+    model = build_transformer(tiny(), tensorized=True, max_rank=4, shapes="auto",
+                              layers=["encoder.0.*"])  # fmt: skip
+    assert tt_names(model) == {f"encoder.0.{n}" for n in ENCODER_LINEARS}
+    assert type(model.embeddings.word) is nn.Embedding
+    assert type(model.classifier.fc1) is nn.Linear and type(model.encoder[1].ffn.fc1) is nn.Linear
+    skipped = {s.name for s in model.tensorize_report.skipped}
+    assert skipped == {f"encoder.1.{n}" for n in ENCODER_LINEARS} | {
+        "embeddings.word", "classifier.fc1"}  # fmt: skip
+    only = build_transformer(tiny(), tensorized=True, max_rank=4, shapes="auto",
+                             layers=["*.ffn.fc2", "embeddings.word"])  # fmt: skip
+    assert tt_names(only) == {"encoder.0.ffn.fc2", "encoder.1.ffn.fc2", "embeddings.word"}
+    with pytest.raises(ValueError, match="layers"):
+        build_transformer(tiny(), tensorized=True, shapes="auto", layers=["classifier.fc2"])
+
+
+def test_min_size_keeps_small_linears_dense():
+    cfg = tiny(d_model=16, d_ff=32)  # attn 256, ffn 512, cls1 256 entries; word 100x16 = 1600
+    model = build_transformer(cfg, tensorized=True, max_rank=4, shapes="auto")
+    assert tt_names(model) == {"embeddings.word"}
+    reasons = {s.name: s.reason for s in model.tensorize_report.skipped}
+    assert "min_size=1024" in reasons["encoder.0.ffn.fc1"]
+    assert len(tt_names(build_transformer(cfg, tensorized=True, max_rank=4, shapes="auto",
+                                          min_size=256))) == 1 + 2 * 6 + 1  # fmt: skip
+
+
+def test_auto_shapes_take_every_option():
+    model = build_transformer(tiny(), tensorized=True, max_rank=3, shapes="auto",
+                              embedding_max_rank=6, gate_threshold=0.25, d=2)  # fmt: skip
+    q, word = model.encoder[0].attn.q, model.embeddings.word
+    assert len(q.in_modes) == 2 and max(q.ranks) == 3 and q.gate_threshold == 0.25
+    assert len(word.row_modes) == 2 and max(word.ranks) == 6 and word.gate_threshold == 0.25
+
+
+def test_mnli_shapes_take_gate_threshold_and_embedding_rank():
+    cfg = TransformerConfig.mnli(n_layers=1)
+    model = build_transformer(cfg, tensorized=True, max_rank=8, gate_threshold=0.05,
+                              embedding_max_rank=16)  # fmt: skip
+    word = model.embeddings.word
+    assert word.row_modes == (16, 20, 10, 10) and word.ranks == (1, 16, 16, 16, 1)
+    q = model.encoder[0].attn.q
+    assert (q.in_modes, q.out_modes) == ((12, 8, 8), (8, 8, 12))
+    assert q.gate_threshold == word.gate_threshold == 0.05
+    with pytest.raises(ValueError, match="d must be None"):
+        build_transformer(cfg, tensorized=True, d=3)
+    partial = build_transformer(cfg, tensorized=True, layers=["embeddings.*"])
+    assert tt_names(partial) == {"embeddings.word"} and partial.embeddings.word.ranks[1] == 32

@@ -1,0 +1,206 @@
+"""BERT-style encoder with a masked-language-model head, for pre-training; dense or tensorized.
+
+The encoder is the transformer's (``Embeddings`` and post-LN ``EncoderBlock`` from
+:mod:`engine.models.transformer`, imported, not copied). The head follows BERT::
+
+    h      = encoder(input_ids)                    # (B, S, D)
+    logits = decoder(LN(gelu(transform(h))))       # (B, S, V)
+
+``transform`` is ``D -> D`` and ``decoder`` ``D -> V`` with a bias. The decoder is not tied to
+the word embedding: a TT decoder cannot share its weight with a TTM table. When only the
+masked positions are needed (the loss), ``forward(..., select=mask)`` runs the head on the
+selected rows only, saving the ``D x V`` product on every other position.
+
+Tensorizable layers (see :mod:`engine.models.tensorize`): ``embeddings.word`` (TTM), every
+encoder linear ``encoder.<i>.attn.{q,k,v,out}`` / ``encoder.<i>.ffn.{fc1,fc2}`` and the head's
+``head.transform`` / ``head.decoder`` (TT). Position / token-type embeddings and LayerNorms
+stay dense. The defaults are BERT-base (12 layers, d = 768, vocabulary 30522).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine.models.mlp import config_from_dict
+from engine.models.tensorize import (
+    TensorizeOptions,
+    TensorizeReport,
+    embedding_slot,
+    linear_slot,
+    materialize,
+)
+from engine.models.transformer import (
+    Embeddings,
+    EncoderBlock,
+    MakeEmbedding,
+    MakeLinear,
+    TransformerConfig,
+)
+
+__all__ = ["MLMConfig", "MLMHead", "MaskedLM", "build_mlm", "masked_lm_loss", "IGNORE_INDEX"]
+
+CONFIG_VERSION = 1
+IGNORE_INDEX = -100  # label of the positions that carry no loss
+
+
+@dataclass(frozen=True)
+class MLMConfig:
+    """Sizes of the encoder and head; the defaults are BERT-base."""
+
+    vocab_size: int = 30522
+    d_model: int = 768
+    n_heads: int = 12
+    d_ff: int = 3072
+    n_layers: int = 12
+    max_len: int = 512
+    type_vocab: int = 2
+    dropout: float = 0.1
+    attn_dropout: float = 0.1
+    ln_eps: float = 1e-12
+    version: int = CONFIG_VERSION
+
+    def __post_init__(self) -> None:
+        if self.version != CONFIG_VERSION:
+            raise ValueError(f"version must be {CONFIG_VERSION}, got {self.version!r}")
+        self.encoder_config()  # the encoder's checks name the same fields
+
+    def encoder_config(self) -> TransformerConfig:
+        """The transformer config the shared encoder classes read (``num_classes`` unused)."""
+        kw = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "version"}
+        return TransformerConfig(**kw)
+
+    @classmethod
+    def tiny(cls, **changes: Any) -> MLMConfig:
+        """A small model for tests and smoke runs."""
+        base = {"vocab_size": 120, "d_model": 32, "n_heads": 4, "d_ff": 64, "n_layers": 2,
+                "max_len": 64}  # fmt: skip
+        return cls(**{**base, **changes})
+
+    def replace(self, **changes: Any) -> MLMConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MLMConfig:
+        return config_from_dict(cls, data)
+
+
+class MLMHead(nn.Module):
+    """``decoder(LN(gelu(transform(h))))``: hidden states (..., D) -> vocabulary logits."""
+
+    def __init__(self, cfg: TransformerConfig, make_linear: MakeLinear) -> None:
+        super().__init__()
+        self.transform = make_linear("mlm_transform", cfg.d_model, cfg.d_model)
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
+        self.decoder = make_linear("mlm_decoder", cfg.d_model, cfg.vocab_size)
+
+    def forward(self, h: Tensor) -> Tensor:
+        h = self.norm(F.gelu(self.transform(h)))  # (..., D)
+        return self.decoder(h)  # (..., V)
+
+
+class MaskedLM(nn.Module):
+    """``(input_ids (B,S), attention_mask, token_type_ids) -> logits (B,S,V)`` or ``(N,V)``."""
+
+    def __init__(
+        self,
+        config: MLMConfig,
+        make_linear: MakeLinear | None = None,
+        make_embedding: MakeEmbedding | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        enc = config.encoder_config()
+        make_linear = make_linear or (lambda role, i, o: nn.Linear(i, o))
+        make_embedding = make_embedding or nn.Embedding
+        self.embeddings = Embeddings(enc, make_embedding)
+        self.encoder = nn.ModuleList([EncoderBlock(enc, make_linear) for _ in range(enc.n_layers)])
+        self.head = MLMHead(enc, make_linear)
+
+    def encode(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+    ) -> Tensor:
+        """Hidden states ``(B, S, D)`` of the last encoder block."""
+        if input_ids.ndim != 2:
+            raise ValueError(f"input_ids must be (B, S), got shape {tuple(input_ids.shape)}")
+        if input_ids.shape[1] > self.config.max_len:
+            raise ValueError(f"sequence length {input_ids.shape[1]} > max_len "
+                             f"{self.config.max_len}")
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)  # (B, S)
+        keep = None
+        if attention_mask is not None:
+            keep = attention_mask.to(torch.bool)[:, None, None, :]  # (B, 1, 1, S) True = attend
+        x = self.embeddings(input_ids, token_type_ids)  # (B, S, D)
+        for block in self.encoder:
+            x = block(x, keep)  # (B, S, D)
+        return x
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        select: Tensor | None = None,
+    ) -> Tensor:
+        """Logits ``(B, S, V)``; with a bool ``select (B, S)`` only its ``N`` rows, ``(N, V)``."""
+        h = self.encode(input_ids, attention_mask, token_type_ids)  # (B, S, D)
+        if select is not None:
+            h = h[select]  # (N, D), row-major order of the True entries
+        return self.head(h)  # (B, S, V) or (N, V)
+
+
+def build_mlm(
+    config: MLMConfig,
+    *,
+    tensorized: bool,
+    max_rank: int = 30,
+    embedding_max_rank: int | None = None,
+    gate_threshold: float = 1e-2,
+    d: int | None = None,
+    layers: Sequence[str] = ("*",),
+    min_size: int = 1024,
+) -> MaskedLM:
+    """Dense model, or the CoMERA model with TT linears and a TTM word embedding (random init).
+
+    Options as :class:`~engine.models.tensorize.TensorizeOptions` (automatic shapes only); the
+    layers left dense are listed, with the reason, in ``model.tensorize_report``.
+    """
+    if not tensorized:
+        model = MaskedLM(config)
+        model.tensorize_report = TensorizeReport()
+        return model
+    options = TensorizeOptions(
+        max_rank=max_rank, embedding_max_rank=embedding_max_rank, gate_threshold=gate_threshold,
+        d=d, layers=layers, min_size=min_size,
+    )  # fmt: skip
+    model = MaskedLM(
+        config,
+        lambda role, n_in, n_out: linear_slot(n_in, n_out, role=role),
+        lambda num, dim: embedding_slot(num, dim, role="embedding"),
+    )
+    materialize(model, options)
+    return model
+
+
+def masked_lm_loss(logits: Tensor, targets: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    """Mean CE over ``N`` selected rows (0 when ``N = 0``) and the sums count/loss_sum/correct."""
+    n = targets.numel()
+    total = F.cross_entropy(logits, targets, reduction="sum")  # ()
+    loss = total / max(n, 1)  # ()
+    with torch.no_grad():
+        count = torch.tensor(float(n), device=logits.device)
+        correct = (logits.argmax(-1) == targets).sum().to(logits.dtype)  # ()
+    return loss, {"count": count, "loss_sum": total.detach(), "correct": correct}

@@ -1,0 +1,153 @@
+"""Layer selection by name: options, slots, min_size, specialization and the report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from engine.models.tensorize import (
+    Slot,
+    TensorizeOptions,
+    TensorizeReport,
+    embedding_slot,
+    linear_slot,
+    materialize,
+    tensorize_report,
+)
+from engine.nn.tt_linear import TTLinear
+from engine.nn.ttm_embedding import TTMEmbedding
+from engine.summary import SkippedLayer
+
+
+class Toy(nn.Module):
+    """Slots at three depths; ``small`` has 16 x 32 = 512 weights, ``emb`` 64 x 16 = 1024."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = embedding_slot(64, 16)
+        self.blocks = nn.ModuleList(
+            [nn.ModuleDict({"fc": linear_slot(32, 48), "norm": nn.LayerNorm(48)})
+             for _ in range(2)]
+        )  # fmt: skip
+        self.small = linear_slot(16, 32, bias=False, role="tiny")
+        self.head = nn.Linear(48, 3)  # never a candidate
+
+
+def tt_names(model: nn.Module) -> set[str]:
+    return {n for n, m in model.named_modules() if isinstance(m, TTLinear | TTMEmbedding)}
+
+
+@pytest.mark.parametrize(
+    ("layers", "min_size", "expected", "too_small"),
+    [
+        (("*",), 1024, {"emb", "blocks.0.fc", "blocks.1.fc"}, {"small"}),
+        (("*",), 1, {"emb", "blocks.0.fc", "blocks.1.fc", "small"}, set()),
+        (("*",), 1025, {"blocks.0.fc", "blocks.1.fc"}, {"emb", "small"}),  # emb has 1024
+        (("blocks.*",), 1024, {"blocks.0.fc", "blocks.1.fc"}, set()),
+        (("blocks.1.*", "emb"), 1, {"emb", "blocks.1.fc"}, set()),
+        (("blocks.?.fc",), 1, {"blocks.0.fc", "blocks.1.fc"}, set()),
+        (("small",), 1024, set(), {"small"}),  # selected, but below min_size
+    ],
+)
+def test_patterns_and_min_size_select_exactly(layers, min_size, expected, too_small):
+    model = Toy()
+    report = materialize(model, TensorizeOptions(max_rank=3, layers=layers, min_size=min_size))
+    assert tt_names(model) == expected == set(report.tensorized)
+    all_slots = {"emb", "blocks.0.fc", "blocks.1.fc", "small"}
+    assert {s.name for s in report.skipped} == all_slots - expected
+    assert not any(isinstance(m, Slot) for m in model.modules())
+    assert tensorize_report(model) is report
+    for s in report.skipped:  # the kind and the rule that applied
+        assert s.kind == ("embedding" if s.name == "emb" else "linear")
+        assert ("min_size" in s.reason) == (s.name in too_small), (s.name, s.reason)
+        assert ("not selected" in s.reason) == (s.name not in too_small), (s.name, s.reason)
+    # dense fallbacks have the slot's exact shape
+    if isinstance(model.small, nn.Linear):
+        assert model.small.weight.shape == (32, 16) and model.small.bias is None
+    if isinstance(model.emb, nn.Embedding):
+        assert model.emb.weight.shape == (64, 16)
+    assert model.blocks[1]["fc"](torch.randn(2, 32)).shape == (2, 48)
+
+
+def test_skip_reasons_name_the_rule():
+    model = Toy()
+    report = materialize(model, TensorizeOptions(max_rank=3, layers=("emb", "small")))
+    reasons = {s.name: s.reason for s in report.skipped}
+    assert "min_size=1024" in reasons["small"] and "512" in reasons["small"]
+    assert "not selected" in reasons["blocks.0.fc"] and "layers" in reasons["blocks.0.fc"]
+    assert json.loads(json.dumps(report.to_dict()))["tensorized"] == ["emb"]
+    assert SkippedLayer("small", "linear", reasons["small"]) in report.skipped
+
+
+def test_dense_materialize_reports_every_slot():
+    model = Toy()
+    report = materialize(model, TensorizeOptions(layers=("nothing",)), tensorized=False)
+    assert report.tensorized == () and len(report.skipped) == 4
+    assert all("dense model" in s.reason for s in report.skipped)
+    assert tt_names(model) == set()
+
+
+def test_options_reach_the_layers_and_specialize_overrides():
+    model = Toy()
+    seen = []
+
+    def specialize(name, slot):
+        seen.append((name, slot.role))
+        if slot.kind == "linear" and slot.role == "tiny":
+            return {"in_modes": (4, 4), "out_modes": (4, 8), "d": None}
+        return {}
+
+    opts = TensorizeOptions(max_rank=2, embedding_max_rank=6, gate_threshold=0.3, d=3,
+                            min_size=1)  # fmt: skip
+    materialize(model, opts, specialize=specialize)
+    assert sorted(seen) == [("blocks.0.fc", ""), ("blocks.1.fc", ""), ("emb", ""),
+                            ("small", "tiny")]  # fmt: skip
+    assert model.small.in_modes == (4, 4) and model.small.out_modes == (4, 8)
+    assert model.small.bias is None and model.small.gate_threshold == 0.3
+    fc = model.blocks[0]["fc"]
+    assert len(fc.in_modes) == 3 and max(fc.ranks) == 2 and fc.gate_threshold == 0.3
+    assert len(model.emb.row_modes) == 3 and max(model.emb.ranks) == 6
+    assert model.emb.gate_threshold == 0.3
+
+
+def test_pattern_that_matches_nothing_is_an_error():
+    with pytest.raises(ValueError, match=r"layers: pattern 'block\.\*'.*candidates"):
+        materialize(Toy(), TensorizeOptions(layers=("emb", "block.*")))
+    with pytest.raises(ValueError, match="pattern 'head'"):  # dense-only layers do not count
+        materialize(Toy(), TensorizeOptions(layers=("head",)))
+
+
+def test_build_errors_name_the_layer():
+    with pytest.raises(ValueError, match=r"cannot tensorize 'emb'.*d must be >= 2"):
+        materialize(Toy(), TensorizeOptions(d=1, min_size=1))
+
+
+def test_unbuilt_slot_raises():
+    with pytest.raises(RuntimeError, match="materialize"):
+        linear_slot(3, 4)(torch.randn(2, 3))
+    assert tensorize_report(nn.Linear(2, 2)) is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("max_rank", 0), ("embedding_max_rank", 0), ("d", True), ("min_size", 0),
+     ("gate_threshold", 1.0), ("shapes", "mnli"), ("layers", "encoder.*"), ("layers", ("",))],
+)
+def test_options_validation_names_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        TensorizeOptions(**{field: value})
+
+
+def test_options_round_trip_and_builder_kwargs():
+    opts = TensorizeOptions(max_rank=7, layers=["a.*", "b"], min_size=10, shapes="paper")
+    assert opts.layers == ("a.*", "b")
+    assert TensorizeOptions.from_dict(json.loads(json.dumps(opts.to_dict()))) == opts
+    kw = opts.builder_kwargs()
+    assert "shapes" not in kw and kw["min_size"] == 10 and kw["layers"] == ("a.*", "b")
+    assert opts.embedding_rank == 7 and TensorizeOptions(embedding_max_rank=3).embedding_rank == 3
+    with pytest.raises(ValueError, match="unknown keys"):
+        TensorizeOptions.from_dict({"rank": 3})
+    assert TensorizeReport().to_dict() == {"tensorized": [], "skipped": []}
