@@ -167,10 +167,7 @@ class Trainer:
                 return
             if stage.epochs is not None and s.epoch >= s.stage_epoch0 + stage.epochs:
                 return
-            it = self.data.train.batches(s.epoch)
-            for _ in range(s.batch):  # resume mid-epoch: skip what was consumed
-                next(it, None)
-            for batch in it:
+            for batch in self.data.train.batches(s.epoch, start=s.batch):  # resume mid-epoch
                 yield batch
                 if stage.steps is not None and s.stage_step >= stage.steps:
                     return
@@ -311,9 +308,8 @@ class Trainer:
             if not s.stage_started:
                 self._start_stage(index, stage)
             total = self._stage_length(stage)
-            if stage.lr_schedule == "cosine" and total is None:
-                raise ConfigError(f"schedule[{index}].lr_schedule", "cosine needs a length in "
-                                  "steps or a dataset whose size is known")
+            if stage.lr_schedule == "cosine" and total is None:  # one counting pass
+                total = self.data.train.count() * (stage.epochs or 0)
             t0 = time.perf_counter()
             for batch in self._batches(stage):
                 if self.should_stop():

@@ -1,0 +1,102 @@
+"""Training data for the CoMERA trainer: streaming file loaders and synthetic generators.
+
+Public API::
+
+    DataConfig                     what to load (kind, paths, task fields, split, shuffle)
+    build_data(config, *, arch, batch_size, seed, workdir=None) -> DataBundle
+    DataBundle                     train / valid BatchSource, model_overrides, artifacts, info
+    BatchSource.batches(epoch, start=0) -> Iterator[dict[str, Tensor]]   (pure in (seed, epoch))
+    BatchSource.num_batches() -> int | None   (None until a pass has counted the examples)
+    BatchSource.count() -> int               one counting pass, so num_batches() is known
+    DataError                      a malformed input row: file, line, what was expected
+    write_synthetic(generator, directory, *, n_train, n_valid, seed, params, fmt)
+
+Kinds per architecture (batch keys in :mod:`engine.models.registry`):
+
+    transformer  jsonl, csv      input_ids, token_type_ids, attention_mask, labels
+    dlrm         criteo          dense, sparse, labels
+    mlm          text            input_ids, attention_mask, labels (-100 = not masked)
+    mlp          npz             x, labels
+    any          synthetic       the architecture's generator, in memory
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.data.arrays import build_npz_data
+from engine.data.config import DataConfig
+from engine.data.criteo import build_criteo_data
+from engine.data.errors import DataError
+from engine.data.lines import build_mlm_data, read_text
+from engine.data.source import BatchSource, DataBundle, StreamSource
+from engine.data.synthetic import SyntheticFiles, build_synthetic_data, write_synthetic
+from engine.data.text import build_pair_data, read_pairs
+
+__all__ = ["DataConfig", "DataBundle", "BatchSource", "StreamSource", "DataError", "build_data",
+           "write_synthetic", "SyntheticFiles", "ARCHS", "ARCH_OF_KIND"]  # fmt: skip
+
+ARCHS = ("transformer", "dlrm", "mlm", "mlp")
+ARCH_OF_KIND = {"jsonl": "transformer", "csv": "transformer", "criteo": "dlrm", "text": "mlm",
+                "npz": "mlp"}  # fmt: skip
+
+
+def _check_files(config: DataConfig) -> None:
+    for name in ("train", "valid", "tokenizer"):
+        path = getattr(config, name)
+        if path is not None and not Path(path).is_file():
+            raise ValueError(f"data.{name}: no such file {path!r}")
+
+
+def build_data(config: DataConfig, *, arch: str, batch_size: int, seed: int,
+               workdir: str | Path | None = None) -> DataBundle:  # fmt: skip
+    """Sources and model fields for ``arch`` from ``config``.
+
+    A trained tokenizer (and inferred label list) is saved in ``workdir`` and reused from
+    there when present, so a resumed job encodes exactly as before. Nothing is read here
+    beyond what the setup needs: a tokenizer / label pass for text, NPZ headers and labels.
+    """
+    if arch not in ARCHS:
+        raise ValueError(f"model.arch must be one of {list(ARCHS)} for data, got {arch!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    if config.kind != "synthetic" and ARCH_OF_KIND[config.kind] != arch:
+        raise ValueError(f"data.kind {config.kind!r} feeds model.arch "
+                         f"{ARCH_OF_KIND[config.kind]!r}, not {arch!r}")
+    _check_files(config)
+    common = {"batch_size": batch_size, "seed": seed}
+    train, valid = config.train, config.valid
+    names = (train or "", valid or "")
+    if config.kind == "synthetic":
+        bundle = build_synthetic_data(config, arch=arch, workdir=workdir, **common)
+    elif config.kind in ("jsonl", "csv"):
+        bundle = build_pair_data(
+            config, workdir=workdir, names=names, in_memory=False,
+            train_rows=lambda: read_pairs(names[0], config.kind, config),
+            valid_rows=None if valid is None else (lambda: read_pairs(names[1], config.kind,
+                                                                      config)),
+            **common,
+        )  # fmt: skip
+    elif config.kind == "criteo":
+        bundle = build_criteo_data(config, **common)
+    elif config.kind == "text":
+        bundle = build_mlm_data(
+            config, workdir=workdir, names=names, in_memory=False,
+            train_lines=lambda: read_text(names[0]),
+            valid_lines=None if valid is None else (lambda: read_text(names[1])), **common,
+        )  # fmt: skip
+    else:
+        bundle = build_npz_data(config, **common)
+    bundle.info.update({"kind": config.kind, "arch": arch, "batch_size": batch_size,
+                        "split": _split_doc(config)})  # fmt: skip
+    return bundle
+
+
+def _split_doc(config: DataConfig) -> str:
+    if config.valid is not None:
+        return "file"
+    if config.kind == "synthetic":
+        return "generated" if config.n_valid else "none"
+    if config.valid_every:
+        return f"every {config.valid_every}-th training row (index % k == k - 1)"
+    return "none"
