@@ -5,6 +5,10 @@ function that applies the gates itself and saves only ``x``, ``T1 = x L`` (B, r)
 small batch-independent merge intermediates; its backward is six skinny GEMMs plus the merge
 backward, with the bias gradient fused into the ``dR`` GEMM by a column of ones. Plans with
 a swept side, and the dense plan, are compositions of torch ops under autograd.
+
+``activation="gelu"`` computes ``gelu(x) W^T + b`` from the pre-activation ``x``. The fused
+plan then saves ``x`` instead of ``gelu(x)`` and recomputes ``gelu(x)`` in backward (one
+elementwise pass), so a ``fc1 -> gelu -> fc2`` block keeps one (B, F) tensor, not two.
 """
 
 from __future__ import annotations
@@ -12,13 +16,16 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from engine.contract.plan import Plan, Side
 from engine.tt.chain import merge, merge_backward
 from engine.tt.cores import gate_mu, gated_cores
 
-__all__ = ["TTLinearMeta", "TTLinearFunction", "run_plan"]
+__all__ = ["ACTIVATIONS", "TTLinearMeta", "TTLinearFunction", "run_plan"]
+
+ACTIVATIONS = (None, "gelu")  # input activations the executor can fuse
 
 
 class TTLinearMeta(NamedTuple):
@@ -65,7 +72,7 @@ class TTLinearFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, bias, meta: TTLinearMeta, dirs: tuple[Side, Side], *params):
+    def forward(ctx, x, bias, meta: TTLinearMeta, dirs: tuple[Side, Side], act, *params):
         d, n_cores = len(meta.in_modes), len(meta.in_modes) + len(meta.out_modes)
         cores, gates = params[:n_cores], params[n_cores:]
         # all gates thresholded in one op, applied with one foreach call (fewer launches)
@@ -77,14 +84,15 @@ class TTLinearFunction(torch.autograd.Function):
         r = left.shape[1]
         left = left[: meta.in_features]  # (N, r)  view: padded input rows dropped
         right = right.view(r, -1)[:, : meta.out_features]  # (r, M)  view
-        t1 = _first_product(x, left, with_ones=bias is not None)  # (B, r [+ 1])
+        a = F.gelu(x) if act == "gelu" else x  # (B, N) not saved: recomputed in backward
+        t1 = _first_product(a, left, with_ones=bias is not None)  # (B, r [+ 1])
         if bias is not None:
             # the bias rides along as an extra rank: [t1, 1] @ [R; b]; backward reuses the
             # ones column to get db from the same GEMM as dR
             y = t1 @ torch.cat([right, bias.unsqueeze(0)])  # (B, M)
         else:
             y = t1 @ right  # (B, M)
-        ctx.meta, ctx.dirs, ctx.d = meta, dirs, d
+        ctx.meta, ctx.dirs, ctx.d, ctx.act = meta, dirs, d, act
         ctx.small = (left, right, cores, flat_gates, mus, gated, saved_l, saved_r)
         ctx.save_for_backward(x, t1)
         return y
@@ -101,7 +109,11 @@ class TTLinearFunction(torch.autograd.Function):
         d_right = t1.T @ dy  # (r [+ 1], M)
         dbias = d_right[r] if t1.shape[1] > r else None  # (M,)
         d_right = d_right[:r]  # (r, M)
-        d_left = (u1.T @ x).T  # (N, r)
+        if ctx.act == "gelu":
+            d_left = (u1.T @ F.gelu(x)).T  # (N, r)
+            dx = torch.ops.aten.gelu_backward(dx, x) if dx is not None else None  # (B, N)
+        else:
+            d_left = (u1.T @ x).T  # (N, r)
 
         n_full = _prod(g.shape[1] for g in gated[:d])
         m_full = _prod(g.shape[1] for g in gated[d:])
@@ -120,7 +132,7 @@ class TTLinearFunction(torch.autograd.Function):
         d_flat = torch.ops.aten.threshold_backward(d_mu, flat_gates, meta.tau)
         d_gates = d_flat.split([m.shape[0] for m in mus])
         del ctx.small
-        return (dx, dbias, None, None, *d_cores, *d_gates)
+        return (dx, dbias, None, None, None, *d_cores, *d_gates)
 
 
 def _prod(values) -> int:
@@ -158,13 +170,18 @@ def run_plan(
     bias: Tensor | None,
     meta: TTLinearMeta,
     plan: Plan,
+    activation: str | None = None,
 ) -> Tensor:
-    """y (B, M) for x (B, N) under ``plan``."""
+    """y (B, M) for x (B, N) under ``plan``; ``act(x)`` is the input when ``activation``."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     d = len(meta.in_modes)
     n_in, n_out = meta.in_features, meta.out_features
     if plan.fused:
         return TTLinearFunction.apply(x, bias, meta, (plan.input_side, plan.output_side),
-                                      *cores, *gates)
+                                      activation, *cores, *gates)
+    if activation == "gelu":
+        x = F.gelu(x)  # (B, N)
     gated = gated_cores(cores, gates, meta.tau)
     if plan.kind == "dense":
         left, _ = merge(gated[:d], "ltr")  # (N', r)

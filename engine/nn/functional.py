@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from engine.contract.execute import TTLinearMeta, run_plan
+from engine.contract.execute import ACTIVATIONS, TTLinearMeta, run_plan
 from engine.contract.plan import Plan, TTLinearProblem, candidate_plans, plan_tt_linear
 from engine.contract.reference import tt_linear_reference
 
@@ -38,12 +39,19 @@ def tt_linear(
     bias: Tensor | None,
     meta: TTLinearMeta,
     plan: str | Plan = "auto",
+    activation: str | None = None,
 ) -> Tensor:
-    """y (..., M) = x (..., N) W^T + b for the gated TT weight given by ``cores``/``gates``."""
+    """y (..., M) = act(x) (..., N) W^T + b for the gated TT weight given by ``cores``/``gates``.
+
+    ``activation`` (None or ``"gelu"``) is applied to ``x`` first; the fused plan then keeps
+    ``x`` for backward instead of ``act(x)`` (see :mod:`engine.contract.execute`).
+    """
     if x.dim() == 0 or x.shape[-1] != meta.in_features:
         raise ValueError(
             f"input's last dimension must be in_features={meta.in_features}, got {tuple(x.shape)}"
         )
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, meta.in_features)  # (B, N)  view for contiguous x
     cores, gates = list(cores), list(gates)
@@ -53,12 +61,13 @@ def tt_linear(
     plan = parse_plan(plan)
     if plan == "reference":
         d = len(meta.in_modes)
-        y = tt_linear_reference(x2, cores, gates, bias, meta.tau, meta.in_features,
+        a2 = F.gelu(x2) if activation == "gelu" else x2  # (B, N)
+        y = tt_linear_reference(a2, cores, gates, bias, meta.tau, meta.in_features,
                                 meta.out_features, d)
         return y.reshape(*lead, meta.out_features)
     if plan == "auto":
         plan = plan_tt_linear(problem_for(x2, cores, bias, meta))
-    y = run_plan(x2, cores, gates, bias, meta, plan)  # (B, M)
+    y = run_plan(x2, cores, gates, bias, meta, plan, activation)  # (B, M)
     return y.reshape(*lead, meta.out_features)
 
 

@@ -131,8 +131,11 @@ class TTLinear(nn.Module):
         return TTLinearMeta(self.in_modes, self.out_modes, self.in_features,
                             self.out_features, self.gate_threshold)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return tt_linear(x, list(self.cores), list(self.gates), self.bias, self.meta, self.plan)
+    def forward(self, x: Tensor, activation: str | None = None) -> Tensor:
+        """``x W^T + b``; ``activation="gelu"``: ``gelu(x) W^T + b`` without storing
+        ``gelu(x)`` for backward (it is recomputed there from ``x``)."""
+        return tt_linear(x, list(self.cores), list(self.gates), self.bias, self.meta, self.plan,
+                         activation)
 
     def to_dense(self) -> Tensor:
         """The effective weight (out, in), gates applied."""
