@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from engine.contract.lowrank_saved import recomputing, tag_output
 from engine.contract.plan import Plan, Side
 from engine.tt.chain import merge, merge_backward
 from engine.tt.cores import gate_mu, gated_cores
@@ -86,12 +87,12 @@ class TTLinearFunction(torch.autograd.Function):
         right = right.view(r, -1)[:, : meta.out_features]  # (r, M)  view
         a = F.gelu(x) if act == "gelu" else x  # (B, N) not saved: recomputed in backward
         t1 = _first_product(a, left, with_ones=bias is not None)  # (B, r [+ 1])
-        if bias is not None:
-            # the bias rides along as an extra rank: [t1, 1] @ [R; b]; backward reuses the
-            # ones column to get db from the same GEMM as dR
-            y = t1 @ torch.cat([right, bias.unsqueeze(0)])  # (B, M)
-        else:
-            y = t1 @ right  # (B, M)
+        # the bias rides along as an extra rank: [t1, 1] @ [R; b]; backward reuses the ones
+        # column to get db from the same GEMM as dR
+        rb = torch.cat([right, bias.unsqueeze(0)]) if bias is not None else right  # (r[+1], M)
+        y = t1 @ rb  # (B, M)
+        if recomputing() and any(ctx.needs_input_grad):
+            tag_output(y, t1, rb)  # consumers save (t1, rb), not y: see lowrank_saved
         ctx.meta, ctx.dirs, ctx.d, ctx.act = meta, dirs, d, act
         ctx.small = (left, right, cores, flat_gates, mus, gated, saved_l, saved_r)
         ctx.save_for_backward(x, t1)

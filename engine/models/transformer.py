@@ -12,6 +12,7 @@ LayerNorms stay dense. ``shapes="mnli"`` uses the exact shapes of method doc §2
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import numbers
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from engine.contract.lowrank_saved import recompute_tt_outputs
 from engine.models.tensorize import (
     Slot,
     Specialize,
@@ -78,6 +80,7 @@ class TransformerConfig:
     attn_dropout: float = 0.1
     ln_eps: float = 1e-9
     recompute: bool = False  # training: keep only each block's input, rerun the block backward
+    recompute_tt_outputs: bool = False  # keep TT-linear outputs as rank-r factors for backward
     version: int = CONFIG_VERSION
 
     def __post_init__(self) -> None:
@@ -99,8 +102,9 @@ class TransformerConfig:
             not self.ln_eps > 0
         ):
             raise ValueError(f"ln_eps must be > 0, got {self.ln_eps!r}")
-        if not isinstance(self.recompute, bool):
-            raise ValueError(f"recompute must be a bool, got {self.recompute!r}")
+        for name in ("recompute", "recompute_tt_outputs"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
     @classmethod
     def mnli(cls, **changes: Any) -> TransformerConfig:
@@ -249,14 +253,16 @@ class TransformerClassifier(nn.Module):
         keep = None
         if attention_mask is not None:
             keep = attention_mask.to(torch.bool)[:, None, None, :]  # (B, 1, 1, S) True = attend
-        x = self.embeddings(input_ids, token_type_ids)  # (B, S, D)
-        recompute = self.config.recompute and self.training and torch.is_grad_enabled()
-        for block in self.encoder:
-            if recompute:  # saves x only; the block reruns (same dropout masks) in backward
-                x = checkpoint(block, x, keep, use_reentrant=False)  # (B, S, D)
-            else:
-                x = block(x, keep)  # (B, S, D)
-        return self.classifier(x[:, 0])  # (B, C)
+        grad = self.training and torch.is_grad_enabled()
+        lowrank = grad and self.config.recompute_tt_outputs
+        with recompute_tt_outputs() if lowrank else contextlib.nullcontext():
+            x = self.embeddings(input_ids, token_type_ids)  # (B, S, D)
+            for block in self.encoder:
+                if grad and self.config.recompute:  # saves x; reruns the block (same masks)
+                    x = checkpoint(block, x, keep, use_reentrant=False)  # (B, S, D)
+                else:
+                    x = block(x, keep)  # (B, S, D)
+            return self.classifier(x[:, 0])  # (B, C)
 
 
 # -- builders -------------------------------------------------------------------------------

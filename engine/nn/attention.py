@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from engine.contract.lowrank_saved import recomputing
 from engine.nn.dropout import dropout_mask
 
 __all__ = ["AttentionFunction", "scaled_dot_product_attention"]
@@ -65,13 +66,20 @@ class AttentionFunction(torch.autograd.Function):
         else:
             y = torch.bmm(prob, v3)  # (BH, S, E)
         ctx.shape, ctx.scale, ctx.p = (b, h, s, t, e), scale, p
-        ctx.save_for_backward(q3, k3, v3, prob, mask)
+        ctx.inputs_saved = recomputing()
+        if ctx.inputs_saved:  # TT-linear outputs: kept as rank-r factors, copied again later
+            ctx.save_for_backward(q, k, v, prob, mask)
+        else:
+            ctx.save_for_backward(q3, k3, v3, prob, mask)
         return y.view(b, h, s, e)  # (B, H, S, E)
 
     @staticmethod
     def backward(ctx, dy: Tensor):
         q3, k3, v3, prob, mask = ctx.saved_tensors
         b, h, s, t, e = ctx.shape
+        if ctx.inputs_saved:
+            q3 = torch.mul(q3, ctx.scale, out=q3.new_empty(b, h, s, e)).view(b * h, s, e)
+            k3, v3 = k3.reshape(b * h, t, e), v3.reshape(b * h, t, e)  # (BH, T, E)
         g = dy.reshape(b * h, s, e)  # (BH, S, E)
         m01 = None
         if mask is not None:
