@@ -18,13 +18,15 @@ A step is ``zero_grad``, forward, loss, backward and the optimizer step, in trai
   multiple of 200).
 
 Each configuration of a batch size runs in its own worker process (its own allocator, as a
-training job would), all alive at once; the parent steps them round-robin (warm-up rounds
-first), so load drift on this shared machine hits all alike, and takes the median round
-(with its optimizer share). Memory: each worker's peak RSS (``VmHWM``) over all its steps,
-minus that of an idle worker with the same imports, inputs and warm-up (a tiny step of
-every configuration, so thread pools, lazy imports and kernels cancel). Every worker gets
-the same environment (:data:`CHILD_ENV`). Writes ``bench/results/train_step.json`` and
-prints the ratios against the targets.
+training job would), all alive at once; the parent steps them in turns, round-robin (warm-up
+rounds first), so load drift on this shared machine hits all alike. A turn is one untimed
+step and one timed step, so that the timed step follows a step of the same model, as in a
+training loop (caches hold that model's data, not the previous worker's); the median over
+rounds is reported (with its optimizer share). Memory: each worker's peak RSS (``VmHWM``)
+over all its steps, minus that of an idle worker with the same imports, inputs and warm-up
+(a tiny step of every configuration, so thread pools, lazy imports and kernels cancel).
+Every worker gets the same environment (:data:`CHILD_ENV`). Writes
+``bench/results/train_step.json`` and prints the ratios against the targets.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ AUTHORS_CODE = {  # the authors' released implementation, measured on this machi
 }
 
 
+LEAD_STEPS = 1  # untimed steps before the timed one in each configuration's turn
 LOWRANK_FROM_BATCH = 16  # from here on activations dominate memory (module doc)
 
 
@@ -288,6 +291,8 @@ def measure_batch(batch: int, quick: bool, repeats: int | None, idle_kib: int) -
     samples: dict[str, list[dict]] = {k: [] for k in (*CONFIGS, "galore_refresh")}
     for i in range(repeats):
         for name, w in workers.items():
+            for _ in range(LEAD_STEPS):  # the turn starts as a training loop runs: warm caches
+                w.send("step")
             samples[name].append(w.send("step"))
         if i < refreshes:
             samples["galore_refresh"].append(workers["galore"].send("refresh"))
@@ -312,7 +317,8 @@ def measure_batch(batch: int, quick: bool, repeats: int | None, idle_kib: int) -
         "optimizer_ms": opt,
         "galore_regular_ms": med["galore"] * 1e3,
         "galore_refresh_ms": med["galore_refresh"] * 1e3,
-        "rounds": {"warmup": warmup, "timed": repeats, "galore_refresh": refreshes},
+        "rounds": {"warmup": warmup, "timed": repeats, "untimed_lead_steps": LEAD_STEPS,
+                   "galore_refresh": refreshes},
         "comera_config": comera_config(batch).to_dict(),
         "samples_ms": {k: [x["s"] * 1e3 for x in v] for k, v in samples.items()},
     }

@@ -24,7 +24,8 @@ from engine.contract.plan import Plan, Side
 from engine.tt.chain import merge, merge_backward
 from engine.tt.cores import gate_mu, gated_cores
 
-__all__ = ["ACTIVATIONS", "TTLinearMeta", "TTLinearFunction", "run_plan"]
+__all__ = ["ACTIVATIONS", "Merged", "TTLinearMeta", "TTLinearFunction", "merge_gated",
+           "param_grads", "run_plan", "with_bias"]
 
 ACTIVATIONS = (None, "gelu")  # input activations the executor can fuse
 
@@ -65,6 +66,62 @@ def _first_product(x: Tensor, left: Tensor, with_ones: bool) -> Tensor:
     return torch.cat([t1, t1.new_ones(t1.shape[0], 1)], dim=1) if with_ones else t1
 
 
+class Merged(NamedTuple):
+    """One TT-linear's gated cores merged into ``W^T = L R`` (batch independent)."""
+
+    left: Tensor  # (N, r) view, padded input rows dropped
+    right: Tensor  # (r, M) view, padded output columns dropped
+    cores: tuple[Tensor, ...]
+    flat_gates: Tensor  # (sum r_k,)
+    mus: tuple[Tensor, ...]  # mu(g_k), (r_k,) each
+    gated: list[Tensor]  # G_k * mu(g_k), the last core as is
+    saved_l: list[Tensor]
+    saved_r: list[Tensor]
+
+
+def merge_gated(meta: TTLinearMeta, dirs: tuple[Side, Side], cores, gates) -> Merged:
+    """Gate the cores and merge both halves (the forward's batch-independent part)."""
+    d = len(meta.in_modes)
+    # all gates thresholded in one op, applied with one foreach call (fewer launches)
+    flat_gates = torch.cat(gates)  # (sum r_k,)
+    mus = gate_mu(flat_gates, meta.tau).split([g.shape[0] for g in gates])  # (r_k,) each
+    gated = [*torch._foreach_mul(cores[:-1], mus), cores[-1]]
+    left, saved_l = merge(gated[:d], dirs[0])  # (N', r)
+    right, saved_r = merge(gated[d:], dirs[1])  # (r M', 1)
+    r = left.shape[1]
+    left = left[: meta.in_features]  # (N, r)  view: padded input rows dropped
+    right = right.view(r, -1)[:, : meta.out_features]  # (r, M)  view
+    return Merged(left, right, tuple(cores), flat_gates, tuple(mus), gated, saved_l, saved_r)
+
+
+def param_grads(
+    meta: TTLinearMeta, dirs: tuple[Side, Side], m: Merged, d_left: Tensor, d_right: Tensor
+) -> tuple[list[Tensor], list[Tensor]]:
+    """Core and gate gradients from ``dL`` (N, r) and ``dR`` (r, M): the merge backward."""
+    d, r = len(meta.in_modes), m.left.shape[1]
+    n_full = _prod(g.shape[1] for g in m.gated[:d])
+    m_full = _prod(g.shape[1] for g in m.gated[d:])
+    if n_full != meta.in_features:
+        d_left = torch.cat([d_left, d_left.new_zeros(n_full - meta.in_features, r)])
+    if m_full != meta.out_features:
+        pad = d_right.new_zeros(r, m_full - meta.out_features)
+        d_right = torch.cat([d_right, pad], dim=1)
+    d_gated = merge_backward(m.gated[:d], m.saved_l, d_left, dirs[0])
+    d_gated += merge_backward(m.gated[d:], m.saved_r, d_right, dirs[1])
+    n_gates = len(m.mus)
+    d_cores = [*torch._foreach_mul(d_gated[:n_gates], m.mus), d_gated[-1]]  # (a, s, b) each
+    prods = torch._foreach_mul(d_gated[:n_gates], m.cores[:n_gates])
+    d_mu = torch.cat([p.sum(dim=(0, 1)) for p in prods])  # (sum r_k,)
+    d_flat = torch.ops.aten.threshold_backward(d_mu, m.flat_gates, meta.tau)
+    return d_cores, list(d_flat.split([mu.shape[0] for mu in m.mus]))
+
+
+def with_bias(right: Tensor, bias: Tensor | None) -> Tensor:
+    """``[R; b]`` (r + 1, M): the bias rides along as an extra rank, so ``[T, 1] [R; b]``
+    adds it and backward gets ``db`` from the same GEMM as ``dR``."""
+    return torch.cat([right, bias.unsqueeze(0)]) if bias is not None else right
+
+
 class TTLinearFunction(torch.autograd.Function):
     """y = x L R + b with gated cores; ``params = (*cores, *gates)``.
 
@@ -74,65 +131,34 @@ class TTLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, bias, meta: TTLinearMeta, dirs: tuple[Side, Side], act, *params):
-        d, n_cores = len(meta.in_modes), len(meta.in_modes) + len(meta.out_modes)
-        cores, gates = params[:n_cores], params[n_cores:]
-        # all gates thresholded in one op, applied with one foreach call (fewer launches)
-        flat_gates = torch.cat(gates)  # (sum r_k,)
-        mus = gate_mu(flat_gates, meta.tau).split([g.shape[0] for g in gates])  # (r_k,) each
-        gated = [*torch._foreach_mul(cores[:-1], mus), cores[-1]]
-        left, saved_l = merge(gated[:d], dirs[0])  # (N', r)
-        right, saved_r = merge(gated[d:], dirs[1])  # (r M', 1)
-        r = left.shape[1]
-        left = left[: meta.in_features]  # (N, r)  view: padded input rows dropped
-        right = right.view(r, -1)[:, : meta.out_features]  # (r, M)  view
+        n_cores = len(meta.in_modes) + len(meta.out_modes)
+        m = merge_gated(meta, dirs, params[:n_cores], params[n_cores:])
         a = F.gelu(x) if act == "gelu" else x  # (B, N) not saved: recomputed in backward
-        t1 = _first_product(a, left, with_ones=bias is not None)  # (B, r [+ 1])
-        # the bias rides along as an extra rank: [t1, 1] @ [R; b]; backward reuses the ones
-        # column to get db from the same GEMM as dR
-        rb = torch.cat([right, bias.unsqueeze(0)]) if bias is not None else right  # (r[+1], M)
+        t1 = _first_product(a, m.left, with_ones=bias is not None)  # (B, r [+ 1])
+        rb = with_bias(m.right, bias)  # (r [+ 1], M)
         y = t1 @ rb  # (B, M)
         if recomputing() and any(ctx.needs_input_grad):
             tag_output(y, t1, rb)  # consumers save (t1, rb), not y: see lowrank_saved
-        ctx.meta, ctx.dirs, ctx.d, ctx.act = meta, dirs, d, act
-        ctx.small = (left, right, cores, flat_gates, mus, gated, saved_l, saved_r)
+        ctx.meta, ctx.dirs, ctx.act, ctx.merged = meta, dirs, act, m
         ctx.save_for_backward(x, t1)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        meta, d = ctx.meta, ctx.d
         x, t1 = ctx.saved_tensors
-        left, right, cores, flat_gates, mus, gated, saved_l, saved_r = ctx.small
-        r = left.shape[1]
-
-        u1 = _skinny(dy, right.T).contiguous()  # (B, r)
-        dx = u1 @ left.T if ctx.needs_input_grad[0] else None  # (B, N)
+        m = ctx.merged
+        r = m.left.shape[1]
+        u1 = _skinny(dy, m.right.T).contiguous()  # (B, r)
+        dx = u1 @ m.left.T if ctx.needs_input_grad[0] else None  # (B, N)
         d_right = t1.T @ dy  # (r [+ 1], M)
         dbias = d_right[r] if t1.shape[1] > r else None  # (M,)
-        d_right = d_right[:r]  # (r, M)
         if ctx.act == "gelu":
             d_left = (u1.T @ F.gelu(x)).T  # (N, r)
             dx = torch.ops.aten.gelu_backward(dx, x) if dx is not None else None  # (B, N)
         else:
             d_left = (u1.T @ x).T  # (N, r)
-
-        n_full = _prod(g.shape[1] for g in gated[:d])
-        m_full = _prod(g.shape[1] for g in gated[d:])
-        if n_full != meta.in_features:
-            d_left = torch.cat([d_left, d_left.new_zeros(n_full - meta.in_features, r)])
-        if m_full != meta.out_features:
-            pad = d_right.new_zeros(r, m_full - meta.out_features)
-            d_right = torch.cat([d_right, pad], dim=1)
-        d_gated = merge_backward(gated[:d], saved_l, d_left, ctx.dirs[0])
-        d_gated += merge_backward(gated[d:], saved_r, d_right, ctx.dirs[1])
-
-        n_gates = len(mus)
-        d_cores = [*torch._foreach_mul(d_gated[:n_gates], mus), d_gated[-1]]  # (a, s, b) each
-        prods = torch._foreach_mul(d_gated[:n_gates], cores[:n_gates])
-        d_mu = torch.cat([p.sum(dim=(0, 1)) for p in prods])  # (sum r_k,)
-        d_flat = torch.ops.aten.threshold_backward(d_mu, flat_gates, meta.tau)
-        d_gates = d_flat.split([m.shape[0] for m in mus])
-        del ctx.small
+        d_cores, d_gates = param_grads(ctx.meta, ctx.dirs, m, d_left, d_right[:r])
+        del ctx.merged
         return (dx, dbias, None, None, None, *d_cores, *d_gates)
 
 

@@ -10,6 +10,11 @@ memory (25x for M = 768, 99x for 3072) for one (B, r + 1) x (r + 1, M) product. 
 tensor-train analogue of activation recomputation, at a fraction of its cost: nothing but
 that product is recomputed.
 
+Attention (:class:`engine.nn.attention.AttentionFunction`) joins in: inside the context it
+saves its ``q, k, v`` as given (TT-linear outputs, so factors) rather than copies, and no
+probabilities at all, rebuilding them in backward from ``q, k`` (one more ``q k^T`` and
+softmax); only its one-byte dropout mask stays.
+
 Outputs are tagged by :class:`~engine.contract.execute.TTLinearFunction` only while the
 context is active and gradients are recorded; views of a tagged output (reshape, head split,
 transpose) are rebuilt with the same strides. The value rebuilt is the one saved: backward

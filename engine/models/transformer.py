@@ -37,6 +37,7 @@ from engine.models.tensorize import (
 )
 from engine.nn.attention import scaled_dot_product_attention
 from engine.nn.dropout import dropout
+from engine.nn.feed_forward import tt_feed_forward
 from engine.nn.tt_linear import TTLinear
 from engine.nn.ttm_embedding import TTMEmbedding
 
@@ -80,7 +81,9 @@ class TransformerConfig:
     attn_dropout: float = 0.1
     ln_eps: float = 1e-9
     recompute: bool = False  # training: keep only each block's input, rerun the block backward
-    recompute_tt_outputs: bool = False  # keep TT-linear outputs as rank-r factors for backward
+    # training: keep TT-linear outputs as rank-r factors, attention probabilities not at all
+    # (both rebuilt in backward, engine.contract.lowrank_saved)
+    recompute_tt_outputs: bool = False
     version: int = CONFIG_VERSION
 
     def __post_init__(self) -> None:
@@ -183,11 +186,10 @@ class FeedForward(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.fc1(x)  # (B, S, F)
-        if isinstance(self.fc2, TTLinear):
-            y = self.fc2(h, activation="gelu")  # (B, S, D)  gelu(h) recomputed in backward
+        if isinstance(self.fc1, TTLinear) and isinstance(self.fc2, TTLinear):
+            y = tt_feed_forward(x, self.fc1, self.fc2)  # (B, S, D)  no (B, S, F) kept
         else:
-            y = self.fc2(F.gelu(h))  # (B, S, D)
+            y = self.fc2(F.gelu(self.fc1(x)))  # (B, S, D)
         return dropout(y, self.drop.p, self.training)  # (B, S, D)
 
 

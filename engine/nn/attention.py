@@ -36,27 +36,41 @@ from engine.nn.dropout import dropout_mask
 __all__ = ["AttentionFunction", "scaled_dot_product_attention"]
 
 
+def _operands(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``q / sqrt(E)``, ``k``, ``v`` as contiguous (BH, S|T, E) batches (one copy each)."""
+    b, h, s, e = q.shape
+    t = k.shape[2]
+    q3 = torch.mul(q, 1.0 / math.sqrt(e), out=q.new_empty(b, h, s, e)).view(b * h, s, e)
+    return q3, k.reshape(b * h, t, e), v.reshape(b * h, t, e)
+
+
+def _probs(q3: Tensor, k3: Tensor, keep: Tensor | None, shape4: tuple[int, ...]) -> Tensor:
+    """``P = softmax(q k^T / sqrt(E))`` (BH, S, T), masked; rows without a key are 0."""
+    scores = torch.bmm(q3, k3.transpose(1, 2))  # (BH, S, T)
+    dead = None
+    if keep is not None and (keep.device.type != "cpu" or not bool(keep.all())):
+        scores.view(shape4).masked_fill_(keep.logical_not(), float("-inf"))
+        dead = keep.logical_not().all(dim=-1, keepdim=True)  # (.., 1) rows with no key
+    prob = torch.softmax(scores, dim=-1)  # (BH, S, T)
+    if dead is not None:
+        prob.view(shape4).masked_fill_(dead, 0.0)  # as SDPA: fully masked rows -> 0
+    return prob
+
+
 class AttentionFunction(torch.autograd.Function):
-    """Attention with dropout that saves ``q, k, v``, ``P`` and a bool dropout mask."""
+    """Attention with dropout that saves ``q, k, v``, ``P`` and a bool dropout mask.
+
+    Inside :func:`engine.contract.lowrank_saved.recompute_tt_outputs` it saves ``q, k, v``
+    as given (TT-linear outputs, so kept as rank-r factors) and not ``P``: backward rebuilds
+    the operands and ``P`` (one more ``q k^T`` and softmax) and keeps only the bool mask.
+    """
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, p: float) -> Tensor:
         b, h, s, e = q.shape
         t = k.shape[2]
-        scale = 1.0 / math.sqrt(e)
-        q3 = torch.mul(q, scale, out=q.new_empty(b, h, s, e)).view(b * h, s, e)  # q / sqrt(E)
-        k3 = k.reshape(b * h, t, e)  # (BH, T, E)  copy when k is a transposed view
-        v3 = v.reshape(b * h, t, e)  # (BH, T, E)
-        scores = torch.bmm(q3, k3.transpose(1, 2))  # (BH, S, T)
-        dead = None
-        if keep is not None and (keep.device.type != "cpu" or not bool(keep.all())):
-            s4 = scores.view(b, h, s, t)  # (B, H, S, T)
-            s4.masked_fill_(keep.logical_not(), float("-inf"))
-            dead = keep.logical_not().all(dim=-1, keepdim=True)  # (.., 1) rows with no key
-        prob = torch.softmax(scores, dim=-1)  # (BH, S, T)
-        del scores
-        if dead is not None:
-            prob.view(b, h, s, t).masked_fill_(dead, 0.0)  # as SDPA: fully masked rows -> 0
+        q3, k3, v3 = _operands(q, k, v)  # (BH, S|T, E)
+        prob = _probs(q3, k3, keep, (b, h, s, t))  # (BH, S, T)
         mask = None
         if p > 0.0:
             mask, m01 = dropout_mask(prob.shape, 1.0 - p, prob.device, 1.0, prob.dtype)
@@ -65,10 +79,10 @@ class AttentionFunction(torch.autograd.Function):
             y.mul_(1.0 / (1.0 - p))
         else:
             y = torch.bmm(prob, v3)  # (BH, S, E)
-        ctx.shape, ctx.scale, ctx.p = (b, h, s, t, e), scale, p
-        ctx.inputs_saved = recomputing()
-        if ctx.inputs_saved:  # TT-linear outputs: kept as rank-r factors, copied again later
-            ctx.save_for_backward(q, k, v, prob, mask)
+        ctx.shape, ctx.p = (b, h, s, t, e), p
+        ctx.rebuild = recomputing()
+        if ctx.rebuild:  # q, k, v: TT-linear outputs, kept as rank-r factors; P rebuilt
+            ctx.save_for_backward(q, k, v, keep, mask)
         else:
             ctx.save_for_backward(q3, k3, v3, prob, mask)
         return y.view(b, h, s, e)  # (B, H, S, E)
@@ -77,9 +91,9 @@ class AttentionFunction(torch.autograd.Function):
     def backward(ctx, dy: Tensor):
         q3, k3, v3, prob, mask = ctx.saved_tensors
         b, h, s, t, e = ctx.shape
-        if ctx.inputs_saved:
-            q3 = torch.mul(q3, ctx.scale, out=q3.new_empty(b, h, s, e)).view(b * h, s, e)
-            k3, v3 = k3.reshape(b * h, t, e), v3.reshape(b * h, t, e)  # (BH, T, E)
+        if ctx.rebuild:
+            q3, k3, v3 = _operands(q3, k3, v3)  # (BH, S|T, E)
+            prob = _probs(q3, k3, prob, (b, h, s, t))  # (BH, S, T)  (prob held keep)
         g = dy.reshape(b * h, s, e)  # (BH, S, E)
         m01 = None
         if mask is not None:
@@ -95,8 +109,8 @@ class AttentionFunction(torch.autograd.Function):
             dp.mul_(m01)
             del m01
         ds = torch._softmax_backward_data(dp, prob, -1, prob.dtype)  # (BH, S, T)
-        del dp
-        dq = torch.bmm(ds, k3).mul_(ctx.scale)  # (BH, S, E)
+        del dp, prob
+        dq = torch.bmm(ds, k3).mul_(1.0 / math.sqrt(e))  # (BH, S, E)
         dk = torch.bmm(ds.transpose(1, 2), q3)  # (BH, T, E)  q3 holds q / sqrt(E)
         return dq.view(b, h, s, e), dk.view(b, h, t, e), dv.view(b, h, t, e), None, None
 

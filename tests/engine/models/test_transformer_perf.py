@@ -6,17 +6,22 @@ outputs and every gradient, and for what it keeps for backward (saved-tensor hoo
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+import engine.contract.ffn as ffn
+from engine.contract.lowrank_saved import recompute_tt_outputs
 from engine.contract.plan import candidate_plans
 from engine.models.transformer import TransformerConfig, build_transformer
 from engine.nn.attention import AttentionFunction, scaled_dot_product_attention
-from engine.nn.dropout import dropout, dropout_mask
+from engine.nn.dropout import CHUNK, dropout, dropout_mask
+from engine.nn.feed_forward import tt_feed_forward
 from engine.nn.flat import flatten_
+from engine.nn.functional import parse_plan
 from engine.nn.tt_linear import TTLinear
 from tests.helpers.assertions import assert_close_rel, grads
 
@@ -254,3 +259,116 @@ def test_flatten_checks_and_gathers():
     assert torch.equal(c, torch.arange(1.0, 7.0).view(2, 3)) and flat.intact()
     c.data = torch.zeros(2, 3)  # replaced (as shrink_ does): no longer a view
     assert not flat.intact()
+
+
+def test_dropout_mask_is_chunked_deterministic_and_seeded():
+    n = 2 * CHUNK + 123  # three streams, two threads
+    torch.manual_seed(4)
+    a = dropout_mask((n,), 0.8)
+    torch.manual_seed(4)
+    b, scaled = dropout_mask((n,), 0.8, scale=1.25)
+    assert torch.equal(a, b) and torch.equal(scaled, b.float() * 1.25)
+    torch.manual_seed(5)
+    assert not torch.equal(a, dropout_mask((n,), 0.8))
+    chunk_means = [float(a[i * CHUNK : (i + 1) * CHUNK].float().mean()) for i in range(2)]
+    assert all(abs(m - 0.8) < 5 * math.sqrt(0.16 / CHUNK) for m in chunk_means)
+    assert not torch.equal(a[:CHUNK], a[CHUNK : 2 * CHUNK])  # independent streams
+
+
+# -- the fused TT feed-forward block ----------------------------------------------------------
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("block", [4, 1000])
+def test_tt_feed_forward_matches_the_layers(bias, block, monkeypatch):
+    monkeypatch.setattr(ffn, "BLOCK_ELEMENTS", block * 36)  # 4 rows: several row blocks
+    torch.manual_seed(0)
+    fc1 = TTLinear(19, 35, bias=bias, max_rank=3, in_modes=(4, 5), out_modes=(6, 6),
+                   dtype=torch.float64)  # padded: 20 > 19 inputs, 36 > 35 hidden
+    fc2 = TTLinear(35, 14, bias=bias, max_rank=3, in_modes=(6, 6), out_modes=(2, 7),
+                   dtype=torch.float64)  # fmt: skip
+    with torch.no_grad():
+        fc1.gates[1][0] = 0.0  # masked entries on both layers
+        fc2.gates[0][2] = -0.5
+    x = torch.randn(2, 5, 19, dtype=torch.float64, requires_grad=True)
+    y = tt_feed_forward(x, fc1, fc2)
+    ref = fc2(F.gelu(fc1(x)))
+    assert_close_rel(y, ref, 1e-13, "output")
+    params = [x, *fc1.parameters(), *fc2.parameters()]
+    dy = torch.randn_like(ref)
+    for i, (got, want) in enumerate(zip(grads(y, params, dy), grads(ref, params, dy),
+                                        strict=True)):  # fmt: skip
+        assert_close_rel(got, want, 1e-12, f"gradient {i}")
+
+
+def node_below_view(y) -> str:
+    node = y.grad_fn
+    while node.name().startswith(("View", "Reshape")):
+        node = node.next_functions[0][0]
+    return node.name()
+
+
+def test_tt_feed_forward_keeps_no_hidden_sized_tensor_and_falls_back():
+    fc1 = TTLinear(32, 256, max_rank=4, in_modes=(4, 8), out_modes=(16, 16))
+    fc2 = TTLinear(256, 32, max_rank=4, in_modes=(16, 16), out_modes=(4, 8))
+    x = torch.randn(64, 32, requires_grad=True)
+    kept, y = saved_tensors(lambda: tt_feed_forward(x, fc1, fc2))
+    assert max(t.numel() for t in kept) <= x.numel()  # x, [x L1, 1], [gelu(h) L2, 1]
+    assert "TTFFN" in node_below_view(y)
+    fc2.plan = parse_plan("reference")  # not a fused plan: the two layers, GELU fused in fc2
+    y2 = tt_feed_forward(x, fc1, fc2)
+    assert "TTFFN" not in node_below_view(y2)
+    assert_close_rel(y2, y, 1e-5, "fallback")
+    with pytest.raises(ValueError, match="fc1.out_features=256 != fc2.in_features=32"):
+        tt_feed_forward(x, fc1, fc1)
+    with pytest.raises(ValueError, match="last dimension must be 256"):
+        tt_feed_forward(x, fc2, fc1)
+
+
+# -- TT-linear outputs kept as factors -----------------------------------------------------------
+def test_recompute_tt_outputs_rebuilds_views_exactly():
+    torch.manual_seed(0)
+    layer = TTLinear(24, 36, max_rank=3, in_modes=(4, 6), out_modes=(6, 6))
+    x = torch.randn(10, 24, requires_grad=True)
+    dy = torch.randn(6, 10, 6)
+
+    def run(ctx):
+        with ctx:
+            y = layer(x).view(10, 6, 6).transpose(0, 1)  # a strided view of the output
+            out = y * y  # saves y (twice)
+        return out, grads(out, [x, *layer.parameters()], dy)
+
+    out, g = run(contextlib.nullcontext())
+    kept, (out_r, g_r) = saved_tensors(lambda: run(recompute_tt_outputs()))
+    assert torch.equal(out, out_r)
+    for a, b in zip(g, g_r, strict=True):
+        assert_close_rel(b, a, 1e-6, "gradient")
+    assert all(t.numel() < 10 * 36 for t in kept)  # nothing of y's size left for backward
+
+
+@pytest.mark.parametrize("tensorized", [False, True])
+def test_recompute_tt_outputs_in_the_model_gives_the_same_gradients(tensorized):
+    cfg = TransformerConfig.tiny()
+    logits, g = run_step(cfg, tensorized)
+    logits_r, g_r = run_step(cfg.replace(recompute_tt_outputs=True), tensorized)
+    assert torch.equal(logits, logits_r)
+    for name in g:
+        assert_close_rel(g_r[name], g[name], 1e-5, name)
+
+
+def test_attention_rebuilds_probabilities_when_recomputing():
+    torch.manual_seed(1)
+    b, h, s, e = 2, 3, 6, 4
+    q, k, v = (torch.randn(b, h, s, e, dtype=torch.float64, requires_grad=True)
+               for _ in range(3))  # fmt: skip
+    keep = keep_masks(b, s, s)[2]
+    dy = torch.randn(b, h, s, e, dtype=torch.float64)
+    outs = []
+    for ctx in (contextlib.nullcontext(), recompute_tt_outputs()):
+        torch.manual_seed(9)
+        with ctx:
+            kept, y = saved_tensors(lambda: AttentionFunction.apply(q, k, v, keep, 0.3))
+        outs.append((y, grads(y, [q, k, v], dy), kept))
+    (y, g, _), (y_r, g_r, kept_r) = outs
+    assert torch.equal(y, y_r)
+    for a, c in zip(g, g_r, strict=True):
+        assert_close_rel(c, a, 1e-13, "gradient")
+    assert not [t for t in kept_r if t.dtype == q.dtype and t.shape[-2:] == (s, s)]
