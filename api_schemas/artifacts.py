@@ -1,0 +1,112 @@
+"""Checkpoints, uploaded datasets, the compression report and the dry-run report."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+__all__ = [
+    "AttemptPublic", "CheckpointPublic", "CheckpointsPublic", "CompressionReport",
+    "DatasetPublic", "DatasetsPublic", "LayerPlan", "LayerReport", "ValidationReport",
+]  # fmt: skip
+
+
+class CheckpointPublic(BaseModel):
+    id: str
+    job_id: str
+    attempt: int
+    kind: Literal["latest", "final", "partial", "export"]
+    step: int
+    stage: str | None = None
+    metrics: dict[str, float]
+    size_bytes: int | None = None
+    sha256: str | None = None
+    format: str = "safetensors"
+    state: Literal["writing", "complete", "deleted"]
+    created_at: datetime
+    links: dict[str, str] = {}
+
+
+class CheckpointsPublic(BaseModel):
+    items: list[CheckpointPublic]
+
+
+class AttemptPublic(BaseModel):
+    attempt: int
+    worker: str | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    exit_reason: str | None = None  # completed, worker_lost, timeout, oom, error, cancelled
+
+
+class DatasetPublic(BaseModel):
+    id: str
+    name: str
+    format: str
+    size_bytes: int
+    sha256: str
+    rows: int | None = None
+    state: Literal["ready", "rejected"]
+    error: str | None = None
+    created_at: datetime
+
+
+class DatasetsPublic(BaseModel):
+    items: list[DatasetPublic]
+    next_cursor: str | None = None
+
+
+class LayerReport(BaseModel):
+    name: str
+    kind: str
+    modes: dict[str, Any] | list[Any] | None = None
+    ranks: list[int]
+    dense_params: int
+    params: int
+    ratio: float
+
+
+class CompressionReport(BaseModel):
+    """Compression measured on the saved artifact, per layer and in total, plus metrics."""
+
+    job_id: str
+    checkpoint_id: str
+    file_bytes: int
+    dense_bytes: int
+    file_ratio: float
+    params: int
+    params_dense: int
+    tensorized_ratio: float | None = None
+    model_ratio: float | None = None
+    layers: list[LayerReport]
+    metrics: dict[str, float]
+    stages: list[dict[str, Any]]
+    engine_version: str | None = None
+    spec_hash: str
+    baseline: dict[str, Any] | None = None  # a dense job of the same spec, when one exists
+
+
+class LayerPlan(BaseModel):
+    name: str
+    kind: str
+    shape: list[int]
+    modes: dict[str, Any] | list[Any] | None = None
+    initial_ranks: list[int]
+    dense_params: int
+    params: int
+
+
+class ValidationReport(BaseModel):
+    """``POST /v1/jobs:validate``: the normalized spec and what the job would build."""
+
+    spec: dict[str, Any]
+    engine_config: dict[str, Any]
+    layers: list[LayerPlan]
+    params_before: int
+    params_after: int
+    tensorized_ratio: float | None = None
+    estimated_memory_bytes: int
+    total_steps: int | None = None
+    warnings: list[str] = []

@@ -1,0 +1,253 @@
+"""The job resource: what a user submits (``JobCreate``) and what the API returns (``JobPublic``).
+
+The spec is declarative: a built-in architecture, a dataset reference, the compression
+settings, a stage schedule and resource limits. Every size a user controls has a bound here,
+so a request that could exhaust a worker is refused with a 422 before anything is stored.
+The worker translates the spec into the engine's job config (``service.spec.to_engine``);
+checks that need the model (a stage that does not fit it) run in the dry run
+``POST /v1/jobs:validate`` and again when the job starts.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from api_schemas.common import Problem, StrictModel
+
+__all__ = [
+    "ARCHS", "CancelRequest", "CheckpointingSpec", "CompressionSpec", "DatasetSpec", "JobCreate",
+    "JobPublic", "JobState", "JobUpdate", "JobsPublic", "LearningRatesSpec", "LimitsSpec",
+    "ModelSpec", "ProgressPublic", "RetryRequest", "StageSpec", "TERMINAL_STATES", "TrainingSpec",
+]  # fmt: skip
+
+ARCHS = ("transformer", "dlrm", "mlm", "mlp")
+MAX_STEPS = 1_000_000
+MAX_EPOCHS = 1_000
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][\w.\- ]*$")]
+Pattern = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[\w.*?\[\]\-]+$")]
+Scalar = int | float | bool | str | None
+ConfigValue = Scalar | Annotated[list[int | float | str], Field(max_length=64)]
+
+
+class JobState(StrEnum):
+    QUEUED = "QUEUED"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    CANCELLING = "CANCELLING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+
+# -- the spec ---------------------------------------------------------------------------------
+class ModelSpec(StrictModel):
+    """A built-in architecture and its config (fields as in the engine's model configs)."""
+
+    arch: Literal["transformer", "dlrm", "mlm", "mlp"]
+    config: dict[Annotated[str, Field(max_length=64)], ConfigValue] = Field(
+        default_factory=dict, max_length=64)  # fmt: skip
+
+
+class DatasetSpec(StrictModel):
+    """Where the data comes from: an uploaded dataset, a file under the data root, or generated.
+
+    ``format`` says how to read a file (``jsonl``/``csv`` sentence pairs, ``criteo`` TSV,
+    ``text`` lines for MLM, ``npz`` arrays); for ``synthetic`` the generator follows the
+    architecture unless ``generator`` names one.
+    """
+
+    source: Literal["upload", "path", "synthetic"] = "synthetic"
+    dataset_id: str | None = Field(default=None, max_length=64, pattern=r"^ds_[0-9A-Za-z]+$")
+    path: str | None = Field(default=None, max_length=1024)
+    valid_path: str | None = Field(default=None, max_length=1024)
+    format: Literal["jsonl", "csv", "criteo", "text", "npz"] | None = None
+    generator: Literal["nli", "criteo", "mlm", "mlp"] | None = None
+    n_train: int = Field(default=10_000, ge=1, le=10_000_000)
+    n_valid: int = Field(default=1_000, ge=1, le=1_000_000)
+    synthetic_seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    params: dict[Annotated[str, Field(max_length=64)], ConfigValue] = Field(
+        default_factory=dict, max_length=32)  # fmt: skip
+    valid_every: int = Field(default=0, ge=0, le=1000)
+    text_a: str = Field(default="premise", max_length=64)
+    text_b: str | None = Field(default="hypothesis", max_length=64)
+    label_field: str = Field(default="label", max_length=64)
+    vocab_size: int = Field(default=8000, ge=64, le=250_000)
+    max_len: int = Field(default=128, ge=4, le=2048)
+    num_rows: int = Field(default=100_000, ge=2, le=50_000_000)
+
+    @model_validator(mode="after")
+    def _source_fields(self) -> DatasetSpec:
+        if self.source == "upload" and self.dataset_id is None:
+            raise ValueError("dataset_id is required when source is 'upload'")
+        if self.source == "path" and self.path is None:
+            raise ValueError("path is required when source is 'path'")
+        if self.source != "synthetic" and self.format is None:
+            raise ValueError("format is required for 'upload' and 'path' datasets")
+        if self.source != "path" and (self.path is not None or self.valid_path is not None):
+            raise ValueError("path and valid_path are only for source 'path'")
+        return self
+
+    @field_validator("path", "valid_path")
+    @classmethod
+    def _relative(cls, v: str | None) -> str | None:
+        if v is not None and (v.startswith("/") or ".." in v.split("/") or "\x00" in v):
+            raise ValueError("must be a relative path under the data root, without '..'")
+        return v
+
+
+class CompressionSpec(StrictModel):
+    """Which layers become TT / TTM and how (ignored by ``dense``; ``galore`` uses none)."""
+
+    method: Literal["comera", "dense", "galore"] = "comera"
+    layers: list[Pattern] = Field(default_factory=lambda: ["*"], min_length=1, max_length=64)
+    max_rank: int = Field(default=30, ge=1, le=256)
+    embedding_max_rank: int | None = Field(default=None, ge=1, le=256)
+    modes: Literal["auto", "paper"] = "auto"
+    d: int | None = Field(default=None, ge=2, le=6)
+    min_size: int = Field(default=1024, ge=1)
+    gate_threshold: float = Field(default=1e-2, ge=0, lt=1)
+    penalty: Literal["cost_weighted", "uniform"] = "cost_weighted"
+    shrink_every: int = Field(default=50, ge=0, le=MAX_STEPS)
+    target_ratio: float | None = Field(default=None, gt=0, lt=1)
+
+
+class LearningRatesSpec(StrictModel):
+    cores: float = Field(default=1e-4, ge=0, le=10)
+    gates: float = Field(default=1e-3, ge=0, le=10)
+    others: float = Field(default=5e-5, ge=0, le=10)
+
+
+class StageSpec(StrictModel):
+    """One stage of the schedule; exactly one of ``epochs`` and ``steps``."""
+
+    kind: Literal["early", "late", "finetune"]
+    name: Name | None = None
+    epochs: int | None = Field(default=None, ge=1, le=MAX_EPOCHS)
+    steps: int | None = Field(default=None, ge=1, le=MAX_STEPS)
+    lr: LearningRatesSpec = Field(default_factory=LearningRatesSpec)
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = Field(default=0, ge=0, le=MAX_STEPS)
+    gamma: float = Field(default=0.01, ge=0, le=1000)
+    target_ratio: float | None = Field(default=None, gt=0, lt=1)
+    loss_ref: float | None = Field(default=None, ge=0)
+    loss_weight: float = Field(default=0.1, ge=0, le=1000)
+    eval_every: int | None = Field(default=None, ge=1, le=MAX_STEPS)
+
+    @model_validator(mode="after")
+    def _length(self) -> StageSpec:
+        if (self.epochs is None) == (self.steps is None):
+            raise ValueError("give exactly one of epochs and steps")
+        return self
+
+
+class TrainingSpec(StrictModel):
+    batch_size: int = Field(default=32, ge=1, le=4096)
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    precision: Literal["fp32", "bf16"] = "fp32"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    cuda_graph: Literal["auto", "on", "off"] = "auto"
+    grad_clip: float | None = Field(default=None, gt=0, le=1e6)
+    weight_decay: float = Field(default=0.0, ge=0, le=10)
+    log_every: int = Field(default=10, ge=1, le=100_000)
+    eval_batches: int | None = Field(default=None, ge=1, le=100_000)
+
+
+class LimitsSpec(StrictModel):
+    max_wall_time_s: int = Field(default=6 * 3600, ge=10, le=7 * 24 * 3600)
+    max_attempts: int = Field(default=3, ge=1, le=10)
+
+
+class CheckpointingSpec(StrictModel):
+    every_n_steps: int | None = Field(default=None, ge=1, le=MAX_STEPS)
+    keep: int = Field(default=2, ge=1, le=20)
+
+
+class JobCreate(StrictModel):
+    """``POST /v1/jobs`` body."""
+
+    name: Name
+    labels: dict[Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[\w.\-/]+$")],
+                 Annotated[str, Field(max_length=256)]] = Field(default_factory=dict,
+                                                                  max_length=32)  # fmt: skip
+    model: ModelSpec
+    dataset: DatasetSpec = Field(default_factory=DatasetSpec)
+    compression: CompressionSpec = Field(default_factory=CompressionSpec)
+    schedule: list[StageSpec] = Field(min_length=1, max_length=16)
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    limits: LimitsSpec = Field(default_factory=LimitsSpec)
+    checkpointing: CheckpointingSpec = Field(default_factory=CheckpointingSpec)
+
+    @model_validator(mode="after")
+    def _schedule_fits_method(self) -> JobCreate:
+        if self.compression.method != "comera":
+            for stage in self.schedule:
+                if stage.kind != "early":
+                    raise ValueError(
+                        f"method {self.compression.method!r} trains one way: "
+                        f"every stage must be 'early', got {stage.kind!r}"
+                    )
+        return self
+
+
+class JobUpdate(StrictModel):
+    """``PATCH /v1/jobs/{id}``: only the name and labels change after submission."""
+
+    name: Name | None = None
+    labels: dict[str, str] | None = Field(default=None, max_length=32)
+
+
+class CancelRequest(StrictModel):
+    mode: Literal["graceful", "immediate"] = "graceful"
+    save_partial: bool = True
+
+
+class RetryRequest(StrictModel):
+    from_: Literal["latest_checkpoint", "scratch"] | str = Field(
+        default="latest_checkpoint", alias="from", max_length=64)  # fmt: skip
+
+
+# -- responses --------------------------------------------------------------------------------
+class ProgressPublic(BaseModel):
+    step: int = 0
+    total_steps: int | None = None
+    fraction: float | None = None
+    stage_index: int | None = None
+    stage_name: str | None = None
+    stage_count: int | None = None
+
+
+class JobPublic(BaseModel):
+    id: str
+    name: str
+    labels: dict[str, str]
+    state: JobState
+    message: str | None = None
+    attempt: int
+    max_attempts: int
+    version: int
+    progress: ProgressPublic
+    latest_metrics: dict[str, float] = Field(default_factory=dict)
+    compression: dict[str, Any] = Field(default_factory=dict)
+    error: Problem | None = None
+    enqueue_pending: bool = False
+    cancel_requested_at: datetime | None = None
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    updated_at: datetime
+    spec: dict[str, Any]
+    spec_hash: str
+    engine_version: str | None = None
+    links: dict[str, str] = Field(default_factory=dict)
+
+
+class JobsPublic(BaseModel):
+    items: list[JobPublic]
+    next_cursor: str | None = None

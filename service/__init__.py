@@ -1,0 +1,1 @@
+"""The CoMERA service: FastAPI app, SQL store and settings (no torch here)."""

@@ -1,0 +1,89 @@
+"""One fail-fast ``Settings`` for the API, the worker and ``comera up`` (env prefix ``COMERA_``).
+
+The embedded defaults need no server: a SQLite store and a SQLite-backed Celery broker
+(kombu's SQLAlchemy transport) under ``COMERA_HOME``. Point ``COMERA_DATABASE_URL`` at
+PostgreSQL and ``COMERA_BROKER_URL`` at Redis for a distributed deployment.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "get_settings"]
+
+DEFAULT_HOME = Path.home() / ".comera"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="COMERA_", extra="ignore", frozen=True)
+
+    home: Path = DEFAULT_HOME
+    database_url: str = ""  # default: sqlite:///{home}/comera.db
+    broker_url: str = ""  # default: sqla+sqlite:///{home}/broker.db
+    artifact_dir: Path | None = None  # default: {home}/artifacts
+    data_root: Path | None = None  # default: {home}/data; server-side dataset paths live here
+    queue: str = "gpu.any"
+    # limits (bad input gets a 4xx, never a worker that runs out of memory)
+    max_body_bytes: int = Field(default=1 << 20, ge=1024)
+    max_upload_bytes: int = Field(default=2 << 30, ge=1024)
+    max_queued_jobs_per_tenant: int = Field(default=100, ge=1)
+    # leases (service-design c.2)
+    lease_seconds: float = Field(default=180.0, gt=0)
+    heartbeat_seconds: float = Field(default=30.0, gt=0)
+    reaper_interval_seconds: float = Field(default=30.0, gt=0)
+    redrive_after_seconds: float = Field(default=60.0, ge=0)
+    # the worker's flush of metric / rank points (c.4)
+    flush_seconds: float = Field(default=1.0, gt=0)
+    flush_points: int = Field(default=500, ge=1)
+
+    @field_validator("database_url")
+    @classmethod
+    def _db_scheme(cls, v: str) -> str:
+        if v and not v.startswith(("sqlite", "postgresql")):
+            raise ValueError(f"COMERA_DATABASE_URL must be sqlite:// or postgresql://, got "
+                             f"{v.split(':', 1)[0]!r}")  # fmt: skip
+        return v
+
+    @field_validator("broker_url")
+    @classmethod
+    def _broker_scheme(cls, v: str) -> str:
+        if v and not v.startswith(("redis://", "rediss://", "sqla+", "filesystem://", "memory://")):
+            raise ValueError("COMERA_BROKER_URL must be redis://, sqla+<database url>, "
+                             "filesystem:// or memory://")  # fmt: skip
+        return v
+
+    @model_validator(mode="after")
+    def _lease_outlives_heartbeat(self) -> Settings:
+        if self.lease_seconds <= 2 * self.heartbeat_seconds:
+            raise ValueError("COMERA_LEASE_SECONDS must exceed twice COMERA_HEARTBEAT_SECONDS")
+        return self
+
+    # -- resolved values ------------------------------------------------------------------
+    @property
+    def db_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.home / 'comera.db'}"
+
+    @property
+    def broker(self) -> str:
+        return self.broker_url or f"sqla+sqlite:///{self.home / 'broker.db'}"
+
+    @property
+    def artifacts(self) -> Path:
+        return self.artifact_dir or self.home / "artifacts"
+
+    @property
+    def data(self) -> Path:
+        return self.data_root or self.home / "data"
+
+    def ensure_dirs(self) -> None:
+        for p in (self.home, self.artifacts, self.data):
+            p.mkdir(parents=True, exist_ok=True)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,1 @@
+"""Keyword-only data access functions, one module per resource."""
