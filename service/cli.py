@@ -1,0 +1,127 @@
+"""The server side of the ``comera`` command line: ``up`` (embedded mode), and the rest.
+
+``comera up`` is the whole service on one machine with nothing to install: it applies the
+migrations to a SQLite store under ``COMERA_HOME``, starts one local Celery worker process on
+a SQLite-backed broker (kombu's SQLAlchemy transport) and serves the API with uvicorn. The
+same processes, pointed at PostgreSQL and Redis through ``COMERA_DATABASE_URL`` and
+``COMERA_BROKER_URL``, are the distributed deployment (``docker-compose.yml``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from service.core.config import Settings
+
+__all__ = ["app", "worker_command"]
+
+app = typer.Typer(help="CoMERA compression service.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)  # fmt: skip
+
+HomeOpt = Annotated[Path | None, typer.Option(help="state directory (COMERA_HOME)")]
+
+
+def _settings(home: Path | None) -> Settings:
+    if home is not None:
+        os.environ["COMERA_HOME"] = str(home.resolve())
+    try:
+        return Settings()
+    except ValidationError as err:  # fail fast, naming the variable
+        lines = [f"  COMERA_{'_'.join(map(str, e['loc'])).upper() or '?'}: {e['msg']}"
+                 for e in err.errors()]  # fmt: skip
+        typer.echo("invalid settings:\n" + "\n".join(lines), err=True)
+        raise typer.Exit(2) from None
+
+
+def _env(settings: Settings) -> dict[str, str]:
+    """The resolved settings as environment variables, for child processes."""
+    env = dict(os.environ)
+    env.update(COMERA_HOME=str(settings.home), COMERA_DATABASE_URL=settings.db_url,
+               COMERA_BROKER_URL=settings.broker, COMERA_ARTIFACT_DIR=str(settings.artifacts),
+               COMERA_DATA_ROOT=str(settings.data), COMERA_QUEUE=settings.queue)  # fmt: skip
+    return env
+
+
+def worker_command(settings: Settings, *, hostname: str = "gpu0@%h") -> list[str]:
+    """One worker: one job at a time, no prefetch, a fresh child per job (design c.1)."""
+    return [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
+            "--pool", "prefork", "--concurrency", "1", "--max-tasks-per-child", "1",
+            "--queues", settings.queue, "--hostname", hostname, "--loglevel", "INFO",
+            "--without-gossip", "--without-mingle"]  # fmt: skip
+
+
+@app.command()
+def migrate(home: HomeOpt = None) -> None:
+    """Apply the database migrations (run once before the API and workers start)."""
+    from service.db.migrate import upgrade
+
+    settings = _settings(home)
+    settings.ensure_dirs()
+    upgrade(settings.db_url)
+    typer.echo(f"database at head: {settings.db_url.split('@')[-1]}")
+
+
+@app.command()
+def up(home: HomeOpt = None, host: str = "127.0.0.1", port: int = 8000,
+       workers: Annotated[int, typer.Option(min=0, max=16)] = 1) -> None:  # fmt: skip
+    """Run the API and local worker processes with an embedded store and broker."""
+    import uvicorn
+
+    from service.db.migrate import upgrade
+    from service.main import create_app
+
+    settings = _settings(home)
+    settings.ensure_dirs()
+    upgrade(settings.db_url)
+    procs = [subprocess.Popen(worker_command(settings, hostname=f"gpu{i}@%h"), env=_env(settings),
+                              start_new_session=True) for i in range(workers)]  # fmt: skip
+    typer.echo(f"comera up: store {settings.db_url}, broker {settings.broker}, "
+               f"{workers} worker(s), API on http://{host}:{port}/v1", err=True)  # fmt: skip
+    try:
+        uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+    finally:
+        _stop(procs)
+
+
+def _stop(procs: list[subprocess.Popen], grace: float = 60.0) -> None:
+    """Warm shutdown (SIGTERM: the running job checkpoints), then SIGKILL after ``grace``."""
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+@app.command()
+def api(home: HomeOpt = None, host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Serve only the API (deployments run workers separately)."""
+    import uvicorn
+
+    from service.main import create_app
+
+    uvicorn.run(create_app(_settings(home)), host=host, port=port)
+
+
+@app.command()
+def worker(home: HomeOpt = None, hostname: str = "gpu0@%h") -> None:
+    """Run one Celery worker for one GPU (set CUDA_VISIBLE_DEVICES for the GPU it owns)."""
+    settings = _settings(home)
+    os.execve(sys.executable, worker_command(settings, hostname=hostname), _env(settings))
+
+
+if __name__ == "__main__":
+    app()
