@@ -30,3 +30,26 @@ def test_engine_imports_no_web_database_or_queue_code():
         if extra:
             offenders[str(path.relative_to(ROOT))] = sorted(extra)
     assert not offenders, f"engine must depend only on {sorted(ENGINE_ALLOWED)}: {offenders}"
+
+
+SERVICE_FORBIDDEN = {"torch", "triton", "engine", "worker", "galore_torch", "transformers"}
+
+
+def test_service_and_api_schemas_never_import_torch_or_the_engine():
+    offenders = {}
+    for pkg in ("service", "api_schemas"):
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            bad = _top_level_imports(path) & SERVICE_FORBIDDEN
+            if bad:
+                offenders[str(path.relative_to(ROOT))] = sorted(bad)
+    assert not offenders, f"service/api_schemas must not import {SERVICE_FORBIDDEN}: {offenders}"
+
+
+def test_api_schemas_depend_only_on_pydantic():
+    allowed = {"api_schemas", "pydantic", "pydantic_core", "typing_extensions"}
+    offenders = {}
+    for path in sorted((ROOT / "api_schemas").rglob("*.py")):
+        extra = _top_level_imports(path) - allowed - set(sys.stdlib_module_names)
+        if extra:
+            offenders[str(path.relative_to(ROOT))] = sorted(extra)
+    assert not offenders, offenders
