@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Install the engine into .venv, then run the main job: one CoMERA training job from a JSON
-# config (synthetic sentence pairs, early + late + finetune stages) with its report.
+# Install the service into .venv, then run the main job on the embedded default: `comera up`
+# (SQLite store, SQLite-backed broker, one local worker), submit the example job over HTTP
+# (synthetic sentence pairs, early + late + finetune stages), follow it, download the
+# compressed model (sha256 checked) and print its compression report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e .
-config="${1:-examples/engine/nli_transformer.json}"
-out="${2:-runs/$(basename "$config" .json)}"
-rm -rf "$out"
-exec .venv/bin/python -m engine.train --config "$config" --out "$out"
+spec="${1:-examples/service/nli_job.json}"
+rm -rf runs/service
+exec .venv/bin/python examples/service/run_embedded.py "$spec" --home runs/service

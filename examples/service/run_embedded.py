@@ -114,10 +114,12 @@ def main() -> int:
             print(f"compressed file: {report['file_bytes']:,} bytes vs dense "
                   f"{report['dense_bytes']:,} (x{report['file_ratio']:.1f}); "
                   f"metrics {json.dumps(report['metrics'])}")  # fmt: skip
+            print(f"tensorized layers x{report['tensorized_ratio']:.1f}, whole model "
+                  f"x{report['model_ratio']:.2f}:")  # fmt: skip
             for layer in report["layers"]:
-                print(f"  {layer['name']:<28} {layer['kind']:<14} ranks {layer['ranks']} "
-                      f"{layer['dense_params']:>9,} -> {layer['params']:>7,} "
-                      f"(x{layer['ratio']:.1f})")  # fmt: skip
+                ratio = "cut" if layer["ratio"] is None else f"x{layer['ratio']:.1f}"
+                print(f"  {layer['name']:<20} {layer['kind']:<14} {layer['dense_params']:>7,} -> "
+                      f"{layer['params']:>6,} ({ratio})  ranks {layer['ranks']}")  # fmt: skip
             return 0
     finally:
         proc.send_signal(signal.SIGINT)

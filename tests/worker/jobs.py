@@ -1,0 +1,109 @@
+"""Helpers of the worker tests: settings, tiny job specs, job rows and what a job wrote."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from api_schemas import JobCreate
+from service.core.config import Settings
+from service.db.crud.jobs import create_job
+from service.db.models import Checkpoint, Job, JobAttempt, JobEvent, MetricPoint, RankPoint, Tenant
+from service.db.session import make_engine, make_sessionmaker, session_scope
+from service.spec import spec_hash
+
+__all__ = ["TENANT", "checkpoints", "events", "factory_for", "get", "make_job", "metric_series",
+           "settings_for", "tiny_spec"]  # fmt: skip
+
+TENANT = "ten_worker"
+
+TINY: dict[str, Any] = {
+    "name": "tiny",
+    "model": {"arch": "mlp", "config": {"hidden": [32, 32]}},
+    "dataset": {"source": "synthetic", "n_train": 256, "n_valid": 64,
+                "params": {"shape": [8, 8], "num_classes": 4}},
+    "compression": {"max_rank": 4, "min_size": 16, "shrink_every": 5},
+    "schedule": [
+        {"kind": "early", "steps": 20, "eval_every": 10,
+         "lr": {"cores": 0.003, "gates": 0.01, "others": 0.003}},
+        {"kind": "late", "steps": 10, "target_ratio": 0.5},
+        {"kind": "finetune", "name": "polish", "steps": 5},
+    ],
+    "training": {"batch_size": 16, "log_every": 5},
+    "checkpointing": {"every_n_steps": 10, "keep": 2},
+}  # fmt: skip
+
+
+def tiny_spec(**sections: Any) -> dict[str, Any]:
+    """The tiny 35-step MLP job (a few seconds on a CPU), with sections replaced."""
+    spec = copy.deepcopy(TINY)
+    spec.update(copy.deepcopy(sections))
+    return spec
+
+
+def settings_for(home: Path, db_url: str, **over: Any) -> Settings:
+    values: dict[str, Any] = {"home": home, "database_url": db_url, "flush_seconds": 0.05,
+                              "heartbeat_seconds": 0.2, "lease_seconds": 5.0}  # fmt: skip
+    return Settings(**{**values, **over})
+
+
+def factory_for(db_url: str) -> sessionmaker[Session]:
+    return make_sessionmaker(make_engine(db_url))
+
+
+def make_job(factory: sessionmaker[Session], spec: dict[str, Any]) -> str:
+    """A QUEUED job (attempt 1) of the test tenant, as the API creates it."""
+    body = JobCreate.model_validate(spec)
+    with session_scope(factory) as s:
+        if s.get(Tenant, TENANT) is None:
+            s.add(Tenant(id=TENANT, name=TENANT))
+            s.flush()
+        job = create_job(session=s, tenant_id=TENANT, name=body.name, labels={},
+                         spec=body.model_dump(mode="json"), spec_hash=spec_hash(body),
+                         max_attempts=3)  # fmt: skip
+        return job.id
+
+
+def get(factory: sessionmaker[Session], job_id: str) -> tuple[Job, list[JobAttempt]]:
+    with session_scope(factory) as s:
+        job = s.get(Job, job_id)
+        attempts = s.scalars(select(JobAttempt).where(JobAttempt.job_id == job_id)
+                             .order_by(JobAttempt.attempt)).all()  # fmt: skip
+        return job, list(attempts)
+
+
+def metric_series(factory: sessionmaker[Session], job_id: str) -> dict[str, dict[int, float]]:
+    """``{key: {step: value}}``; asserts that no (key, step) appears twice."""
+    with session_scope(factory) as s:
+        rows = s.scalars(select(MetricPoint).where(MetricPoint.job_id == job_id)).all()
+    out: dict[str, dict[int, float]] = {}
+    for r in rows:
+        assert r.step not in out.setdefault(r.key, {}), f"duplicate point {r.key}@{r.step}"
+        out[r.key][r.step] = r.value
+    return out
+
+
+def rank_series(factory: sessionmaker[Session], job_id: str) -> dict[tuple[str, int], list[int]]:
+    with session_scope(factory) as s:
+        rows = s.scalars(select(RankPoint).where(RankPoint.job_id == job_id)).all()
+    out: dict[tuple[str, int], list[int]] = {}
+    for r in rows:
+        assert (r.tensor, r.step) not in out, f"duplicate rank point {r.tensor}@{r.step}"
+        out[(r.tensor, r.step)] = list(r.ranks)
+    return out
+
+
+def checkpoints(factory: sessionmaker[Session], job_id: str) -> list[Checkpoint]:
+    with session_scope(factory) as s:
+        return list(s.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id)
+                              .order_by(Checkpoint.created_at)).all())  # fmt: skip
+
+
+def events(factory: sessionmaker[Session], job_id: str) -> list[JobEvent]:
+    with session_scope(factory) as s:
+        return list(s.scalars(select(JobEvent).where(JobEvent.job_id == job_id)
+                              .order_by(JobEvent.seq)).all())  # fmt: skip

@@ -1,0 +1,87 @@
+"""The API's side of the queue (``service.queue``): what a message carries, and a dead broker."""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+
+import pytest
+import redis
+
+from service.core.config import Settings
+from service.queue import enqueue, revoke
+
+
+def test_enqueue_sends_one_named_message_with_the_job_limits(tmp_path):
+    db = random.randint(1, 15)
+    queue = f"test.{uuid.uuid4().hex[:8]}"
+    settings = Settings(home=tmp_path, broker_url=f"redis://127.0.0.1:6379/{db}", queue=queue)
+    client = redis.Redis(host="127.0.0.1", port=6379, db=db)
+    try:
+        assert enqueue(settings=settings, job_id="job_1", attempt=2, max_wall_time_s=600)
+        [raw] = client.lrange(queue, 0, -1)
+        message = json.loads(raw)
+        headers = message["headers"]
+        assert (headers["task"], headers["id"]) == ("comera.run_job", "job_1:2")
+        assert headers["timelimit"] == [1500, 600]  # hard = soft + 900 s
+        args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+        assert (args, kwargs) == (["job_1", 2], {})
+        assert revoke(settings, "job_1:2")
+    finally:
+        for key in client.scan_iter(f"*{queue}*"):  # the queue and its kombu bindings
+            client.delete(key)
+        client.close()
+
+
+def test_an_unreachable_broker_fails_fast_instead_of_retrying(tmp_path):
+    settings = Settings(home=tmp_path, broker_url="redis://127.0.0.1:1/0")  # nothing listens
+    t0 = time.monotonic()
+    assert enqueue(settings=settings, job_id="job_1", attempt=1, max_wall_time_s=60) is False
+    assert revoke(settings, "job_1:1") is False
+    assert time.monotonic() - t0 < 5
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _redis_server(port: int) -> subprocess.Popen:
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                             "--save", "", "--appendonly", "no"],
+                            stdout=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            if redis.Redis(port=port).ping():
+                return proc
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("redis-server did not start")
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs the redis-server binary")
+def test_sending_recovers_when_the_broker_comes_back(tmp_path):
+    port = _free_port()
+    settings = Settings(home=tmp_path, broker_url=f"redis://127.0.0.1:{port}/0", queue="q")
+    server = _redis_server(port)
+    try:
+        assert enqueue(settings=settings, job_id="job_1", attempt=1, max_wall_time_s=60)
+        server.terminate()
+        server.wait(timeout=10)
+        assert not enqueue(settings=settings, job_id="job_1", attempt=2, max_wall_time_s=60)
+        server = _redis_server(port)  # back (empty: no persistence in this test)
+        assert enqueue(settings=settings, job_id="job_1", attempt=3, max_wall_time_s=60)
+        [raw] = redis.Redis(port=port).lrange("q", 0, -1)
+        assert json.loads(raw)["headers"]["id"] == "job_1:3"
+    finally:
+        server.kill()
+        server.wait(timeout=10)

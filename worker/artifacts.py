@@ -1,0 +1,121 @@
+"""Files of a job on the artifact store: where they go, their checksums, their catalogue rows.
+
+Layout under ``settings.artifacts``::
+
+    jobs/<job_id>/attempt-<n>/checkpoints/step-<step>.safetensors   training checkpoints
+    jobs/<job_id>/attempt-<n>/checkpoints/final.safetensors         end of training
+    jobs/<job_id>/attempt-<n>/export/{model.safetensors,manifest.json}   the compressed model
+
+The engine writes every file atomically (temporary name, fsync, rename); the export directory
+is written under a temporary name and renamed into place. A ``checkpoints`` row is created
+only after its file is complete, with its size and sha256 (streamed, service-design c.6), so a
+row in state ``complete`` always names a whole file; rows whose file the engine has since
+rotated away become ``deleted``. Paths in rows are relative to the artifact directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.db.models import Checkpoint, utcnow
+from service.ids import new_id
+
+__all__ = [
+    "RESUMABLE_KINDS", "checkpoint_row", "find_checkpoint", "mark_deleted", "publish_dir",
+    "relative", "sha256_file", "workdir",
+]  # fmt: skip
+
+RESUMABLE_KINDS = ("latest", "partial")
+CHUNK = 1 << 20
+
+
+def workdir(artifacts: Path, job_id: str, attempt: int) -> Path:
+    return artifacts / "jobs" / job_id / f"attempt-{attempt}"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def relative(path: Path, root: Path) -> str:
+    """``path`` relative to ``root`` (POSIX form); raises ``ValueError`` if outside it."""
+    return Path(path).resolve().relative_to(Path(root).resolve()).as_posix()
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # not every platform opens directories
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish_dir(tmp: Path, final: Path) -> Path:
+    """Rename the finished directory ``tmp`` to ``final`` (replacing a stale one) durably."""
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    return final
+
+
+def checkpoint_row(*, path: Path, artifacts: Path, job_id: str, tenant_id: str, attempt: int,
+                   kind: str, step: int, stage: str | None, metrics: dict[str, float],
+                   manifest: dict[str, Any] | None = None) -> Checkpoint:  # fmt: skip
+    """A ``complete`` catalogue row for the finished file ``path`` (hashed now)."""
+    return Checkpoint(id=new_id("ckpt"), job_id=job_id, tenant_id=tenant_id, attempt=attempt,
+                      kind=kind, step=step, stage=stage, metrics=dict(metrics),
+                      path=relative(path, artifacts), size_bytes=path.stat().st_size,
+                      sha256=sha256_file(path), format="safetensors", state="complete",
+                      manifest=manifest, created_at=utcnow())  # fmt: skip
+
+
+def mark_deleted(session: Session, *, job_id: str, artifacts: Path) -> list[str]:
+    """Mark the job's complete training checkpoints whose files are gone as ``deleted``."""
+    rows = session.scalars(select(Checkpoint).where(
+        Checkpoint.job_id == job_id, Checkpoint.state == "complete",
+        Checkpoint.kind.in_(RESUMABLE_KINDS))).all()  # fmt: skip
+    gone = [r for r in rows if not (artifacts / r.path).is_file()]
+    for r in gone:
+        r.state = "deleted"
+    return [r.id for r in gone]
+
+
+def _usable(row: Checkpoint, artifacts: Path) -> bool:
+    path = artifacts / row.path
+    return (path.is_file() and path.stat().st_size == row.size_bytes
+            and sha256_file(path) == row.sha256)  # fmt: skip
+
+
+def find_checkpoint(session: Session, *, job_id: str, artifacts: Path,
+                    checkpoint_id: str | None = None) -> Checkpoint | None:  # fmt: skip
+    """The checkpoint to resume from: ``checkpoint_id`` (None if it is not a complete,
+    resumable checkpoint of this job whose file is intact), or else the newest complete
+    ``latest``/``partial`` checkpoint of any attempt whose file is intact."""
+    q = select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.state == "complete")
+    if checkpoint_id is not None:
+        row = session.scalars(
+            q.where(
+                Checkpoint.id == checkpoint_id, Checkpoint.kind.in_((*RESUMABLE_KINDS, "final"))
+            )
+        ).first()
+        return row if row is not None and _usable(row, artifacts) else None
+    q = q.where(Checkpoint.kind.in_(RESUMABLE_KINDS))
+    for row in session.scalars(q.order_by(Checkpoint.created_at.desc(), Checkpoint.id.desc())):
+        if _usable(row, artifacts):
+            return row
+    return None

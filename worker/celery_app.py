@@ -1,0 +1,111 @@
+"""The worker's Celery app, configured as service-design c.1 says.
+
+Ack early (``task_acks_late=False``) and never prefetch: a Celery message only says "try job
+X, attempt N"; duplicates and lost messages are handled by the claim check and the reaper, so
+a redelivered hour-long job never runs twice. One job per process (``prefork``, concurrency 1,
+a fresh child per task: all GPU memory returns and CUDA state resets). Results live in SQL,
+so there is no result backend.
+
+The database engine is created in each child after fork (``worker_process_init``): a
+connection pool must never be shared across processes. This module imports no torch; the
+parent process never touches CUDA.
+
+Run::
+
+    COMERA_DATABASE_URL=... COMERA_BROKER_URL=... \\
+        celery -A worker.celery_app worker --pool prefork -c 1 -Q gpu.any
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_init, worker_process_init, worker_process_shutdown
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.core.config import Settings, get_settings
+from service.db.migrate import current_revision, head_revision
+from service.db.session import make_engine, make_sessionmaker
+from service.queue import transport_options
+
+__all__ = ["app", "check_schema", "make_celery", "session_factory"]
+
+log = logging.getLogger(__name__)
+
+
+def make_celery(settings: Settings) -> Celery:
+    """The worker app for ``settings`` (broker, queue); tasks come from ``worker.tasks``."""
+    app = Celery("comera", broker=settings.broker, include=["worker.tasks"])
+    redis = settings.broker.startswith(("redis://", "rediss://"))
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        task_acks_late=False,
+        worker_prefetch_multiplier=1,
+        # Celery >= 5.6 and Redis only (it warns and ignores the flag on other transports)
+        worker_disable_prefetch=redis,
+        worker_concurrency=1,
+        worker_pool="prefork",
+        worker_max_tasks_per_child=1,
+        task_ignore_result=True,
+        task_store_errors_even_if_ignored=False,
+        result_backend=None,
+        task_track_started=False,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        worker_soft_shutdown_timeout=60.0,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options=transport_options(settings.broker, client=False),
+        task_default_queue=settings.queue,
+        task_create_missing_queues=True,
+    )
+    return app
+
+
+app = make_celery(get_settings())
+
+_process: dict[str, Any] = {}  # this process's engine and sessionmaker (set after fork)
+
+
+def session_factory() -> sessionmaker[Session]:
+    """This process's sessionmaker; created on first use if ``worker_process_init`` did not run
+    (the ``solo`` pool, or a call outside a worker)."""
+    if "factory" not in _process:
+        _open_database()
+    return _process["factory"]
+
+
+def _open_database(**_: Any) -> None:
+    engine = make_engine(get_settings().db_url)
+    _process.update(engine=engine, factory=make_sessionmaker(engine))
+
+
+def _close_database(**_: Any) -> None:
+    engine: Engine | None = _process.pop("engine", None)
+    _process.pop("factory", None)
+    if engine is not None:
+        engine.dispose()
+
+
+def check_schema(url: str) -> None:
+    """Refuse to start against a database whose schema is not at this code's migration head."""
+    engine = make_engine(url)
+    try:
+        current, head = current_revision(engine), head_revision()
+    finally:
+        engine.dispose()  # the parent keeps no pool: children open their own after fork
+    if current != head:
+        raise SystemExit(f"database schema is at revision {current!r}, this worker needs "
+                         f"{head!r}: run the migrations first")  # fmt: skip
+
+
+def _check_schema_on_start(**_: Any) -> None:
+    check_schema(get_settings().db_url)
+
+
+worker_init.connect(_check_schema_on_start, weak=False)
+worker_process_init.connect(_open_database, weak=False)
+worker_process_shutdown.connect(_close_database, weak=False)

@@ -1,0 +1,128 @@
+"""The worker's hold on a job: the lease heartbeat and the trainer's ``should_stop`` poll.
+
+:class:`Heartbeat` is a daemon thread that extends ``lease_expires_at`` every
+``heartbeat_seconds`` while the lease is still ours (service-design c.2 step 2) and appends a
+``heartbeat`` event with the current step and stage. When the conditional UPDATE matches no
+row (the reaper gave the job to someone else, or it is terminal) the lease is lost and the
+thread ends.
+
+:class:`Stopper` is the trainer's ``should_stop``: cheap to call every step, it reads the job
+row at most every ``poll_seconds`` and answers True, with a ``reason``, when
+
+* ``cancel``: a cancel was requested (``cancel_requested_at`` set, or state CANCELLING);
+* ``lost``: the lease is no longer ours (another owner, or a state we do not run in);
+* ``deadline``: the job's wall-time limit is near (a clean stop with a checkpoint before
+  Celery's soft time limit interrupts the step).
+
+The trainer then writes a partial checkpoint and returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from api_schemas import JobState
+from service.db.crud.jobs import append_event
+from service.db.models import Job, utcnow
+from service.db.session import session_scope
+
+__all__ = ["ACTIVE_STATES", "Heartbeat", "Stopper", "extend_lease"]
+
+log = logging.getLogger(__name__)
+
+ACTIVE_STATES = (JobState.STARTING.value, JobState.RUNNING.value, JobState.CANCELLING.value)
+
+
+def extend_lease(session: Session, *, job_id: str, owner: str, lease_seconds: float) -> bool:
+    """Push the lease to now + ``lease_seconds`` if it is still ours; False if it is not."""
+    q = (update(Job).where(Job.id == job_id, Job.lease_owner == owner,
+                           Job.state.in_(ACTIVE_STATES))
+         .values(lease_expires_at=utcnow() + timedelta(seconds=lease_seconds)))  # fmt: skip
+    return session.execute(q).rowcount == 1
+
+
+class Heartbeat(threading.Thread):
+    def __init__(self, *, factory: sessionmaker[Session], job_id: str, attempt: int, owner: str,
+                 lease_seconds: float, interval: float,
+                 status: Callable[[], dict[str, Any]] = dict) -> None:  # fmt: skip
+        super().__init__(name=f"heartbeat-{job_id}", daemon=True)
+        self.factory, self.job_id, self.attempt, self.owner = factory, job_id, attempt, owner
+        self.lease_seconds, self.interval, self.status = lease_seconds, interval, status
+        self.lost = False
+        self.beats = 0
+        self._stop_event = threading.Event()
+
+    def beat(self) -> bool:
+        with session_scope(self.factory) as s:
+            if not extend_lease(s, job_id=self.job_id, owner=self.owner,
+                                lease_seconds=self.lease_seconds):  # fmt: skip
+                return False
+            append_event(session=s, job_id=self.job_id, attempt=self.attempt, kind="heartbeat",
+                         data={"worker": self.owner, **self.status()})  # fmt: skip
+        self.beats += 1
+        return True
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            try:
+                if not self.beat():
+                    self.lost = True
+                    log.warning("job %s: lease lost by %s", self.job_id, self.owner)
+                    return
+            except Exception:  # a database hiccup: try again at the next beat
+                log.exception("job %s: heartbeat failed", self.job_id)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout=30)
+
+
+class Stopper:
+    """``should_stop`` for the trainer (see the module doc); ``reason`` says why it stopped."""
+
+    def __init__(self, *, factory: sessionmaker[Session], job_id: str, owner: str,
+                 poll_seconds: float = 1.0, deadline: float | None = None,
+                 heartbeat: Heartbeat | None = None) -> None:  # fmt: skip
+        self.factory, self.job_id, self.owner = factory, job_id, owner
+        self.poll_seconds, self.deadline, self.heartbeat = poll_seconds, deadline, heartbeat
+        self.reason: str | None = None
+        self._last_poll = -float("inf")
+
+    def __call__(self) -> bool:
+        if self.reason is not None:
+            return True
+        now = time.monotonic()
+        if self.deadline is not None and now >= self.deadline:
+            self.reason = "deadline"
+        elif self.heartbeat is not None and self.heartbeat.lost:
+            self.reason = "lost"
+        elif now - self._last_poll >= self.poll_seconds:
+            self._last_poll = now
+            self.reason = self.poll()
+        return self.reason is not None
+
+    def poll(self) -> str | None:
+        try:
+            with session_scope(self.factory) as s:
+                row = s.execute(select(Job.state, Job.cancel_requested_at, Job.lease_owner)
+                                .where(Job.id == self.job_id)).first()  # fmt: skip
+        except Exception:  # a database hiccup must not stop training
+            log.exception("job %s: cancellation poll failed", self.job_id)
+            return None
+        if row is None:
+            return "lost"  # the job was deleted
+        state, cancel_requested_at, lease_owner = row
+        if state == JobState.CANCELLING.value or cancel_requested_at is not None:
+            return "cancel"
+        if lease_owner != self.owner or state not in ACTIVE_STATES:
+            return "lost"
+        return None

@@ -1,0 +1,114 @@
+"""Why a job failed, as the RFC 9457 problem object stored in ``jobs.error``.
+
+Failure classes (service-design c.2 step 5); the class is also the attempt's ``exit_reason``:
+
+==============  ======  =========  ===============================================
+class           status  retryable  raised by
+==============  ======  =========  ===============================================
+``validation``  422     no         SpecError, engine ConfigError, a stored spec that no
+                                   longer validates (``errors`` names the field)
+``data_error``  422     no         engine DataError (a malformed row: file and line)
+``nan_loss``    500     no         a non-finite training loss
+``oom``         507     no         ``torch.cuda.OutOfMemoryError``, ``MemoryError``
+``timeout``     504     no         the wall-time limit (``limits.max_wall_time_s``)
+``error``       500     yes        anything else (the message only; the traceback is logged)
+==============  ======  =========  ===============================================
+
+Types are ``https://comera.dev/problems/<class>``. Every problem carries ``retryable`` and,
+when known, the ``stage`` and ``step`` where the job stopped. Server paths (the data root,
+the artifact directory) are cut out of messages.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from celery.exceptions import SoftTimeLimitExceeded
+from pydantic import ValidationError
+
+from service.spec import SpecError
+from worker.callback import NanLoss
+
+__all__ = ["PROBLEM_BASE", "JobTimeout", "engine_pointer", "problem_for"]
+
+PROBLEM_BASE = "https://comera.dev/problems/"
+TITLES = {
+    "validation": ("The job spec cannot run on this engine", 422, False),
+    "data_error": ("The dataset could not be read", 422, False),
+    "nan_loss": ("Training diverged (non-finite loss)", 500, False),
+    "oom": ("Out of memory", 507, False),
+    "timeout": ("The job ran past its wall-time limit", 504, False),
+    "error": ("The job failed", 500, True),
+}
+# engine config paths -> spec JSON Pointers (sections and the few renamed fields)
+SECTIONS = {"data": "dataset", "checkpoint": "checkpointing", "method": "compression/method"}
+FIELDS = {"compression/shapes": "compression/modes", "dataset/kind": "dataset/format",
+          "checkpointing/every_steps": "checkpointing/every_n_steps"}  # fmt: skip
+
+
+class JobTimeout(Exception):
+    """The cooperative wall-time stop (before Celery's soft limit)."""
+
+
+def engine_pointer(field: str) -> str:
+    """``schedule[1].target_ratio`` -> ``/schedule/1/target_ratio`` (best effort)."""
+    parts = [p for p in re.split(r"[.\[\]]+", field) if p]
+    if not parts:
+        return ""
+    parts[0] = SECTIONS.get(parts[0], parts[0])
+    path = "/".join(parts)
+    for old, new in FIELDS.items():
+        if path == old or path.startswith(old + "/"):
+            path = new + path[len(old) :]
+    return "/" + path
+
+
+def _is_oom(exc: BaseException) -> bool:
+    torch = sys.modules.get("torch")  # never import torch just to classify an error
+    return isinstance(exc, MemoryError) or (
+        torch is not None and isinstance(exc, torch.cuda.OutOfMemoryError))  # fmt: skip
+
+
+def _classify(exc: BaseException) -> tuple[str, str, list[dict[str, str]] | None]:
+    """(class, detail, field errors)."""
+    if isinstance(exc, SpecError):
+        errors = [{"pointer": exc.pointer, "message": exc.message, "code": "spec"}]
+        return "validation", str(exc), errors
+    if isinstance(exc, ValidationError):
+        errors = [{"pointer": "/" + "/".join(str(p) for p in e["loc"]), "message": e["msg"],
+                   "code": e["type"]} for e in exc.errors()]  # fmt: skip
+        return "validation", "the stored spec no longer validates", errors
+    if isinstance(exc, NanLoss):
+        return "nan_loss", str(exc), None
+    if isinstance(exc, JobTimeout):
+        return "timeout", str(exc), None
+    if isinstance(exc, SoftTimeLimitExceeded):
+        return "timeout", "interrupted at the wall-time limit (limits.max_wall_time_s)", None
+    if _is_oom(exc):
+        return "oom", str(exc) or type(exc).__name__, None
+    engine_train, engine_data = sys.modules.get("engine.train"), sys.modules.get("engine.data")
+    if engine_train is not None and isinstance(exc, engine_train.ConfigError):
+        message = str(exc).removeprefix(f"{exc.field}:").strip()
+        errors = [{"pointer": engine_pointer(exc.field), "message": message, "code": "config"}]
+        return "validation", f"{exc.field}: {message}", errors
+    if engine_data is not None and isinstance(exc, engine_data.DataError):
+        return "data_error", str(exc), None
+    return "error", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__, None
+
+
+def problem_for(exc: BaseException, *, step: int | None = None, stage: str | None = None,
+                roots: tuple[Path, ...] = ()) -> tuple[str, dict[str, Any]]:  # fmt: skip
+    """``(failure class, problem dict)`` for an exception that ended a job."""
+    kind, detail, errors = _classify(exc)
+    for root in roots:  # never show server paths
+        detail = detail.replace(f"{Path(root).resolve()}/", "").replace(f"{root}/", "")
+    title, status, retryable = TITLES[kind]
+    out: dict[str, Any] = {"type": PROBLEM_BASE + kind, "title": title, "status": status,
+                           "detail": detail, "retryable": retryable, "stage": stage,
+                           "step": step}  # fmt: skip
+    if errors:
+        out["errors"] = errors
+    return kind, out

@@ -1,0 +1,57 @@
+"""The compression report of a finished job, measured on the exported file.
+
+Shaped like ``api_schemas.CompressionReport``. It is stored in the export checkpoint's
+``manifest["report"]`` (the API serves it from there); a summary without the per-layer and
+per-stage lists goes into ``jobs.compression``. The sizes come from the export manifest,
+which the engine computed from the bytes it wrote; the sha256 was checked against the file.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from worker.recorder import finite
+
+__all__ = ["compression_report", "compression_summary", "val_metrics"]
+
+
+def val_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """The engine's validation metrics (``loss``, ...) under the job's keys (``val_loss``)."""
+    return {f"val_{k}": float(v) for k, v in metrics.items() if finite(v)}
+
+
+def _layer(rec: dict[str, Any]) -> dict[str, Any]:
+    if rec["kind"] == "tt_linear":
+        modes = {"in": rec.get("in_modes"), "out": rec.get("out_modes")}
+    else:
+        modes = {"rows": rec.get("row_modes"), "cols": rec.get("col_modes")}
+    return {"name": rec["name"], "kind": rec["kind"], "modes": modes, "ranks": rec["ranks"],
+            "dense_params": rec["dense_params"], "params": rec["params"],
+            "ratio": rec["ratio"]}  # fmt: skip
+
+
+def compression_report(*, job_id: str, checkpoint_id: str, manifest: dict[str, Any],
+                       stages: list[dict[str, Any]], metrics: dict[str, float],
+                       spec_hash: str) -> dict[str, Any]:  # fmt: skip
+    totals, weights = manifest["totals"], manifest["weights"]
+    return {
+        "job_id": job_id, "checkpoint_id": checkpoint_id,
+        "file_bytes": weights["bytes"], "dense_bytes": weights["dense_equivalent_bytes"],
+        "file_ratio": weights["file_ratio"],
+        "params": totals["stored_params"], "params_dense": totals["dense_equivalent_params"],
+        "tensorized_ratio": totals["tensorized_ratio"], "model_ratio": totals["model_ratio"],
+        "layers": [_layer(r) for r in manifest["layers"]],
+        "metrics": metrics, "stages": stages,
+        "engine_version": manifest.get("engine_version"), "spec_hash": spec_hash,
+        "baseline": None,
+    }  # fmt: skip
+
+
+def compression_summary(report: dict[str, Any]) -> dict[str, Any]:
+    """``jobs.compression`` at the end: current ratio and parameters, file sizes, report id."""
+    return {
+        "current_ratio": report["model_ratio"], "params_before": report["params_dense"],
+        "params_now": report["params"], "tensorized_ratio": report["tensorized_ratio"],
+        "file_ratio": report["file_ratio"], "file_bytes": report["file_bytes"],
+        "dense_bytes": report["dense_bytes"], "report_checkpoint_id": report["checkpoint_id"],
+    }  # fmt: skip
