@@ -5,6 +5,9 @@ Shared by ``service`` (the API), ``worker`` and ``client``.
 
 from api_schemas.artifacts import (
     AttemptPublic,
+    AttemptsPublic,
+    CheckpointFile,
+    CheckpointManifestPublic,
     CheckpointPublic,
     CheckpointsPublic,
     CompressionReport,
@@ -14,7 +17,7 @@ from api_schemas.artifacts import (
     LayerReport,
     ValidationReport,
 )
-from api_schemas.common import FieldError, Page, Problem
+from api_schemas.common import FieldError, HealthPublic, Page, Problem
 from api_schemas.jobs import (
     TERMINAL_STATES,
     CancelRequest,
@@ -41,7 +44,8 @@ from api_schemas.series import (
 )
 
 __all__ = [
-    "AttemptPublic", "CancelRequest", "CheckpointPublic", "CheckpointsPublic",
+    "AttemptPublic", "AttemptsPublic", "CancelRequest", "CheckpointFile",
+    "CheckpointManifestPublic", "CheckpointPublic", "CheckpointsPublic", "HealthPublic",
     "CompressionReport", "CompressionSpec", "DatasetPublic", "DatasetSpec", "DatasetsPublic",
     "EventPublic", "EventsPublic", "FieldError", "JobCreate", "JobPublic", "JobState",
     "JobUpdate", "JobsPublic", "LayerPlan", "LayerReport", "MetricPoint", "MetricSeries",

@@ -8,7 +8,8 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 __all__ = [
-    "AttemptPublic", "CheckpointPublic", "CheckpointsPublic", "CompressionReport",
+    "AttemptPublic", "AttemptsPublic", "CheckpointFile", "CheckpointManifestPublic",
+    "CheckpointPublic", "CheckpointsPublic", "CompressionReport",
     "DatasetPublic", "DatasetsPublic", "LayerPlan", "LayerReport", "ValidationReport",
 ]  # fmt: skip
 
@@ -33,12 +34,35 @@ class CheckpointsPublic(BaseModel):
     items: list[CheckpointPublic]
 
 
+class CheckpointFile(BaseModel):
+    """One file of a checkpoint: its name inside the checkpoint, size and sha256."""
+
+    name: str
+    size_bytes: int | None = None
+    sha256: str | None = None
+
+
+class CheckpointManifestPublic(BaseModel):
+    """``GET .../checkpoints/{cid}/manifest``: one sha256 per file, plus the engine manifest
+    (``comera-compressed`` format: layers, totals, weights) when the checkpoint has one."""
+
+    checkpoint_id: str
+    kind: str
+    files: list[CheckpointFile]
+    manifest: dict[str, Any] | None = None
+
+
 class AttemptPublic(BaseModel):
     attempt: int
     worker: str | None = None
     started_at: datetime | None = None
     ended_at: datetime | None = None
     exit_reason: str | None = None  # completed, worker_lost, timeout, oom, error, cancelled
+    resume_from: str | None = None
+
+
+class AttemptsPublic(BaseModel):
+    items: list[AttemptPublic]
 
 
 class DatasetPublic(BaseModel):
@@ -65,7 +89,7 @@ class LayerReport(BaseModel):
     ranks: list[int]
     dense_params: int
     params: int
-    ratio: float
+    ratio: float | None = None  # null when the layer was cut to rank 0 (no core entries)
 
 
 class CompressionReport(BaseModel):

@@ -6,7 +6,7 @@ from typing import Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["FieldError", "Page", "Problem", "StrictModel"]
+__all__ = ["FieldError", "HealthPublic", "Page", "Problem", "StrictModel"]
 
 T = TypeVar("T")
 
@@ -23,6 +23,9 @@ class FieldError(BaseModel):
     pointer: str = Field(examples=["/schedule/1/target_ratio"])
     message: str
     code: str = Field(examples=["less_than_equal", "missing", "config"])
+    parameter: str | None = Field(
+        default=None, description="for a query, path or header parameter: its name (the "
+        "pointer is then empty)", examples=["limit"])  # fmt: skip
 
 
 class Problem(BaseModel):
@@ -43,3 +46,10 @@ class Page(BaseModel, Generic[T]):
 
     items: list[T]
     next_cursor: str | None = None
+
+
+class HealthPublic(BaseModel):
+    """``/v1/healthz`` and ``/v1/readyz``: overall status and one entry per dependency."""
+
+    status: str = Field(examples=["ok", "ready"])
+    checks: dict[str, str] = Field(default_factory=dict, examples=[{"database": "ok"}])

@@ -14,7 +14,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from api_schemas.common import Problem, StrictModel
 
@@ -30,6 +30,10 @@ MAX_EPOCHS = 1_000
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][\w.\- ]*$")]
 Pattern = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[\w.*?\[\]\-]+$")]
 Scalar = int | float | bool | str | None
+Labels = dict[
+    Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[\w.\-/]+$")],
+    Annotated[str, Field(max_length=256)],
+]
 ConfigValue = Scalar | Annotated[list[int | float | str], Field(max_length=64)]
 
 
@@ -146,6 +150,13 @@ class StageSpec(StrictModel):
             raise ValueError("give exactly one of epochs and steps")
         return self
 
+    @field_validator("target_ratio", "loss_ref")
+    @classmethod
+    def _late_only(cls, v: float | None, info: ValidationInfo) -> float | None:
+        if v is not None and info.data.get("kind") != "late":
+            raise ValueError(f"{info.field_name} is only for 'late' stages")
+        return v
+
 
 class TrainingSpec(StrictModel):
     batch_size: int = Field(default=32, ge=1, le=4096)
@@ -173,9 +184,7 @@ class JobCreate(StrictModel):
     """``POST /v1/jobs`` body."""
 
     name: Name
-    labels: dict[Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[\w.\-/]+$")],
-                 Annotated[str, Field(max_length=256)]] = Field(default_factory=dict,
-                                                                  max_length=32)  # fmt: skip
+    labels: Labels = Field(default_factory=dict, max_length=32)
     model: ModelSpec
     dataset: DatasetSpec = Field(default_factory=DatasetSpec)
     compression: CompressionSpec = Field(default_factory=CompressionSpec)
@@ -200,7 +209,7 @@ class JobUpdate(StrictModel):
     """``PATCH /v1/jobs/{id}``: only the name and labels change after submission."""
 
     name: Name | None = None
-    labels: dict[str, str] | None = Field(default=None, max_length=32)
+    labels: Labels | None = Field(default=None, max_length=32)
 
 
 class CancelRequest(StrictModel):

@@ -1,0 +1,87 @@
+"""``/v1/datasets``: upload a data file (raw streamed body), list, read and delete it.
+
+The upload route is exempt from the 1 MiB body limit; it has its own
+(``max_upload_bytes``) and streams to disk instead of reading the body into memory.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, HTTPException, Query, Request, Response
+
+from api_schemas import DatasetPublic, DatasetsPublic
+from service.api.deps import SessionDep, SettingsDep, TenantDep
+from service.db.crud.datasets import dataset_in_use, delete_dataset, get_dataset, list_datasets
+from service.errors import problems
+from service.storage import artifact_path
+from service.uploads import store_upload
+from service.views import dataset_public
+
+router = APIRouter(prefix="/datasets", tags=["datasets"])
+Format = Literal["jsonl", "csv", "criteo", "text", "npz"]
+RAW_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
+
+
+@router.post("", status_code=201, response_model=DatasetPublic, openapi_extra=RAW_BODY,
+             responses=problems(413, 415, 422))  # fmt: skip
+async def upload_dataset(
+    request: Request, session: SessionDep, settings: SettingsDep, tenant: TenantDep,
+    response: Response, name: Annotated[str, Query(min_length=1, max_length=128)],
+    format: Annotated[Format, Query()],
+) -> DatasetPublic:  # fmt: skip
+    """Upload a file (``Content-Type: application/octet-stream``); it is usable by jobs
+    (``dataset.source = upload``) only after its format check passed (else 422)."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "application/octet-stream":
+        raise HTTPException(415, "Send the file as application/octet-stream.")
+    ds = await store_upload(request=request, session=session, settings=settings,
+                            tenant_id=tenant.id, name=name, fmt=format)  # fmt: skip
+    response.headers["Location"] = f"/v1/datasets/{ds.id}"
+    return dataset_public(ds)
+
+
+@router.get("", response_model=DatasetsPublic, responses=problems(400, 422))
+def list_datasets_route(
+    session: SessionDep, tenant: TenantDep,
+    cursor: Annotated[str | None, Query(max_length=512)] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+) -> DatasetsPublic:  # fmt: skip
+    """The tenant's datasets, newest first."""
+    try:
+        rows, nxt = list_datasets(session=session, tenant_id=tenant.id, cursor=cursor,
+                                  limit=limit)  # fmt: skip
+    except ValueError:
+        raise HTTPException(400, "Invalid cursor.") from None
+    return DatasetsPublic(items=[dataset_public(d) for d in rows], next_cursor=nxt)
+
+
+@router.get("/{dataset_id}", response_model=DatasetPublic, responses=problems(404))
+def read_dataset(dataset_id: str, session: SessionDep, tenant: TenantDep) -> DatasetPublic:
+    ds = get_dataset(session=session, tenant_id=tenant.id, dataset_id=dataset_id)
+    if ds is None:
+        raise HTTPException(404, "Dataset not found.")
+    return dataset_public(ds)
+
+
+@router.delete("/{dataset_id}", status_code=204, response_class=Response,
+               responses=problems(404, 409))  # fmt: skip
+def delete_dataset_route(dataset_id: str, session: SessionDep, settings: SettingsDep,
+                         tenant: TenantDep) -> Response:  # fmt: skip
+    """Delete the dataset and its file; 409 while a job that has not finished uses it."""
+    ds = get_dataset(session=session, tenant_id=tenant.id, dataset_id=dataset_id)
+    if ds is None:
+        raise HTTPException(404, "Dataset not found.")
+    if dataset_in_use(session=session, tenant_id=tenant.id, dataset_id=ds.id):
+        raise HTTPException(409, "A job that has not finished uses this dataset.")
+    path = artifact_path(settings, ds.path)
+    delete_dataset(session=session, dataset=ds)
+    session.commit()
+    if path is not None:
+        path.unlink(missing_ok=True)
+    return Response(status_code=204)

@@ -1,0 +1,54 @@
+"""Reading checkpoints (rows the worker writes) and what the compression report needs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from api_schemas import JobState
+from service.db.models import Checkpoint, Job, JobEvent
+
+__all__ = ["baseline_job", "get_checkpoint", "list_checkpoints", "newest_export",
+           "stage_events"]  # fmt: skip
+
+BASELINE_SCAN = 500  # recent dense jobs compared for a baseline
+
+
+def list_checkpoints(*, session: Session, job_id: str) -> list[Checkpoint]:
+    q = select(Checkpoint).where(Checkpoint.job_id == job_id)
+    return list(session.scalars(q.order_by(Checkpoint.created_at, Checkpoint.id)))
+
+
+def get_checkpoint(*, session: Session, job_id: str, checkpoint_id: str) -> Checkpoint | None:
+    q = select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.id == checkpoint_id)
+    return session.scalars(q).first()
+
+
+def newest_export(*, session: Session, job_id: str) -> Checkpoint | None:
+    """The newest complete ``export`` checkpoint (the compressed model) of the job."""
+    q = select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.kind == "export",
+                                 Checkpoint.state == "complete")  # fmt: skip
+    return session.scalars(q.order_by(Checkpoint.created_at.desc(), Checkpoint.id.desc())).first()
+
+
+def baseline_job(*, session: Session, job: Job) -> Job | None:
+    """The newest SUCCEEDED ``dense`` job of the tenant with the same model and dataset."""
+    q = (select(Job).where(Job.tenant_id == job.tenant_id, Job.id != job.id,
+                           Job.state == JobState.SUCCEEDED.value,
+                           Job.spec[("compression", "method")].as_string() == "dense")
+         .order_by(Job.created_at.desc()).limit(BASELINE_SCAN))  # fmt: skip
+    for other in session.scalars(q):
+        spec: dict[str, Any] = other.spec
+        if spec.get("model") == job.spec.get("model") and (
+            spec.get("dataset") == job.spec.get("dataset")
+        ):
+            return other
+    return None
+
+
+def stage_events(*, session: Session, job_id: str) -> list[dict[str, Any]]:
+    """The data of the job's ``stage`` events, in order (the per-stage summary)."""
+    q = select(JobEvent.data).where(JobEvent.job_id == job_id, JobEvent.kind == "stage")
+    return [dict(d) for d in session.scalars(q.order_by(JobEvent.seq))]

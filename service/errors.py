@@ -1,0 +1,153 @@
+"""RFC 9457 problem details (``application/problem+json``) for every error the API returns.
+
+Handlers raise ``HTTPException`` with a fixed ``detail`` string (the template's style); the
+handlers here turn it into a problem object. A request that fails validation gets one 422
+listing *every* failing field as ``{pointer, message, code}``, where ``pointer`` is a JSON
+Pointer (RFC 6901) into the request body (``/schedule/1/target_ratio``); a failing query,
+path or header parameter is named in ``parameter`` instead. ``FieldProblem`` is the same
+shape for checks that run after parsing (dataset references, the engine's own validation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from api_schemas import FieldError, Problem
+
+__all__ = ["PROBLEM_JSON", "FieldProblem", "install_error_handlers", "json_pointer",
+           "problem_response", "problems"]  # fmt: skip
+
+PROBLEM_JSON = "application/problem+json"
+
+
+class FieldProblem(HTTPException):
+    """An HTTP error that names the failing fields of the request (``errors``)."""
+
+    def __init__(self, status_code: int, detail: str, errors: Iterable[FieldError],
+                 headers: dict[str, str] | None = None) -> None:  # fmt: skip
+        super().__init__(status_code=status_code, detail=detail, headers=headers)
+        self.errors = list(errors)
+
+    @classmethod
+    def one(cls, pointer: str, message: str, code: str = "invalid") -> FieldProblem:
+        """A 422 for one field of the body."""
+        err = FieldError(pointer=pointer, message=message, code=code)
+        return cls(422, f"{pointer or 'body'}: {message}", [err])
+
+    @classmethod
+    def param(cls, name: str, message: str, code: str = "invalid") -> FieldProblem:
+        """A 422 for one query, path or header parameter."""
+        err = FieldError(pointer="", message=message, code=code, parameter=name)
+        return cls(422, f"{name}: {message}", [err])
+
+
+def _title(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
+
+def problem_response(status: int, detail: str | None = None, *, headers: dict[str, str] | None
+                     = None, errors: list[FieldError] | None = None, instance: str | None = None,
+                     **extra: Any) -> JSONResponse:  # fmt: skip
+    """A ``JSONResponse`` holding a problem object; ``extra`` become extension members."""
+    body = Problem(title=_title(status), status=status, detail=detail, instance=instance,
+                   errors=errors, **extra)  # fmt: skip
+    content = body.model_dump(mode="json", exclude_none=True)
+    return JSONResponse(content, status_code=status, headers=headers, media_type=PROBLEM_JSON)
+
+
+def problems(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entries documenting problem+json errors for ``codes``."""
+    return {code: {"model": Problem, "description": _title(code),
+                   "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}}
+            for code in codes}  # fmt: skip
+
+
+def json_pointer(parts: Sequence[str | int]) -> str:
+    """RFC 6901: ``("schedule", 1, "a/b")`` -> ``/schedule/1/a~1b``."""
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def _body_path(loc: Sequence[str | int], body: Any, missing: bool) -> list[str | int]:
+    """The path of ``loc`` that exists in ``body``: pydantic adds union-member tags
+    (``int``, ``list[...]``) and ``[key]`` markers that are not part of the document. Only a
+    ``missing`` error may end in a member the body lacks."""
+    path: list[str | int] = []
+    cur = body
+    for i, seg in enumerate(loc):
+        if isinstance(cur, dict) and seg in cur:
+            cur = cur[seg]
+        elif isinstance(cur, list) and isinstance(seg, int) and 0 <= seg < len(cur):
+            cur = cur[seg]
+        elif not (missing and isinstance(cur, dict) and i == len(loc) - 1):
+            continue  # a tag, not a member: skip it
+        path.append(seg)
+    return path
+
+
+def _message(err: dict[str, Any]) -> str:
+    return str(err.get("msg", "invalid")).removeprefix("Value error, ")
+
+
+def field_errors(exc: RequestValidationError) -> list[FieldError]:
+    """One ``FieldError`` per failing field (union alternatives merged), in input order."""
+    merged: dict[tuple[str, str | None], FieldError] = {}
+    for err in exc.errors():
+        loc = list(err.get("loc", ()))
+        where, rest = (loc[0], loc[1:]) if loc else ("body", [])
+        if where == "body":
+            path = _body_path(rest, exc.body, missing=err.get("type") == "missing")
+            key = (json_pointer(path), None)
+        else:
+            key = ("", ".".join(str(p) for p in rest) or str(where))
+        msg = _message(err)
+        if key in merged:
+            if msg not in merged[key].message:
+                merged[key].message += f"; {msg}"
+            continue
+        merged[key] = FieldError(pointer=key[0], message=msg, code=str(err.get("type", "")),
+                                 parameter=key[1])  # fmt: skip
+    return list(merged.values())
+
+
+async def _validation_handler(request: Request, exc: RequestValidationError) -> JSONResponse:
+    if any(e.get("type") == "json_invalid" for e in exc.errors()):
+        err = FieldError(pointer="", message="the body is not valid JSON", code="json_invalid")
+        return problem_response(400, "The request body is not valid JSON.", errors=[err])
+    errors = field_errors(exc)
+    detail = f"{len(errors)} invalid field{'s' if len(errors) != 1 else ''}: " + ", ".join(
+        e.pointer or e.parameter or "body" for e in errors
+    )
+    return problem_response(422, detail, errors=errors)
+
+
+async def _http_handler(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    errors = getattr(exc, "errors", None)
+    detail = exc.detail if isinstance(exc.detail, str) else None
+    return problem_response(exc.status_code, detail, headers=exc.headers, errors=errors)
+
+
+async def _database_down(request: Request, exc: OperationalError) -> JSONResponse:
+    return problem_response(503, "The database is unavailable; nothing was stored.",
+                            headers={"Retry-After": "5"})  # fmt: skip
+
+
+async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
+    return problem_response(500, "Internal server error.")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _validation_handler)
+    app.add_exception_handler(StarletteHTTPException, _http_handler)
+    app.add_exception_handler(OperationalError, _database_down)
+    app.add_exception_handler(Exception, _unhandled)

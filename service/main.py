@@ -1,0 +1,89 @@
+"""The FastAPI app: ``create_app(settings)``; ``uvicorn --factory service.main:create_app``.
+
+The lifespan builds the engine and sessionmaker from ``settings.db_url`` and refuses to start
+unless the database schema is at the Alembic head this code expects (migrations run as their
+own step, c.5: ``service.db.migrate.upgrade``). Middleware: Prometheus request metrics, then
+the request body limit (the dataset upload route has its own). Errors are problem+json
+(``service.errors``). Nothing here imports torch: planning runs in a spawned child process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+from sqlalchemy import Engine
+
+from api_schemas import Problem
+from service.api.router import api_router
+from service.api.routes.health import metrics_router
+from service.core.config import Settings, get_settings
+from service.db.migrate import current_revision, head_revision
+from service.db.session import make_engine, make_sessionmaker
+from service.errors import install_error_handlers
+from service.middleware import BodyLimitMiddleware
+from service.planner import default_planner
+from service.telemetry import RequestMetricsMiddleware, Telemetry
+
+__all__ = ["SchemaNotReady", "create_app"]
+
+UPLOAD_ROUTE = ("POST", "/v1/datasets")
+
+
+class SchemaNotReady(RuntimeError):
+    """The database is unreachable or its schema is not at the expected Alembic revision."""
+
+
+def _check_schema(engine: Engine) -> None:
+    try:
+        current = current_revision(engine)
+    except Exception as err:  # noqa: BLE001 (report any connection failure clearly)
+        raise SchemaNotReady(f"cannot reach the database {engine.url!r}: {err}") from err
+    head = head_revision()
+    if current != head:
+        raise SchemaNotReady(
+            f"database schema is at revision {current!r}, this code needs {head!r}: run the "
+            f'migrations first (python -c "from service.db.migrate import upgrade; '
+            f"upgrade('<database url>')\")"
+        )
+
+
+def _unique_id(route: APIRoute) -> str:
+    name = f"{route.tags[0]}-{route.name}" if route.tags else route.name
+    return f"{name}-head" if route.methods == {"HEAD"} else name
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = make_engine(settings.db_url)
+        try:
+            _check_schema(engine)
+            settings.ensure_dirs()
+            app.state.engine = engine
+            app.state.sessionmaker = make_sessionmaker(engine)
+            yield
+        finally:
+            engine.dispose()
+
+    app = FastAPI(title="CoMERA compression service", version="1.0.0", lifespan=lifespan,
+                  generate_unique_id_function=_unique_id,
+                  responses={500: {"model": Problem, "description": "Internal Server Error"}},
+                  )  # fmt: skip
+    app.state.settings = settings
+    app.state.planner = default_planner()
+    app.state.telemetry = Telemetry(lambda: app.state.sessionmaker())
+    install_error_handlers(app)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_bytes=settings.max_body_bytes,
+        exempt=lambda method, path: (method, path.rstrip("/")) == UPLOAD_ROUTE,
+    )
+    app.add_middleware(RequestMetricsMiddleware, telemetry=app.state.telemetry)
+    app.include_router(api_router)
+    app.include_router(metrics_router)
+    return app

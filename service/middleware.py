@@ -1,0 +1,70 @@
+"""ASGI middleware: the request body limit (b.6: bodies up to ``max_body_bytes``, 1 MiB).
+
+A declared ``Content-Length`` over the limit is refused before anything is read. A body sent
+without one (chunked) is counted while the application reads it; past the limit the reader
+sees a disconnect and whatever the application answers is replaced by the 413 problem. The
+dataset upload route streams to disk with its own, larger limit and is exempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.errors import problem_response
+
+__all__ = ["BodyLimitMiddleware"]
+
+
+def _too_large(limit: int) -> JSONResponse:
+    return problem_response(413, f"The request body exceeds {limit} bytes.")
+
+
+class BodyLimitMiddleware:
+    def __init__(self, app: ASGIApp, *, max_bytes: int,
+                 exempt: Callable[[str, str], bool] = lambda method, path: False,
+                 ) -> None:  # fmt: skip
+        self.app, self.max_bytes, self.exempt = app, max_bytes, exempt
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.exempt(scope["method"], scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await _too_large(self.max_bytes)(scope, receive, send)
+            return
+        seen = 0
+        exceeded = started = False
+
+        async def limited_receive() -> Message:
+            nonlocal seen, exceeded
+            if exceeded:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    exceeded = True
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if exceeded:
+                if message["type"] == "http.response.start" and not started:
+                    started = True
+                    await _too_large(self.max_bytes)(scope, receive, send)
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, guarded_send)
+        except Exception:
+            if not exceeded:
+                raise
+        if exceeded and not started:
+            await _too_large(self.max_bytes)(scope, receive, send)

@@ -1,0 +1,130 @@
+"""From a validated ``JobCreate`` to a stored, enqueued job (``POST /v1/jobs``), and the dry run.
+
+Order (service-design c.2 step 4): every check first (dataset references, the engine
+translation, the planner's model build), then the row is committed, and only then is the
+message sent. If sending fails the job stays QUEUED with ``enqueue_pending`` and the reaper
+sends it later; the client still gets its 202.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi import HTTPException
+from sqlalchemy.orm import Session
+
+from api_schemas import JobCreate, JobState, ValidationReport
+from service.core.config import Settings
+from service.db.crud.datasets import get_dataset
+from service.db.crud.job_actions import mark_enqueued
+from service.db.crud.job_queries import count_jobs
+from service.db.crud.jobs import create_job
+from service.db.models import Job
+from service.errors import FieldProblem
+from service.planner import PlanFailed, Planner, PlannerUnavailable
+from service.spec import SpecError, spec_hash, to_engine
+
+__all__ = ["Enqueue", "dispatch", "dry_run", "plan", "prepare", "resolve_dataset", "submit"]
+
+log = logging.getLogger(__name__)
+Enqueue = Callable[..., bool]  # (job_id=, attempt=, max_wall_time_s=) -> sent
+
+
+def _data_file(settings: Settings, rel: str, pointer: str) -> str:
+    root = settings.data.resolve()
+    path = (root / rel).resolve()
+    if not path.is_relative_to(root):
+        raise FieldProblem.one(pointer, "must stay under the server's data root", "outside_root")
+    if not path.is_file():
+        raise FieldProblem.one(pointer, f"no file {rel!r} under the server's data root",
+                               "not_found")  # fmt: skip
+    return str(path)
+
+
+def resolve_dataset(*, session: Session, settings: Settings, tenant_id: str,
+                    spec: JobCreate) -> tuple[str | None, str | None]:  # fmt: skip
+    """(train, valid) file paths of an uploaded or server-side dataset; 422 naming the field."""
+    ds = spec.dataset
+    if ds.source == "upload":
+        row = get_dataset(session=session, tenant_id=tenant_id, dataset_id=ds.dataset_id or "")
+        if row is None or row.state != "ready":
+            raise FieldProblem.one("/dataset/dataset_id", f"no ready dataset {ds.dataset_id!r}",
+                                   "not_found")  # fmt: skip
+        if row.format != ds.format:
+            raise FieldProblem.one("/dataset/format", f"dataset {row.id} was uploaded as "
+                                   f"{row.format!r}, not {ds.format!r}", "mismatch")  # fmt: skip
+        return str(Path(settings.artifacts) / row.path), None
+    if ds.source == "path":
+        valid = ds.valid_path and _data_file(settings, ds.valid_path, "/dataset/valid_path")
+        return _data_file(settings, ds.path or "", "/dataset/path"), valid or None
+    return None, None
+
+
+def prepare(*, session: Session, settings: Settings, tenant_id: str,
+            spec: JobCreate) -> dict[str, Any]:  # fmt: skip
+    """The engine job dict of ``spec`` (``service.spec.to_engine``); 422 naming the field."""
+    train, valid = resolve_dataset(session=session, settings=settings, tenant_id=tenant_id,
+                                   spec=spec)  # fmt: skip
+    device = "cuda" if spec.training.device == "cuda" else "cpu"
+    try:
+        return to_engine(spec, train_path=train, valid_path=valid, device=device)
+    except SpecError as err:
+        raise FieldProblem.one(err.pointer, err.message, "unsupported") from None
+
+
+def plan(planner: Planner, engine_job: dict[str, Any], *, required: bool) -> dict[str, Any] | None:
+    """The planner's report; 422 when the engine refuses the job. When the planner is
+    unavailable: 503 if ``required`` (the dry run), else None (the worker validates)."""
+    try:
+        return planner.plan(engine_job)
+    except PlanFailed as err:
+        raise FieldProblem.one(err.pointer, err.message, "config") from None
+    except PlannerUnavailable as err:
+        if required:
+            raise HTTPException(503, "The planner is unavailable; try again later.",
+                                headers={"Retry-After": "30"}) from None  # fmt: skip
+        log.warning("job accepted without a plan check: %s", err)
+        return None
+
+
+def dry_run(spec: JobCreate, report: dict[str, Any]) -> ValidationReport:
+    """The dry-run answer: the normalized spec (defaults filled) and the planner's report."""
+    return ValidationReport(spec=spec.model_dump(mode="json"), **report)
+
+
+def dispatch(*, session: Session, job: Job, enqueue: Enqueue) -> Job:
+    """Send the job's message (after its row is committed) and record whether it went."""
+    limits = (job.spec or {}).get("limits", {})
+    try:
+        sent = bool(
+            enqueue(
+                job_id=job.id,
+                attempt=job.attempt,
+                max_wall_time_s=int(limits.get("max_wall_time_s", 6 * 3600)),
+            )
+        )
+    except Exception:  # noqa: BLE001 (any broker failure: the reaper re-sends it)
+        log.exception("enqueue of %s failed", job.id)
+        sent = False
+    mark_enqueued(session=session, job_id=job.id, sent=sent)
+    session.commit()
+    session.refresh(job)
+    return job
+
+
+def submit(*, session: Session, settings: Settings, tenant_id: str, spec: JobCreate,
+           engine_job: dict[str, Any], enqueue: Enqueue) -> Job:  # fmt: skip
+    """Store the QUEUED job and its attempt 1, commit, then enqueue (c.2 step 4)."""
+    queued = count_jobs(session=session, tenant_id=tenant_id, states=[JobState.QUEUED])
+    if queued >= settings.max_queued_jobs_per_tenant:
+        raise HTTPException(429, "Too many queued jobs for this tenant.",
+                            headers={"Retry-After": "60"})  # fmt: skip
+    job = create_job(session=session, tenant_id=tenant_id, name=spec.name,
+                     labels=dict(spec.labels), spec=spec.model_dump(mode="json"),
+                     spec_hash=spec_hash(spec), max_attempts=spec.limits.max_attempts)  # fmt: skip
+    job.engine_config = engine_job
+    session.commit()
+    return dispatch(session=session, job=job, enqueue=enqueue)

@@ -1,0 +1,124 @@
+"""Fixtures and helpers for the HTTP API tests: an app on a real migrated database.
+
+``api`` runs once per backend (SQLite and PostgreSQL); ``api_lite`` only on SQLite, for tests
+where the backend does not matter. The queue is replaced by a recorder (the real broker path
+is covered by the worker's and the end-to-end tests); the planner is the real spawned child.
+Test modules import the fixtures they use from here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import update
+from sqlalchemy.orm import Session, sessionmaker
+
+from api_schemas import JobCreate
+from service.api.deps import get_enqueue, get_revoke
+from service.core.config import Settings
+from service.db.crud.jobs import create_job
+from service.db.crud.tenants import get_or_create_tenant
+from service.db.models import Job
+from service.main import create_app
+from service.spec import spec_hash
+
+__all__ = ["Api", "api", "api_lite", "job_body", "make_job", "parse_sse", "set_state"]
+
+
+@dataclass
+class Api:
+    client: TestClient
+    settings: Settings
+    sessions: sessionmaker[Session]
+    enqueued: list[dict[str, Any]] = field(default_factory=list)
+    revoked: list[str] = field(default_factory=list)
+    send_ok: bool = True
+
+    def tenant_id(self) -> str:
+        with self.sessions() as s:
+            return get_or_create_tenant(session=s, name="default").id
+
+
+def _make_api(db_url: str, tmp_path: Path) -> Iterator[Api]:
+    settings = Settings(home=tmp_path / "home", database_url=db_url, broker_url="memory://",
+                        max_body_bytes=16 * 1024, max_upload_bytes=64 * 1024)  # fmt: skip
+    app = create_app(settings)
+    box: dict[str, Api] = {}
+
+    def enqueue(**kw: Any) -> bool:
+        box["api"].enqueued.append(kw)
+        return box["api"].send_ok
+
+    app.dependency_overrides[get_enqueue] = lambda: enqueue
+    app.dependency_overrides[get_revoke] = lambda: box["api"].revoked.append
+    with TestClient(app) as client:
+        box["api"] = Api(client, settings, app.state.sessionmaker)
+        yield box["api"]
+
+
+@pytest.fixture
+def api(db_url: str, tmp_path: Path) -> Iterator[Api]:
+    yield from _make_api(db_url, tmp_path)
+
+
+@pytest.fixture
+def api_lite(sqlite_url: str, tmp_path: Path) -> Iterator[Api]:
+    yield from _make_api(sqlite_url, tmp_path)
+
+
+def job_body(**changes: Any) -> dict[str, Any]:
+    """A small valid submission (a tiny MLP on synthetic data)."""
+    body: dict[str, Any] = {
+        "name": "tiny-mlp",
+        "model": {"arch": "mlp", "config": {"hidden": [64, 64]}},
+        "dataset": {"source": "synthetic", "n_train": 256, "n_valid": 32},
+        "compression": {"max_rank": 4, "min_size": 256},
+        "schedule": [{"kind": "early", "steps": 5}, {"kind": "late", "steps": 5,
+                                                     "target_ratio": 0.5}],
+    }  # fmt: skip
+    body.update(changes)
+    return body
+
+
+def make_job(api: Api, *, name: str = "job", labels: dict[str, str] | None = None,
+             state: str = "QUEUED", created_at: datetime | None = None,
+             body: dict[str, Any] | None = None, **values: Any) -> str:  # fmt: skip
+    """Insert a job straight into the store (setup for read-side tests); returns its id."""
+    spec = JobCreate.model_validate(body or job_body(name=name, labels=labels or {}))
+    tenant = api.tenant_id()
+    with api.sessions() as s, s.begin():
+        job = create_job(session=s, tenant_id=tenant, name=name, labels=labels or {},
+                         spec=spec.model_dump(mode="json"), spec_hash=spec_hash(spec),
+                         max_attempts=3)  # fmt: skip
+        job_id = job.id
+    set_state(api, job_id, state, **({"created_at": created_at} if created_at else {}), **values)
+    return job_id
+
+
+def set_state(api: Api, job_id: str, state: str, **values: Any) -> None:
+    """Put a job in ``state`` directly (what a worker would have done)."""
+    with api.sessions() as s, s.begin():
+        s.execute(update(Job).where(Job.id == job_id).values(state=state, **values))
+
+
+def parse_sse(text: str) -> list[dict[str, Any]]:
+    """Events of an SSE body: ``{"id", "event", "data"}`` (comments dropped)."""
+    out = []
+    for block in text.replace("\r\n", "\n").split("\n\n"):
+        fields: dict[str, Any] = {}
+        for line in block.split("\n"):
+            if not line or line.startswith(":"):
+                continue
+            key, _, value = line.partition(":")
+            fields[key] = value[1:] if value.startswith(" ") else value
+        if "data" in fields:
+            fields["data"] = json.loads(fields["data"])
+            out.append(fields)
+    return out

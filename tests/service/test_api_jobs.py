@@ -1,0 +1,169 @@
+"""Submitting jobs: 202 + Location, validation errors as JSON Pointers, the planner's checks,
+dataset references and the enqueue outbox."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from sqlalchemy import select
+
+from service.db.models import Job, JobAttempt, JobEvent
+from tests.service.api_helpers import Api, job_body, make_job
+
+
+def _pointers(resp) -> list[str]:
+    assert resp.status_code == 422, resp.text
+    assert resp.headers["content-type"].startswith("application/problem+json")
+    return [e["pointer"] for e in resp.json()["errors"]]
+
+
+def test_submit_returns_202_location_and_the_stored_job(api: Api):
+    resp = api.client.post("/v1/jobs", json=job_body(labels={"team": "nlp"}))
+    assert resp.status_code == 202, resp.text
+    job = resp.json()
+    assert resp.headers["location"] == f"/v1/jobs/{job['id']}"
+    assert job["state"] == "QUEUED" and job["attempt"] == 1 and job["version"] == 1
+    assert job["enqueue_pending"] is False and job["labels"] == {"team": "nlp"}
+    assert job["spec"]["training"]["batch_size"] == 32  # normalized: defaults filled
+    assert api.enqueued == [{"job_id": job["id"], "attempt": 1, "max_wall_time_s": 21600}]
+    got = api.client.get(resp.headers["location"])
+    assert got.status_code == 200 and got.json()["id"] == job["id"]
+    assert got.json()["links"]["events"] == f"/v1/jobs/{job['id']}/events"
+    with api.sessions() as s:
+        row = s.get(Job, job["id"])
+        assert row.engine_config["model"]["arch"] == "mlp" and row.enqueued_at is not None
+        assert [a.attempt for a in s.scalars(select(JobAttempt))] == [1]
+        assert [e.data["state"] for e in s.scalars(select(JobEvent))] == ["QUEUED"]
+
+
+def test_broker_down_still_accepts_and_flags_enqueue_pending(api: Api):
+    api.send_ok = False
+    resp = api.client.post("/v1/jobs", json=job_body())
+    assert resp.status_code == 202 and resp.json()["enqueue_pending"] is True
+    assert api.client.get(resp.headers["location"]).json()["enqueue_pending"] is True
+
+
+@pytest.mark.skipif(importlib.util.find_spec("service.queue") is None,
+                    reason="service.queue is not there yet")  # fmt: skip
+def test_real_queue_with_unreachable_broker_gives_enqueue_pending(api_lite: Api):
+    from service.api.deps import get_enqueue
+
+    app = api_lite.client.app
+    del app.dependency_overrides[get_enqueue]  # the real service.queue.enqueue
+    app.state.settings = api_lite.settings.model_copy(
+        update={"broker_url": "redis://127.0.0.1:1/0"})  # fmt: skip
+    resp = api_lite.client.post("/v1/jobs", json=job_body())
+    assert resp.status_code == 202 and resp.json()["enqueue_pending"] is True
+
+
+def test_422_lists_every_failing_field_with_json_pointers(api_lite: Api):
+    body = job_body(name="!bad", labels={"a/b": 1})
+    body["model"]["foo"] = 1  # unknown field
+    body["schedule"] = [{"kind": "early", "steps": 0},
+                        {"kind": "late", "steps": 5, "target_ratio": 1.5}]  # fmt: skip
+    body["training"] = {"batch_size": 0}
+    resp = api_lite.client.post("/v1/jobs", json=body)
+    errors = {e["pointer"]: e for e in resp.json()["errors"]}
+    assert set(_pointers(resp)) == {
+        "/name",
+        "/labels/a~1b",
+        "/model/foo",
+        "/schedule/0/steps",
+        "/schedule/1/target_ratio",
+        "/training/batch_size",
+    }
+    assert errors["/model/foo"]["code"] == "extra_forbidden"
+    assert errors["/schedule/1/target_ratio"]["code"] == "less_than"
+    assert api_lite.enqueued == []
+
+
+def test_422_for_model_validators_missing_fields_and_union_values(api_lite: Api):
+    body = job_body(dataset={"source": "upload", "format": "jsonl"})
+    body["model"]["config"] = {"hidden": {"not": "a list"}}
+    del body["schedule"][0]["steps"]
+    resp = api_lite.client.post("/v1/jobs", json=body)
+    assert set(_pointers(resp)) == {"/dataset", "/model/config/hidden", "/schedule/0"}
+    assert "dataset_id is required" in resp.text
+    missing = api_lite.client.post("/v1/jobs", json={"name": "x"})
+    assert set(_pointers(missing)) == {"/model", "/schedule"}
+    assert all(e["code"] == "missing" for e in missing.json()["errors"])
+
+
+def test_malformed_json_is_400_and_engine_refusals_name_the_field(api_lite: Api):
+    bad = api_lite.client.post("/v1/jobs", content=b"{nope",
+                               headers={"content-type": "application/json"})  # fmt: skip
+    assert bad.status_code == 400 and bad.json()["errors"][0]["code"] == "json_invalid"
+    resp = api_lite.client.post("/v1/jobs", json=job_body(training={"precision": "bf16"}))
+    assert _pointers(resp) == ["/training/precision"]
+
+
+@pytest.mark.slow
+def test_stage_that_does_not_fit_the_model_is_422_via_the_planner(api: Api):
+    body = job_body()
+    del body["schedule"][1]["target_ratio"]  # a late stage needs a target (engine rule)
+    assert _pointers(api.client.post("/v1/jobs", json=body)) == ["/schedule/1/target_ratio"]
+    body = job_body(compression={"layers": ["encoder.*"]})  # matches no layer of an MLP
+    resp = api.client.post("/v1/jobs", json=body)
+    assert _pointers(resp) == ["/compression/layers"] and "hidden.0" in resp.text
+    early = job_body(schedule=[{"kind": "early", "steps": 3, "target_ratio": 0.5}])
+    assert _pointers(api.client.post("/v1/jobs", json=early)) == ["/schedule/0/target_ratio"]
+    with api.sessions() as s:
+        assert s.scalars(select(Job)).first() is None  # nothing stored
+    assert api.enqueued == []
+
+
+@pytest.mark.slow
+def test_validate_is_a_dry_run_with_the_plan(api_lite: Api):
+    resp = api_lite.client.post("/v1/jobs:validate", json=job_body())
+    assert resp.status_code == 200, resp.text
+    report = resp.json()
+    assert report["spec"]["training"]["seed"] == 0
+    assert [layer["name"] for layer in report["layers"]] == ["hidden.0", "hidden.1"]
+    first = report["layers"][0]
+    assert first["kind"] == "tt_linear" and first["initial_ranks"][0] == 1
+    assert max(first["initial_ranks"]) <= 4 and first["params"] < first["dense_params"]
+    assert report["params_after"] < report["params_before"]
+    assert report["total_steps"] == 10 and report["estimated_memory_bytes"] > 16 * 1000
+    assert report["tensorized_ratio"] > 1
+    with api_lite.sessions() as s:
+        assert s.scalars(select(Job)).first() is None
+    bad = job_body(compression={"layers": ["nothing*"]})
+    assert _pointers(api_lite.client.post("/v1/jobs:validate", json=bad)) == [
+        "/compression/layers"]  # fmt: skip
+
+
+def test_dataset_references_are_resolved_at_submission(api: Api):
+    missing = job_body(dataset={"source": "upload", "dataset_id": "ds_01ABC", "format": "npz"})
+    assert _pointers(api.client.post("/v1/jobs", json=missing)) == ["/dataset/dataset_id"]
+    absent = job_body(dataset={"source": "path", "path": "nope.npz", "format": "npz"})
+    assert _pointers(api.client.post("/v1/jobs", json=absent)) == ["/dataset/path"]
+    api.settings.data.mkdir(parents=True, exist_ok=True)
+    outside = api.settings.data / "link.npz"
+    outside.symlink_to(api.settings.home / "comera.db")  # escapes the data root
+    escaping = job_body(dataset={"source": "path", "path": "link.npz", "format": "npz"})
+    resp = api.client.post("/v1/jobs", json=escaping)
+    assert _pointers(resp) == ["/dataset/path"] and "data root" in resp.text
+    dotdot = job_body(dataset={"source": "path", "path": "../x.npz", "format": "npz"})
+    assert _pointers(api.client.post("/v1/jobs", json=dotdot)) == ["/dataset/path"]
+
+
+def test_engine_field_paths_become_body_pointers():
+    from service.planner import engine_field_to_pointer as p
+
+    assert p("schedule[1].target_ratio") == "/schedule/1/target_ratio"
+    assert p("data.train") == "/dataset/path" and p("data.n_train") == "/dataset/n_train"
+    assert p("checkpoint.every_steps") == "/checkpointing/every_n_steps"
+    assert p("compression.shapes") == "/compression/modes"
+    assert p("model.config.hidden") == "/model/config/hidden"
+    assert p("method") == "/compression/method" and p("galore.rank") == "" and p(None) == ""
+
+
+def test_too_many_queued_jobs_is_429(api_lite: Api):
+    app = api_lite.client.app
+    app.state.settings = api_lite.settings.model_copy(update={"max_queued_jobs_per_tenant": 2})
+    make_job(api_lite)
+    make_job(api_lite, state="RUNNING")  # only QUEUED jobs count
+    assert api_lite.client.post("/v1/jobs", json=job_body()).status_code == 202
+    resp = api_lite.client.post("/v1/jobs", json=job_body())
+    assert resp.status_code == 429 and resp.headers["retry-after"] == "60"
