@@ -14,14 +14,15 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from api_schemas.common import Problem, StrictModel
 
 __all__ = [
     "ARCHS", "CancelRequest", "CheckpointingSpec", "CompressionSpec", "DatasetSpec", "JobCreate",
     "JobPublic", "JobState", "JobUpdate", "JobsPublic", "LearningRatesSpec", "LimitsSpec",
-    "ModelSpec", "ProgressPublic", "RetryRequest", "StageSpec", "TERMINAL_STATES", "TrainingSpec",
+    "ModelSpec", "ModesSpec", "ProgressPublic", "RetryRequest", "StageSpec", "TERMINAL_STATES",
+    "TrainingSpec",
 ]  # fmt: skip
 
 ARCHS = ("transformer", "dlrm", "mlm", "mlp")
@@ -106,6 +107,23 @@ class DatasetSpec(StrictModel):
         return v
 
 
+class ModesSpec(StrictModel):
+    """An explicit factorization: ``in`` / ``out`` modes of a TT linear (rows / columns of a
+    TTM embedding), same length; their products must cover the layer's sizes."""
+
+    in_: list[Annotated[int, Field(ge=1, le=65_536)]] = Field(alias="in", min_length=1,
+                                                               max_length=8)  # fmt: skip
+    out: list[Annotated[int, Field(ge=1, le=65_536)]] = Field(min_length=1, max_length=8)
+
+    model_config = ConfigDict(extra="forbid", frozen=True, serialize_by_alias=True)
+
+    @model_validator(mode="after")
+    def _same_length(self) -> ModesSpec:
+        if len(self.in_) != len(self.out):
+            raise ValueError("'in' and 'out' need the same number of modes")
+        return self
+
+
 class CompressionSpec(StrictModel):
     """Which layers become TT / TTM and how (ignored by ``dense``; ``galore`` uses none)."""
 
@@ -113,7 +131,11 @@ class CompressionSpec(StrictModel):
     layers: list[Pattern] = Field(default_factory=lambda: ["*"], min_length=1, max_length=64)
     max_rank: int = Field(default=30, ge=1, le=256)
     embedding_max_rank: int | None = Field(default=None, ge=1, le=256)
-    modes: Literal["auto", "paper"] = "auto"
+    # "auto": factorize every layer; "paper": the architecture's published shapes where it has
+    # them; or explicit modes per layer-name pattern (first match wins, others auto)
+    modes: Literal["auto", "paper"] | dict[Pattern, ModesSpec] = Field(
+        default="auto", max_length=64
+    )
     d: int | None = Field(default=None, ge=2, le=6)
     min_size: int = Field(default=1024, ge=1)
     gate_threshold: float = Field(default=1e-2, ge=0, lt=1)

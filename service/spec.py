@@ -78,9 +78,13 @@ def to_engine(spec: JobCreate, *, train_path: str | None = None, valid_path: str
         raise SpecError("/training/device", "'cuda' was asked for but this worker has no GPU")
     if spec.model.arch == "mlp" and spec.dataset.format not in (None, "npz"):
         raise SpecError("/dataset/format", "the mlp architecture reads 'npz' arrays")
+    explicit = isinstance(comp.modes, dict)
     compression = {"max_rank": comp.max_rank, "gate_threshold": comp.gate_threshold,
-                   "shapes": comp.modes, "layers": list(comp.layers), "min_size": comp.min_size,
-                   "penalty": comp.penalty, "shrink_every": comp.shrink_every}  # fmt: skip
+                   "shapes": "auto" if explicit else comp.modes, "layers": list(comp.layers),
+                   "min_size": comp.min_size, "penalty": comp.penalty,
+                   "shrink_every": comp.shrink_every}  # fmt: skip
+    if explicit:
+        compression["modes"] = {p: {"in": m.in_, "out": m.out} for p, m in comp.modes.items()}
     if comp.embedding_max_rank is not None:
         compression["embedding_max_rank"] = comp.embedding_max_rank
     if comp.d is not None:

@@ -182,6 +182,7 @@ def build_dlrm(
     d: int | None = None,
     layers: Sequence[str] = ("*",),
     min_size: int = 1024,
+    modes: Any = (),
 ) -> DLRM:
     """Dense model, or tables as ``TTMEmbedding`` and MLP linears as ``TTLinear`` (random init).
 
@@ -196,7 +197,7 @@ def build_dlrm(
         return model
     options = TensorizeOptions(
         max_rank=max_rank, embedding_max_rank=embedding_max_rank, gate_threshold=gate_threshold,
-        d=d, layers=layers, min_size=min_size,
+        d=d, layers=layers, min_size=min_size, modes=modes,
     )  # fmt: skip
     model = DLRM(config, lambda n_in, n_out: linear_slot(n_in, n_out), embedding_slot)
     materialize(model, options)

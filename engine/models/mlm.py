@@ -172,6 +172,7 @@ def build_mlm(
     d: int | None = None,
     layers: Sequence[str] = ("*",),
     min_size: int = 1024,
+    modes: Any = (),
 ) -> MaskedLM:
     """Dense model, or the CoMERA model with TT linears and a TTM word embedding (random init).
 
@@ -184,7 +185,7 @@ def build_mlm(
         return model
     options = TensorizeOptions(
         max_rank=max_rank, embedding_max_rank=embedding_max_rank, gate_threshold=gate_threshold,
-        d=d, layers=layers, min_size=min_size,
+        d=d, layers=layers, min_size=min_size, modes=modes,
     )  # fmt: skip
     model = MaskedLM(
         config,

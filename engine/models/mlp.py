@@ -164,6 +164,7 @@ def build_mlp(
     d: int | None = None,
     layers: Sequence[str] = ("*",),
     min_size: int = 1024,
+    modes: Any = (),
 ) -> MLPClassifier:
     """Dense model, or the hidden linears (``hidden.<i>``) as ``TTLinear`` (random init).
 
@@ -176,7 +177,7 @@ def build_mlp(
         return model
     options = TensorizeOptions(
         max_rank=max_rank, embedding_max_rank=embedding_max_rank, gate_threshold=gate_threshold,
-        d=d, layers=layers, min_size=min_size,
+        d=d, layers=layers, min_size=min_size, modes=modes,
     )  # fmt: skip
     model = MLPClassifier(config, lambda n_in, n_out: linear_slot(n_in, n_out))
     materialize(model, options)

@@ -62,6 +62,9 @@ class TensorizeOptions:
     d: int | None = None
     layers: tuple[str, ...] = ("*",)
     min_size: int = 1024
+    # explicit factorizations: (pattern, in / row modes, out / col modes), first match wins;
+    # in dict form {pattern: {"in": [...], "out": [...]}}
+    modes: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("max_rank", "embedding_max_rank", "d", "min_size"):
@@ -79,6 +82,7 @@ class TensorizeOptions:
         if isinstance(layers, str) or not all(isinstance(p, str) and p for p in layers):
             raise ValueError(f"layers must be a list of non-empty name patterns, got {layers!r}")
         object.__setattr__(self, "layers", tuple(layers))
+        object.__setattr__(self, "modes", _parse_modes(self.modes))
 
     @property
     def embedding_rank(self) -> int:
@@ -92,9 +96,17 @@ class TensorizeOptions:
         """Keyword arguments of the ``build_*`` functions (everything but ``shapes``)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "shapes"}
 
+    def explicit_modes(self, name: str) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """The (in, out) modes given for layer ``name`` in ``modes``, if a pattern matches."""
+        for pattern, n_in, n_out in self.modes:
+            if fnmatch.fnmatchcase(name, pattern):
+                return n_in, n_out
+        return None
+
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["layers"] = list(self.layers)
+        out["modes"] = {p: {"in": list(i), "out": list(o)} for p, i, o in self.modes}
         return out
 
     @classmethod
@@ -106,6 +118,29 @@ class TensorizeOptions:
         if "layers" in data and isinstance(data["layers"], list):
             data["layers"] = tuple(data["layers"])
         return cls(**data)
+
+
+def _parse_modes(modes: Any) -> tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]:
+    """``{pattern: {"in": [...], "out": [...]}}`` or the tuple form, validated."""
+    items = modes.items() if isinstance(modes, Mapping) else [(m[0], m[1:]) for m in modes]
+    out = []
+    for pattern, spec in items:
+        if isinstance(spec, Mapping):
+            if set(spec) != {"in", "out"}:
+                raise ValueError(f"modes[{pattern!r}] must have exactly the keys 'in' and 'out'")
+            spec = (spec["in"], spec["out"])
+        n_in, n_out = (tuple(x) for x in spec)
+        if not isinstance(pattern, str) or not pattern:
+            raise ValueError(f"modes: a pattern must be a non-empty string, got {pattern!r}")
+        for side in (n_in, n_out):
+            if not side or any(isinstance(v, bool) or not isinstance(v, numbers.Integral)
+                               or v < 1 for v in side):  # fmt: skip
+                raise ValueError(f"modes[{pattern!r}] must list integers >= 1, got {side!r}")
+        if len(n_in) != len(n_out):
+            raise ValueError(f"modes[{pattern!r}]: 'in' and 'out' need the same number of "
+                             f"modes, got {len(n_in)} and {len(n_out)}")  # fmt: skip
+        out.append((pattern, tuple(int(v) for v in n_in), tuple(int(v) for v in n_out)))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -194,16 +229,28 @@ def materialize(
         elif slot.dense_size < options.min_size:
             reason = f"dense weight has {slot.dense_size} < min_size={options.min_size} entries"
         extra = specialize(name, slot) if reason is None and specialize is not None else {}
+        explicit = options.explicit_modes(name) if reason is None else None
+        if explicit is not None:  # the user's factorization replaces the architecture's
+            keys = (
+                ("in_modes", "out_modes") if slot.kind == "linear" else ("row_modes", "col_modes")
+            )
+            extra = {k: v for k, v in extra.items() if k not in ("ranks", *keys)}
+            extra.update(zip(keys, explicit, strict=True))
         try:
             layer = _build(slot, reason is None, options, extra)
         except ValueError as err:
-            raise ValueError(f"cannot tensorize {name!r}: {err}") from err
+            given = "modes: the modes given do not fit; " if explicit is not None else ""
+            raise ValueError(f"{given}cannot tensorize {name!r}: {err}") from err
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent), attr, layer)
         if reason is None:
             done.append(name)
         else:
             skipped.append(SkippedLayer(name, slot.kind, reason))
+    for pattern, _, _ in options.modes if tensorized else ():
+        if not any(fnmatch.fnmatchcase(n, pattern) for n in done):
+            raise ValueError(f"modes: pattern {pattern!r} matches no tensorized layer; "
+                             f"tensorized are {done}")  # fmt: skip
     report = TensorizeReport(tuple(done), tuple(skipped))
     model.tensorize_report = report
     return report

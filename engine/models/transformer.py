@@ -306,6 +306,7 @@ def build_transformer(
     d: int | None = None,
     layers: Sequence[str] = ("*",),
     min_size: int = 1024,
+    modes: Any = (),
 ) -> TransformerClassifier:
     """Dense model, or the CoMERA model built directly in TT / TTM form (random init).
 
@@ -328,7 +329,7 @@ def build_transformer(
         raise ValueError(f"shapes must be 'mnli' or 'auto', got {shapes!r}")
     options = TensorizeOptions(
         max_rank=max_rank, embedding_max_rank=embedding_max_rank, gate_threshold=gate_threshold,
-        d=d, layers=layers, min_size=min_size,
+        d=d, layers=layers, min_size=min_size, modes=modes,
     )  # fmt: skip
     specialize = None
     if shapes == "mnli":

@@ -167,3 +167,21 @@ def test_too_many_queued_jobs_is_429(api_lite: Api):
     assert api_lite.client.post("/v1/jobs", json=job_body()).status_code == 202
     resp = api_lite.client.post("/v1/jobs", json=job_body())
     assert resp.status_code == 429 and resp.headers["retry-after"] == "60"
+
+
+def test_explicit_modes_reach_the_plan_and_bad_ones_name_the_field(api_lite: Api):
+    modes = {"hidden.0": {"in": [4, 4, 4], "out": [4, 4, 4]}}
+    body = job_body(compression={"max_rank": 4, "min_size": 256, "modes": modes})
+    resp = api_lite.client.post("/v1/jobs:validate", json=body)
+    assert resp.status_code == 200, resp.text
+    first = resp.json()["layers"][0]
+    assert first["name"] == "hidden.0"
+    assert first["modes"] in ({"in": [4, 4, 4], "out": [4, 4, 4]}, [[4, 4, 4], [4, 4, 4]])
+    assert resp.json()["spec"]["compression"]["modes"] == modes
+    uneven = job_body(compression={"modes": {"hidden.0": {"in": [4, 4], "out": [4, 4, 4]}}})
+    assert "/compression/modes/hidden.0" in _pointers(api_lite.client.post("/v1/jobs", json=uneven))
+    small = job_body(
+        compression={"min_size": 256, "modes": {"hidden.0": {"in": [2, 2], "out": [4, 4]}}}
+    )
+    assert _pointers(api_lite.client.post("/v1/jobs:validate", json=small)) == [
+        "/compression/modes"]  # fmt: skip

@@ -133,8 +133,16 @@ def test_unbuilt_slot_raises():
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("max_rank", 0), ("embedding_max_rank", 0), ("d", True), ("min_size", 0),
-     ("gate_threshold", 1.0), ("shapes", "mnli"), ("layers", "encoder.*"), ("layers", ("",))],
+    [
+        ("max_rank", 0),
+        ("embedding_max_rank", 0),
+        ("d", True),
+        ("min_size", 0),
+        ("gate_threshold", 1.0),
+        ("shapes", "mnli"),
+        ("layers", "encoder.*"),
+        ("layers", ("",)),
+    ],
 )
 def test_options_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -151,3 +159,47 @@ def test_options_round_trip_and_builder_kwargs():
     with pytest.raises(ValueError, match="unknown keys"):
         TensorizeOptions.from_dict({"rank": 3})
     assert TensorizeReport().to_dict() == {"tensorized": [], "skipped": []}
+
+
+# -- explicit modes ----------------------------------------------------------------------------
+def test_explicit_modes_override_the_automatic_factorization_and_round_trip():
+    from engine.models.mlp import MLPConfig, build_mlp
+
+    modes = {"hidden.0": {"in": [4, 4, 4], "out": [2, 4, 4]}}
+    opts = TensorizeOptions(max_rank=4, min_size=16, modes=modes)
+    assert TensorizeOptions.from_dict(opts.to_dict()) == opts
+    model = build_mlp(MLPConfig(in_features=64, hidden=(32, 32), num_classes=3),
+                      tensorized=True, **opts.builder_kwargs())  # fmt: skip
+    first = model.get_submodule("hidden.0")
+    assert (first.in_modes, first.out_modes) == ((4, 4, 4), (2, 4, 4))
+    auto = build_mlp(MLPConfig(in_features=64, hidden=(32, 32), num_classes=3), tensorized=True,
+                     max_rank=4, min_size=16)  # fmt: skip
+    assert auto.get_submodule("hidden.0").in_modes != (4, 4, 4)  # the override did something
+    x = torch.randn(5, 64)
+    assert model(x).shape == (5, 3)
+
+
+@pytest.mark.parametrize("modes, message", [
+    ({"hidden.0": {"in": [4, 4], "out": [2, 4, 4]}}, "same number"),
+    ({"hidden.0": {"in": [4, 0], "out": [2, 4]}}, "integers >= 1"),
+    ({"hidden.0": {"in": [4, 4]}}, "exactly the keys"),
+])  # fmt: skip
+def test_explicit_modes_are_validated(modes, message):
+    with pytest.raises(ValueError, match=message):
+        TensorizeOptions(modes=modes)
+
+
+def test_explicit_modes_must_match_a_tensorized_layer_and_fit_it():
+    from engine.models.mlp import MLPConfig, build_mlp
+
+    cfg = MLPConfig(in_features=64, hidden=(32, 32), num_classes=3)
+    with pytest.raises(ValueError, match="matches no tensorized layer"):
+        build_mlp(
+            cfg, tensorized=True, min_size=16, modes={"nothing.*": {"in": [8, 8], "out": [4, 8]}}
+        )
+    with pytest.raises(
+        ValueError, match="modes: .*cannot tensorize .hidden.0."
+    ):  # 2 x 2 < 64 inputs
+        build_mlp(
+            cfg, tensorized=True, min_size=16, modes={"hidden.0": {"in": [2, 2], "out": [4, 8]}}
+        )
