@@ -54,3 +54,23 @@ def test_transitions_are_compare_and_set_and_log_events(db_url):
                            .order_by(JobEvent.seq)).all()  # fmt: skip
         assert [e.seq for e in events] == [1, 2, 3]
         assert [e.data["state"] for e in events] == ["QUEUED", "STARTING", "FAILED"]
+
+
+def test_upgrade_downgrade_upgrade_and_models_agree_with_migrations(db_url):
+    from alembic import command
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from service.db.migrate import alembic_config
+
+    cfg = alembic_config(db_url)
+    engine = make_engine(db_url)
+    command.downgrade(cfg, "base")
+    assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
+    command.upgrade(cfg, "head")
+    assert current_revision(engine) == head_revision()
+    with engine.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={"compare_type": True})
+        diff = compare_metadata(ctx, Base.metadata)
+    assert diff == [], diff
+    engine.dispose()
