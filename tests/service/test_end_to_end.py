@@ -10,6 +10,7 @@ engine loads into a model, and a report measured on that file.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import socket
@@ -20,7 +21,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
+from api_schemas import JobCreate
+from engine.data import build_data
+from engine.export import load_compressed
+from engine.models.registry import get_workload
+from engine.train import JobConfig
+from service.spec import to_engine
 from tests.helpers.db import migrated_postgres, postgres_available
 
 pytestmark = pytest.mark.slow
@@ -85,7 +93,7 @@ def _ready(client: httpx.Client):
         return False
 
 
-def _run_job_and_check(client: httpx.Client, logs: list[Path]) -> None:
+def _run_job_and_check(client: httpx.Client, logs: list[Path], workdir: Path) -> None:
     r = client.post("/v1/jobs", json=SPEC)
     assert r.status_code == 202, r.text
     job_id = r.json()["id"]
@@ -111,13 +119,43 @@ def _run_job_and_check(client: httpx.Client, logs: list[Path]) -> None:
 
     ckpts = client.get(f"/v1/jobs/{job_id}/checkpoints").json()["items"]
     export = next(c for c in ckpts if c["kind"] == "export")
-    body = client.get(f"/v1/jobs/{job_id}/checkpoints/{export['id']}/content")
-    assert body.status_code == 200
-    digest = hashlib.sha256(body.content).hexdigest()
-    assert digest == export["sha256"] and body.headers["etag"] == f'"sha256:{digest}"'
+    url = f"/v1/jobs/{job_id}/checkpoints/{export['id']}/content"
+    size = int(client.head(url).headers["content-length"])
+    first = client.get(url, headers={"Range": f"bytes=0-{size // 2 - 1}"})
+    rest = {"Range": f"bytes={size // 2}-", "If-Range": first.headers["etag"]}
+    second = client.get(url, headers=rest)
+    assert first.status_code == second.status_code == 206
+    assert second.headers["content-range"] == f"bytes {size // 2}-{size - 1}/{size}"
+    content = first.content + second.content
+    digest = hashlib.sha256(content).hexdigest()
+    assert digest == export["sha256"] and first.headers["etag"] == f'"sha256:{digest}"'
     report = client.get(f"/v1/jobs/{job_id}/report").json()
-    assert report["file_bytes"] == len(body.content)
+    assert report["file_bytes"] == len(content)
     assert report["params"] < report["params_dense"]
+    # the downloaded model, loaded by the engine, reproduces the reported validation metrics
+    manifest = client.get(f"/v1/jobs/{job_id}/checkpoints/{export['id']}/manifest").json()
+    folder = workdir / "download"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(content)
+    (folder / "manifest.json").write_text(json.dumps(manifest["manifest"]))
+    model, _ = load_compressed(folder)
+    engine_config = client.get(f"/v1/jobs/{job_id}").json()["spec"]
+    measured = _evaluate(model, to_engine(JobCreate.model_validate(engine_config)), workdir)
+    assert measured["accuracy"] == pytest.approx(report["metrics"]["accuracy"], abs=1e-9)
+    assert measured["loss"] == pytest.approx(report["metrics"]["loss"], rel=1e-5)
+
+
+def _evaluate(model, engine_config: dict, workdir: Path) -> dict[str, float]:
+    """Validation metrics of ``model`` on the job's validation data, with engine functions."""
+    cfg = JobConfig.from_dict(engine_config)
+    data = build_data(cfg.data, arch=cfg.model.arch, batch_size=cfg.training.batch_size,
+                      seed=cfg.training.seed, workdir=workdir / "eval")  # fmt: skip
+    workload, sums = get_workload(cfg.model.arch), {}
+    with torch.no_grad():
+        for batch in data.valid.batches(0):
+            for k, v in workload.forward_loss(model, batch).sums.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+    return workload.summarize(sums)
 
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
@@ -134,7 +172,7 @@ def test_embedded_comera_up_runs_a_job_end_to_end(tmp_path):
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
             _wait(lambda: _ready(client) or proc.poll() is not None, 120, "comera up")
             assert proc.poll() is None, log.read_text()
-            _run_job_and_check(client, [log])
+            _run_job_and_check(client, [log], tmp_path)
     finally:
         _stop([proc])
     assert (tmp_path / "home" / "comera.db").exists()
@@ -154,6 +192,6 @@ def test_distributed_api_and_worker_on_postgres_and_redis(tmp_path):
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
                 _wait(lambda: _ready(client), 120, "the API")
-                _run_job_and_check(client, logs)
+                _run_job_and_check(client, logs, tmp_path)
         finally:
             _stop(procs)
