@@ -107,13 +107,21 @@ def _stop(procs: list[subprocess.Popen], grace: float = 60.0) -> None:
 
 
 @app.command()
-def api(home: HomeOpt = None, host: str = "127.0.0.1", port: int = 8000) -> None:
+def api(home: HomeOpt = None, host: str = "127.0.0.1", port: int = 8000,
+        workers: Annotated[int, typer.Option(min=1, max=64, help="server processes")] = 1,
+        access_log: bool = True) -> None:  # fmt: skip
     """Serve only the API (deployments run workers separately)."""
     import uvicorn
 
-    from service.main import create_app
+    settings = _settings(home)
+    if workers == 1:
+        from service.main import create_app
 
-    uvicorn.run(create_app(_settings(home)), host=host, port=port)
+        uvicorn.run(create_app(settings), host=host, port=port, access_log=access_log)
+        return
+    os.environ.update(_env(settings))  # each server process reads the same settings
+    uvicorn.run("service.main:create_app", factory=True, host=host, port=port,
+                workers=workers, access_log=access_log)  # fmt: skip
 
 
 @app.command()

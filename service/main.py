@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio.to_thread
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from sqlalchemy import Engine
@@ -60,7 +61,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = make_engine(settings.db_url)
+        engine = make_engine(settings.db_url, pool_size=settings.db_pool_size,
+                             max_overflow=settings.db_max_overflow)  # fmt: skip
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.api_threads
         try:
             _check_schema(engine)
             settings.ensure_dirs()

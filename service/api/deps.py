@@ -50,8 +50,14 @@ SessionDep = Annotated[Session, Depends(get_session)]
 
 
 def get_tenant(session: SessionDep) -> Tenant:
-    """The caller's tenant (issue 6: from the API key; for now always ``default``)."""
-    return get_or_create_tenant(session=session, name=DEFAULT_TENANT)
+    """The caller's tenant (issue 6: from the API key; for now always ``default``).
+
+    Ends its transaction (objects stay loaded: ``expire_on_commit=False``) so that no pooled
+    connection is held while the request waits for a thread to run its handler: with more
+    requests in flight than connections, holding it there deadlocks the pool."""
+    tenant = get_or_create_tenant(session=session, name=DEFAULT_TENANT)
+    session.commit()
+    return tenant
 
 
 TenantDep = Annotated[Tenant, Depends(get_tenant)]
@@ -61,6 +67,7 @@ def get_tenant_job(job_id: Annotated[str, Path(max_length=64)], session: Session
                    tenant: TenantDep) -> Job:  # fmt: skip
     """The job named in the path; another tenant's job is a 404 too (b.6)."""
     job = get_job(session=session, job_id=job_id, tenant_id=tenant.id)
+    session.commit()  # as in get_tenant: no connection held between dependency and handler
     if job is None:
         raise HTTPException(404, "Job not found.")
     return job

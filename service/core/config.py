@@ -27,6 +27,11 @@ class Settings(BaseSettings):
     artifact_dir: Path | None = None  # default: {home}/artifacts
     data_root: Path | None = None  # default: {home}/data; server-side dataset paths live here
     queue: str = "gpu.any"
+    # the API runs sync handlers on a pool of threads; its database pool is as large, so a
+    # thread never waits for a connection (each API process: threads <= pool + overflow)
+    api_threads: int = Field(default=32, ge=1, le=256)
+    db_pool_size: int = Field(default=16, ge=1, le=256)
+    db_max_overflow: int = Field(default=16, ge=0, le=256)
     # limits (bad input gets a 4xx, never a worker that runs out of memory)
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
     max_upload_bytes: int = Field(default=2 << 30, ge=1024)
@@ -55,6 +60,13 @@ class Settings(BaseSettings):
             raise ValueError("COMERA_BROKER_URL must be redis://, sqla+<database url>, "
                              "filesystem:// or memory://")  # fmt: skip
         return v
+
+    @model_validator(mode="after")
+    def _pool_covers_threads(self) -> Settings:
+        if self.db_pool_size + self.db_max_overflow < self.api_threads:
+            raise ValueError("COMERA_DB_POOL_SIZE + COMERA_DB_MAX_OVERFLOW must be at least "
+                             "COMERA_API_THREADS")  # fmt: skip
+        return self
 
     @model_validator(mode="after")
     def _lease_outlives_heartbeat(self) -> Settings:

@@ -24,7 +24,8 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001 (DB-API connec
     cur.close()
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, *, pool_size: int = 5, max_overflow: int = 10) -> Engine:
+    """An engine for ``url``; the pool sizes apply to PostgreSQL (SQLite opens per thread)."""
     if url.startswith("sqlite"):
         args = {"check_same_thread": False, "timeout": 30}
         engine = create_engine(url, pool_pre_ping=True, connect_args=args)
@@ -32,7 +33,9 @@ def make_engine(url: str) -> Engine:
         return engine
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
-    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+    return create_engine(
+        url, pool_pre_ping=True, pool_size=pool_size, max_overflow=max_overflow, pool_timeout=10
+    )
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

@@ -91,9 +91,11 @@ def submit_job(
     Checked first: the body, dataset references, the engine translation and the model build
     (the planner; skipped if unavailable). A broker outage still gives 202, with
     ``enqueue_pending`` set: the reaper sends the job later."""
-    engine_job = prepare(session=session, settings=settings, tenant_id=tenant.id, spec=spec)
+    tenant_id = tenant.id
+    engine_job = prepare(session=session, settings=settings, tenant_id=tenant_id, spec=spec)
+    session.rollback()  # hand the connection back to the pool while the planner works
     plan(planner, engine_job, required=False)
-    job = submit(session=session, settings=settings, tenant_id=tenant.id, spec=spec,
+    job = submit(session=session, settings=settings, tenant_id=tenant_id, spec=spec,
                  engine_job=engine_job, enqueue=enqueue)  # fmt: skip
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     response.headers["ETag"] = job_etag(job.version, job.updated_at)
@@ -108,6 +110,7 @@ def validate_job(spec: JobCreate, session: SessionDep, settings: SettingsDep, te
     parameters x 16 bytes (fp32 weight, gradient, two Adam moments) plus an activation
     estimate; total steps when known). Nothing is stored or queued."""
     engine_job = prepare(session=session, settings=settings, tenant_id=tenant.id, spec=spec)
+    session.rollback()  # no connection held while the planner works
     return dry_run(spec, plan(planner, engine_job, required=True) or {})
 
 
