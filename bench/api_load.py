@@ -184,7 +184,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=200)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--rate", type=float, default=None, help="open-loop GET rate (req/s)")
-    ap.add_argument("--server-workers", type=int, default=2, help="API processes")
+    ap.add_argument("--server-workers", type=int, default=1, help="API processes")
     args = ap.parse_args()
 
     name = f"comera_bench_{uuid.uuid4().hex[:8]}"

@@ -69,6 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.ensure_dirs()
             app.state.engine = engine
             app.state.sessionmaker = make_sessionmaker(engine)
+            app.state.tenant_cache = {}
             yield
         finally:
             engine.dispose()

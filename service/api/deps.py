@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import Annotated, Any
 
+import anyio.to_thread
 from fastapi import Depends, HTTPException, Path, Request
 from sqlalchemy.orm import Session
 
@@ -41,22 +42,36 @@ def get_settings(request: Request) -> Settings:
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
-def get_session(request: Request) -> Iterator[Session]:
-    with request.app.state.sessionmaker() as session:
+async def get_session(request: Request) -> AsyncIterator[Session]:
+    """A session per request. Creating one does no I/O, so this runs on the event loop
+    (a sync dependency would cost a hop through the thread pool on every request)."""
+    session = request.app.state.sessionmaker()
+    try:
         yield session
+    finally:
+        session.close()  # returns the connection, if one was checked out
 
 
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
-def get_tenant(session: SessionDep) -> Tenant:
+def _load_tenant(request: Request, name: str) -> Tenant:
+    with request.app.state.sessionmaker() as session:
+        tenant = get_or_create_tenant(session=session, name=name)
+        session.expunge(tenant)  # detached, its columns loaded: safe to share
+        return tenant
+
+
+async def get_tenant(request: Request) -> Tenant:
     """The caller's tenant (issue 6: from the API key; for now always ``default``).
 
-    Ends its transaction (objects stay loaded: ``expire_on_commit=False``) so that no pooled
-    connection is held while the request waits for a thread to run its handler: with more
-    requests in flight than connections, holding it there deadlocks the pool."""
-    tenant = get_or_create_tenant(session=session, name=DEFAULT_TENANT)
-    session.commit()
+    Looked up once per process and cached (tenants are never renamed or removed while the
+    API runs), so a request pays neither a query nor a thread-pool hop for it."""
+    cache: dict[str, Tenant] = request.app.state.tenant_cache
+    tenant = cache.get(DEFAULT_TENANT)
+    if tenant is None:
+        tenant = await anyio.to_thread.run_sync(_load_tenant, request, DEFAULT_TENANT)
+        cache[DEFAULT_TENANT] = tenant
     return tenant
 
 
@@ -67,7 +82,10 @@ def get_tenant_job(job_id: Annotated[str, Path(max_length=64)], session: Session
                    tenant: TenantDep) -> Job:  # fmt: skip
     """The job named in the path; another tenant's job is a 404 too (b.6)."""
     job = get_job(session=session, job_id=job_id, tenant_id=tenant.id)
-    session.commit()  # as in get_tenant: no connection held between dependency and handler
+    # end the transaction (``expire_on_commit=False`` keeps the job loaded): no pooled
+    # connection is held while the request waits for a thread to run its handler; with more
+    # requests in flight than connections, holding it there deadlocks the pool
+    session.commit()
     if job is None:
         raise HTTPException(404, "Job not found.")
     return job
