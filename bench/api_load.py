@@ -1,6 +1,6 @@
 """API load: ``GET /v1/jobs/{id}`` and ``POST /v1/jobs`` against PostgreSQL, 100 clients.
 
-    python -m bench.api_load [--clients 100] [--jobs 200] [--seconds 10] [--server-workers 2]
+    python -m bench.api_load [--clients 100] [--jobs 200] [--seconds 10] [--server-workers 1]
 
 Starts the API (``comera api``) in its own process(es) on a fresh, migrated PostgreSQL
 database (127.0.0.1:5432) with a Redis broker (127.0.0.1:6379, a queue no worker reads), then
