@@ -125,10 +125,17 @@ def api(home: HomeOpt = None, host: str = "127.0.0.1", port: int = 8000,
 
 
 @app.command()
-def worker(home: HomeOpt = None, hostname: str = "gpu0@%h") -> None:
-    """Run one Celery worker for one GPU (set CUDA_VISIBLE_DEVICES for the GPU it owns)."""
+def worker(home: HomeOpt = None, hostname: str | None = None,
+           gpu: Annotated[int | None, typer.Option(min=0, help="pin to this GPU")] = None,
+           ) -> None:  # fmt: skip
+    """Run one Celery worker: one job at a time, on one GPU (``--gpu i`` sets
+    ``CUDA_VISIBLE_DEVICES=i`` and the node name ``gpu<i>@host``)."""
     settings = _settings(home)
-    os.execve(sys.executable, worker_command(settings, hostname=hostname), _env(settings))
+    env = _env(settings)
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    name = hostname or f"gpu{0 if gpu is None else gpu}@%h"
+    os.execve(sys.executable, worker_command(settings, hostname=name), env)
 
 
 if __name__ == "__main__":
