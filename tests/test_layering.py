@@ -53,3 +53,43 @@ def test_api_schemas_depend_only_on_pydantic():
         if extra:
             offenders[str(path.relative_to(ROOT))] = sorted(extra)
     assert not offenders, offenders
+
+
+CLIENT_ALLOWED = {"client", "httpx", "api_schemas", "typer", "rich"}
+CLIENT_FORBIDDEN = ("torch", "engine", "service", "worker", "sqlalchemy", "fastapi", "celery")
+
+
+def _module_level_imports(path: Path) -> set[str]:
+    """Imports that run when the module loads (not those inside functions or classes)."""
+    names: set[str] = set()
+    todo = list(ast.parse(path.read_text(), filename=str(path)).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+        elif isinstance(node, ast.If | ast.Try | ast.With):
+            todo.extend(ast.iter_child_nodes(node))
+        elif isinstance(node, ast.ExceptHandler):
+            todo.extend(node.body)
+    return names
+
+
+def test_client_depends_only_on_httpx_api_schemas_typer_and_rich():
+    """The client installs without torch or the server: its modules import only these at load
+    time (``comera run`` and the server commands import the engine or service when run)."""
+    import subprocess
+
+    offenders = {}
+    for path in sorted((ROOT / "client").rglob("*.py")):
+        extra = _module_level_imports(path) - CLIENT_ALLOWED - set(sys.stdlib_module_names)
+        if extra:
+            offenders[str(path.relative_to(ROOT))] = sorted(extra)
+    assert not offenders, f"client must depend only on {sorted(CLIENT_ALLOWED)}: {offenders}"
+    modules = ", ".join(f"client.{p.stem}" for p in sorted((ROOT / "client").glob("[!_]*.py")))
+    probe = (f"import sys, client, {modules}; "
+             f"print(sorted(m for m in {CLIENT_FORBIDDEN!r} if m in sys.modules))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60, check=True)  # fmt: skip
+    assert done.stdout.strip() == "[]", f"importing the client loaded {done.stdout.strip()}"

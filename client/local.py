@@ -1,0 +1,73 @@
+"""``comera run``: one job spec trained in this process, without a server.
+
+The spec is the service's (``api_schemas.JobCreate``), translated by the same function the
+worker uses (``service.spec.to_engine``) and run by the engine's one-job runner, so a spec
+that works here works when submitted. The engine, torch and ``service.spec`` are imported
+when ``run_spec`` is called, so the client package stays importable without them.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from api_schemas import JobCreate
+
+__all__ = ["run_spec"]
+
+
+def _pointer(loc: tuple[Any, ...]) -> str:
+    return "".join(f"/{p}" for p in loc if p not in ("function-after", "function-before"))
+
+
+def _fail(console: Console, lines: list[str]) -> int:
+    console.print("[red]error:[/] invalid job spec", highlight=False)
+    for line in lines:
+        console.print(f"  {line}", highlight=False, markup=False)
+    return 2
+
+
+def run_spec(body: dict[str, Any], out: Path, *, data_root: Path = Path("."),
+             console: Console | None = None) -> int:  # fmt: skip
+    """Train ``body`` into ``out``; returns the exit status (0 completed, 1 not, 2 bad spec)."""
+    import torch
+    from pydantic import ValidationError
+
+    from engine.train import ConfigError, JobConfig
+    from engine.train.cli import run_job
+    from service.spec import SpecError, to_engine
+
+    console = console or Console(stderr=True)
+    try:
+        spec = JobCreate.model_validate(body)
+    except ValidationError as err:
+        return _fail(console, [f"{_pointer(e['loc']) or '(body)'}: {e['msg']}"
+                               for e in err.errors()])  # fmt: skip
+    ds = spec.dataset
+    if ds.source == "upload":
+        return _fail(console, ["/dataset/source: uploaded datasets live on a server; use "
+                               "'path' (relative to --data-root) or 'synthetic'"])  # fmt: skip
+    train = str(data_root / ds.path) if ds.path else None
+    valid = str(data_root / ds.valid_path) if ds.valid_path else None
+    wanted = spec.training.device
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if wanted == "auto" else wanted
+    try:
+        job = JobConfig.from_dict(to_engine(spec, train_path=train, valid_path=valid,
+                                            device=device))  # fmt: skip
+    except SpecError as err:
+        return _fail(console, [str(err)])
+    except ConfigError as err:
+        return _fail(console, [f"engine config: {err}"])
+    console.print(f"running {spec.name} on {device} into {out}", highlight=False)
+    report = run_job(job, out, progress=sys.stderr.isatty())
+    status = report.get("status")
+    ratio = (report.get("compression") or {}).get("tensorized_ratio")
+    export = report.get("export") or {}
+    console.print(f"{status}: {report.get('steps')} steps in {report.get('wall_seconds')} s; "
+                  f"tensorized ratio {ratio if ratio is None else f'x{ratio:.2f}'}; model "
+                  f"{export.get('path', '-')} ({export.get('bytes', '-')} bytes); "
+                  f"report {out / 'report.json'}", highlight=False)  # fmt: skip
+    return 0 if status == "completed" else 1

@@ -1,0 +1,138 @@
+"""Rich renderings of the service's wire types for the ``comera`` command line.
+
+Pure functions from ``api_schemas`` models to rich tables, so the commands stay short and the
+layout is in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+
+from api_schemas import CompressionReport, JobPublic, ValidationReport
+
+__all__ = ["fmt_modes", "fmt_ratio", "job_summary", "job_table", "jobs_table", "plan_table",
+           "report_tables"]  # fmt: skip
+
+STATE_STYLE = {"SUCCEEDED": "green", "FAILED": "red", "CANCELLED": "yellow",
+               "CANCELLING": "yellow", "RUNNING": "cyan", "STARTING": "cyan",
+               "QUEUED": "blue"}  # fmt: skip
+
+
+def fmt_ratio(ratio: float | None) -> str:
+    return "-" if ratio is None else f"x{ratio:.2f}"
+
+
+def fmt_modes(modes: dict[str, Any] | list[Any] | None) -> str:
+    """``{"in": [8, 8], "out": [4, 16]}`` -> ``in 8x8, out 4x16``."""
+    if modes is None:
+        return "-"
+    if isinstance(modes, list):
+        return "x".join(map(str, modes))
+    return ", ".join(f"{k} {'x'.join(map(str, v)) if isinstance(v, list) else v}"
+                     for k, v in modes.items())  # fmt: skip
+
+
+def _state(state: str) -> str:
+    return f"[{STATE_STYLE.get(state, 'white')}]{state}[/]"
+
+
+def _metrics(values: dict[str, float]) -> str:
+    return "  ".join(f"{k} {v:.4g}" for k, v in sorted(values.items()) if "/" not in k) or "-"
+
+
+def _int(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else "-"
+
+
+def _step(job: JobPublic) -> str:
+    p = job.progress
+    return f"{p.step}/{p.total_steps if p.total_steps is not None else '?'}"
+
+
+def job_summary(job: JobPublic) -> str:
+    """One line: id, state, step, loss and ratio (the end of ``comera watch``)."""
+    loss = job.latest_metrics.get("loss")
+    parts = [job.id, _state(job.state), f"step {_step(job)}"]
+    if loss is not None:
+        parts.append(f"loss {loss:.4f}")
+    parts.append(f"ratio {fmt_ratio(job.compression.get('current_ratio'))}")
+    return "  ".join(parts)
+
+
+def job_table(job: JobPublic) -> Table:
+    """``comera status``: the job's fields as a two-column grid."""
+    t = Table.grid(padding=(0, 2))
+    t.add_column(style="bold")
+    t.add_column()
+    p, c = job.progress, job.compression
+    stage = "-" if p.stage_index is None else f"{p.stage_index + 1}/{p.stage_count} {p.stage_name}"
+    rows = [("id", job.id), ("name", job.name), ("state", _state(job.state)),
+            ("message", job.message or "-"), ("attempt", f"{job.attempt}/{job.max_attempts}"),
+            ("stage", stage), ("step", _step(job)),
+            ("metrics", _metrics(job.latest_metrics)),
+            ("ratio", f"{fmt_ratio(c.get('current_ratio'))} (params {_int(c.get('params_now'))} "
+                      f"of {_int(c.get('params_before'))})"),
+            ("labels", ", ".join(f"{k}:{v}" for k, v in job.labels.items()) or "-"),
+            ("created", job.created_at.isoformat(timespec="seconds")),
+            ("finished", job.finished_at.isoformat(timespec="seconds") if job.finished_at
+             else "-")]  # fmt: skip
+    if job.error is not None:
+        rows.append(("error", f"[red]{job.error.title}: {job.error.detail or ''}[/]"))
+    for key, value in rows:
+        t.add_row(key, str(value))
+    return t
+
+
+def jobs_table(jobs: list[JobPublic]) -> Table:
+    """``comera list``."""
+    t = Table("id", "name", "state", "step", "loss", "ratio", "created", box=None)
+    for job in jobs:
+        loss = job.latest_metrics.get("loss")
+        t.add_row(job.id, job.name, _state(job.state), _step(job),
+                  "-" if loss is None else f"{loss:.4f}",
+                  fmt_ratio(job.compression.get("current_ratio")),
+                  job.created_at.isoformat(timespec="seconds"))  # fmt: skip
+    return t
+
+
+def report_tables(report: CompressionReport) -> Group:
+    """``comera report``: one row per layer, then the totals and the metrics."""
+    title = f"compression of {report.job_id} (export {report.checkpoint_id})"
+    layers = Table("name", "kind", "modes", "ranks", "dense params", "params", "ratio",
+                   title=title)  # fmt: skip
+    for layer in report.layers:
+        ratio = "cut" if layer.ratio is None else fmt_ratio(layer.ratio)
+        layers.add_row(layer.name, layer.kind, fmt_modes(layer.modes),
+                       ",".join(map(str, layer.ranks)), f"{layer.dense_params:,}",
+                       f"{layer.params:,}", ratio)  # fmt: skip
+    totals = Table.grid(padding=(0, 2))
+    totals.add_column(style="bold")
+    totals.add_column()
+    totals.add_row("params", f"{report.params:,} of {report.params_dense:,} dense")
+    totals.add_row("tensorized layers", fmt_ratio(report.tensorized_ratio))
+    totals.add_row("whole model", fmt_ratio(report.model_ratio))
+    totals.add_row("file", f"{report.file_bytes:,} bytes vs {report.dense_bytes:,} dense "
+                           f"({fmt_ratio(report.file_ratio)})")  # fmt: skip
+    totals.add_row("metrics", _metrics(report.metrics))
+    if report.baseline:
+        totals.add_row("dense baseline", _metrics(report.baseline.get("metrics") or {}))
+    return Group(layers, totals)
+
+
+def plan_table(plan: ValidationReport) -> Group:
+    """``comera validate``: what the job would build."""
+    t = Table("name", "kind", "shape", "modes", "initial ranks", "dense params", "params",
+              title="plan")  # fmt: skip
+    for layer in plan.layers:
+        t.add_row(layer.name, layer.kind, "x".join(map(str, layer.shape)),
+                  fmt_modes(layer.modes), ",".join(map(str, layer.initial_ranks)),
+                  f"{layer.dense_params:,}", f"{layer.params:,}")  # fmt: skip
+    lines = [f"params {plan.params_before:,} -> {plan.params_after:,} "
+             f"(tensorized {fmt_ratio(plan.tensorized_ratio)}); "
+             f"memory ~{plan.estimated_memory_bytes / 2**20:.1f} MiB; "
+             f"steps {plan.total_steps or '?'}"]  # fmt: skip
+    lines += [f"[yellow]warning:[/] {w}" for w in plan.warnings]
+    return Group(t, *lines)
