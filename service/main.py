@@ -24,7 +24,7 @@ from service.core.config import Settings, get_settings
 from service.db.migrate import current_revision, head_revision
 from service.db.session import make_engine, make_sessionmaker
 from service.errors import install_error_handlers
-from service.middleware import BodyLimitMiddleware
+from service.middleware import AdmissionMiddleware, BodyLimitMiddleware, long_transfer
 from service.planner import default_planner
 from service.telemetry import RequestMetricsMiddleware, Telemetry
 
@@ -87,6 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_bytes=settings.max_body_bytes,
         exempt=lambda method, path: (method, path.rstrip("/")) == UPLOAD_ROUTE,
     )
+    app.add_middleware(AdmissionMiddleware, limit=settings.api_threads, exempt=long_transfer)
     app.add_middleware(RequestMetricsMiddleware, telemetry=app.state.telemetry)
     app.include_router(api_router)
     app.include_router(metrics_router)

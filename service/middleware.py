@@ -1,4 +1,5 @@
-"""ASGI middleware: the request body limit (b.6: bodies up to ``max_body_bytes``, 1 MiB).
+"""ASGI middleware: admission control (below) and the request body limit (b.6: bodies up to
+``max_body_bytes``, 1 MiB).
 
 A declared ``Content-Length`` over the limit is refused before anything is read. A body sent
 without one (chunked) is counted while the application reads it; past the limit the reader
@@ -8,6 +9,7 @@ dataset upload route streams to disk with its own, larger limit and is exempt.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from fastapi.responses import JSONResponse
@@ -15,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import problem_response
 
-__all__ = ["BodyLimitMiddleware"]
+__all__ = ["AdmissionMiddleware", "BodyLimitMiddleware", "long_transfer"]
 
 
 def _too_large(limit: int) -> JSONResponse:
@@ -68,3 +70,36 @@ class BodyLimitMiddleware:
                 raise
         if exceeded and not started:
             await _too_large(self.max_bytes)(scope, receive, send)
+
+
+class AdmissionMiddleware:
+    """At most ``limit`` requests inside the application at once; the rest wait here.
+
+    A request can hold a pooled database connection from its first query until its session
+    closes after the response, and in between FastAPI hops through the thread pool (the
+    handler, then response validation). With more requests in flight than connections, the
+    threads end up waiting for connections held by requests that wait for threads: the pool
+    times out. Admitting no more requests than the pool has connections rules that out; the
+    waiting costs nothing but a place in an asyncio queue. Long transfers that hold no
+    connection (event streams, file downloads, uploads) are not counted.
+    """
+
+    def __init__(self, app: ASGIApp, *, limit: int,
+                 exempt: Callable[[Scope], bool] = lambda scope: False) -> None:  # fmt: skip
+        self.app, self.exempt = app, exempt
+        self.slots = asyncio.Semaphore(limit)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.exempt(scope):
+            await self.app(scope, receive, send)
+            return
+        async with self.slots:
+            await self.app(scope, receive, send)
+
+
+def long_transfer(scope: Scope) -> bool:
+    """Event streams, checkpoint downloads and dataset uploads (see AdmissionMiddleware)."""
+    path, method = scope["path"], scope["method"]
+    accept = dict(scope["headers"]).get(b"accept", b"")
+    return (b"text/event-stream" in accept or path.endswith("/content")
+            or (method == "POST" and path.rstrip("/").endswith("/datasets")))
