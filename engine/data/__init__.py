@@ -17,28 +17,37 @@ Kinds per architecture (batch keys in :mod:`engine.models.registry`):
     dlrm         criteo          dense, sparse, labels
     mlm          text            input_ids, attention_mask, labels (-100 = not masked)
     mlp          npz             x, labels
+    hf_bert      text            input_ids, attention_mask, token_type_ids (one sentence a line)
     any          synthetic       the architecture's generator, in memory
+
+``hf_bert`` tokenizes with ``data.tokenizer`` or else the ``tokenizer.json`` of the model
+directory (``model_config["path"]``, passed by the trainer).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from engine.data.arrays import build_npz_data
 from engine.data.config import DataConfig
 from engine.data.criteo import build_criteo_data
 from engine.data.errors import DataError
 from engine.data.lines import build_mlm_data, read_text
+from engine.data.sentences import build_sentence_data
 from engine.data.source import BatchSource, DataBundle, StreamSource
 from engine.data.synthetic import SyntheticFiles, build_synthetic_data, write_synthetic
 from engine.data.text import build_pair_data, read_pairs
 
 __all__ = ["DataConfig", "DataBundle", "BatchSource", "StreamSource", "DataError", "build_data",
-           "write_synthetic", "SyntheticFiles", "ARCHS", "ARCH_OF_KIND"]  # fmt: skip
+           "write_synthetic", "SyntheticFiles", "ARCHS", "ARCH_OF_KIND",
+           "OTHER_ARCHS_OF_KIND"]  # fmt: skip
 
-ARCHS = ("transformer", "dlrm", "mlm", "mlp")
+ARCHS = ("transformer", "dlrm", "mlm", "mlp", "hf_bert")
 ARCH_OF_KIND = {"jsonl": "transformer", "csv": "transformer", "criteo": "dlrm", "text": "mlm",
                 "npz": "mlp"}  # fmt: skip
+OTHER_ARCHS_OF_KIND = {"text": ("hf_bert",)}  # kinds that feed more than their main arch
 
 
 def _check_files(config: DataConfig) -> None:
@@ -48,27 +57,54 @@ def _check_files(config: DataConfig) -> None:
             raise ValueError(f"data.{name}: no such file {path!r}")
 
 
+def _hf_tokenizer(config: DataConfig, model_config: Mapping[str, Any] | None) -> str:
+    """``data.tokenizer``, else ``tokenizer.json`` of the model directory (``hf_bert``)."""
+    if config.tokenizer is not None:
+        return config.tokenizer
+    path = (model_config or {}).get("path")
+    if path is None:
+        raise ValueError("data.tokenizer: model.arch 'hf_bert' needs the model's tokenizer: set "
+                         "model.config.path (its tokenizer.json is used) or data.tokenizer")
+    from engine.models.hf_bert_config import check_model_dir
+
+    try:
+        return str(check_model_dir(path) / "tokenizer.json")
+    except ValueError as err:
+        raise ValueError(f"model.config.{err}") from None
+
+
 def build_data(config: DataConfig, *, arch: str, batch_size: int, seed: int,
-               workdir: str | Path | None = None) -> DataBundle:  # fmt: skip
+               workdir: str | Path | None = None,
+               model_config: Mapping[str, Any] | None = None) -> DataBundle:  # fmt: skip
     """Sources and model fields for ``arch`` from ``config``.
 
     A trained tokenizer (and inferred label list) is saved in ``workdir`` and reused from
     there when present, so a resumed job encodes exactly as before. Nothing is read here
     beyond what the setup needs: a tokenizer / label pass for text, NPZ headers and labels.
+    ``model_config`` (the job's ``model.config``) names the model directory of ``hf_bert``.
     """
     if arch not in ARCHS:
         raise ValueError(f"model.arch must be one of {list(ARCHS)} for data, got {arch!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    if config.kind != "synthetic" and ARCH_OF_KIND[config.kind] != arch:
+    if config.kind != "synthetic" and arch not in (ARCH_OF_KIND[config.kind],
+                                                   *OTHER_ARCHS_OF_KIND.get(config.kind, ())):
         raise ValueError(f"data.kind {config.kind!r} feeds model.arch "
                          f"{ARCH_OF_KIND[config.kind]!r}, not {arch!r}")
     _check_files(config)
     common = {"batch_size": batch_size, "seed": seed}
     train, valid = config.train, config.valid
     names = (train or "", valid or "")
+    tokenizer = _hf_tokenizer(config, model_config) if arch == "hf_bert" else None
     if config.kind == "synthetic":
-        bundle = build_synthetic_data(config, arch=arch, workdir=workdir, **common)
+        bundle = build_synthetic_data(config, arch=arch, workdir=workdir, tokenizer=tokenizer,
+                                      **common)
+    elif arch == "hf_bert":
+        bundle = build_sentence_data(
+            config, tokenizer=tokenizer, in_memory=False,  # type: ignore[arg-type]
+            train_lines=lambda: read_text(names[0]),
+            valid_lines=None if valid is None else (lambda: read_text(names[1])), **common,
+        )  # fmt: skip
     elif config.kind in ("jsonl", "csv"):
         bundle = build_pair_data(
             config, workdir=workdir, names=names, in_memory=False,

@@ -2,7 +2,8 @@
 
 ``kind`` picks the loader: ``"jsonl"`` / ``"csv"`` (sentence(-pair) classification),
 ``"criteo"`` (click logs, Criteo TSV), ``"text"`` (one sentence per line, masked-LM),
-``"npz"`` (arrays ``x``, ``y``) or ``"synthetic"`` (in-memory generator with known structure).
+``"npz"`` (arrays ``x``, ``y``) or ``"synthetic"`` (in-memory generator with known structure, or
+for ``hf_bert`` the ``stdlib_text`` sentences of :mod:`engine.data.stdlib_text`).
 Only the fields of the chosen kind matter; the others keep their defaults.
 
 Validation split: ``valid`` names an explicit file; otherwise ``valid_every = k >= 2`` sends
@@ -30,7 +31,7 @@ __all__ = ["DataConfig", "KINDS", "FILE_KINDS", "GENERATORS", "N_CATEGORICAL", "
 CONFIG_VERSION = 1
 FILE_KINDS = ("jsonl", "csv", "criteo", "text", "npz")
 KINDS = ("synthetic", *FILE_KINDS)
-GENERATORS = ("nli", "criteo", "mlm", "mlp")
+GENERATORS = ("nli", "criteo", "mlm", "mlp", "stdlib_text")
 N_CATEGORICAL = 26  # Criteo: 26 hashed categorical features (and 13 integer ones)
 
 

@@ -6,6 +6,7 @@ One generator per architecture (``data.generator``, default the architecture's o
     criteo  dlrm          Criteo-format clicks from a logistic model over hidden effects
     mlm     mlm           Markov-chain sentences (masked words predictable from neighbours)
     mlp     mlp           Gaussian clusters
+    stdlib_text  hf_bert  English sentences from the standard library's docstrings
 
 (structure and oracle figures: :mod:`engine.data.synthetic_text`,
 :mod:`engine.data.synthetic_tabular`). The data set is a pure function of
@@ -30,7 +31,9 @@ from engine.data.arrays import build_array_data
 from engine.data.config import DataConfig, params_from_dict
 from engine.data.criteo import collate_criteo, dlrm_overrides, parse_criteo
 from engine.data.lines import build_mlm_data
+from engine.data.sentences import build_sentence_data
 from engine.data.source import DataBundle, train_valid_sources
+from engine.data.stdlib_text import StdlibTextParams, generate_stdlib_text
 from engine.data.synthetic_tabular import (
     CriteoParams,
     MLPParams,
@@ -44,11 +47,13 @@ from engine.data.text import build_pair_data
 __all__ = ["GENERATOR_OF_ARCH", "PARAMS", "SyntheticFiles", "parse_params", "build_synthetic_data",
            "write_synthetic"]  # fmt: skip
 
-GENERATOR_OF_ARCH = {"transformer": "nli", "dlrm": "criteo", "mlm": "mlm", "mlp": "mlp"}
+GENERATOR_OF_ARCH = {"transformer": "nli", "dlrm": "criteo", "mlm": "mlm", "mlp": "mlp",
+                     "hf_bert": "stdlib_text"}  # fmt: skip
 ARCH_OF_GENERATOR = {g: a for a, g in GENERATOR_OF_ARCH.items()}
 PARAMS: dict[str, type] = {"nli": NLIParams, "criteo": CriteoParams, "mlm": MLMParams,
-                           "mlp": MLPParams}  # fmt: skip
-FILE_KIND = {"nli": "jsonl", "criteo": "criteo", "mlm": "text", "mlp": "npz"}
+                           "mlp": MLPParams, "stdlib_text": StdlibTextParams}  # fmt: skip
+FILE_KIND = {"nli": "jsonl", "criteo": "criteo", "mlm": "text", "mlp": "npz",
+             "stdlib_text": "text"}  # fmt: skip
 SUFFIX = {"jsonl": ".jsonl", "csv": ".csv", "criteo": ".tsv", "text": ".txt", "npz": ".npz"}
 
 
@@ -68,8 +73,10 @@ def _generator(cfg: DataConfig, arch: str) -> str:
 
 
 def build_synthetic_data(cfg: DataConfig, *, arch: str, batch_size: int, seed: int,
-                         workdir: str | Path | None) -> DataBundle:  # fmt: skip
-    """In-memory sources for ``cfg.generator`` (every epoch a full random permutation)."""
+                         workdir: str | Path | None,
+                         tokenizer: str | None = None) -> DataBundle:  # fmt: skip
+    """In-memory sources for ``cfg.generator`` (every epoch a full random permutation);
+    ``tokenizer`` is the tokenizer.json of ``stdlib_text`` sentences (``hf_bert``)."""
     gen = _generator(cfg, arch)
     params = parse_params(gen, cfg.params)
     nt, n = cfg.n_train, cfg.n_train + cfg.n_valid
@@ -91,6 +98,16 @@ def build_synthetic_data(cfg: DataConfig, *, arch: str, batch_size: int, seed: i
         bundle = build_mlm_data(
             cfg, workdir=workdir, names=names, train_lines=lambda: tr_l,
             valid_lines=(lambda: va_l) if va_l else None, in_memory=True, **common,
+        )  # fmt: skip
+    elif gen == "stdlib_text":
+        if tokenizer is None:
+            raise ValueError("data.tokenizer: the stdlib_text generator needs a tokenizer.json")
+        sentences, info = generate_stdlib_text(n, cfg.synthetic_seed, params)
+        numbered = [(i + 1, s) for i, s in enumerate(sentences)]
+        tr_s, va_s = numbered[:nt], numbered[nt:]
+        bundle = build_sentence_data(
+            cfg, tokenizer=tokenizer, train_lines=lambda: tr_s,
+            valid_lines=(lambda: va_s) if va_s else None, in_memory=True, **common,
         )  # fmt: skip
     elif gen == "criteo":
         raw, info = generate_criteo(n, cfg.synthetic_seed, params)
@@ -170,8 +187,9 @@ def write_synthetic(generator: str, directory: str | Path, *, n_train: int, n_va
                 else:
                     f.writelines(json.dumps({"premise": a, "hypothesis": b, "label": y}) + "\n"
                                  for a, b, y in part)  # fmt: skip
-    elif generator == "mlm":
-        lines, info = generate_mlm(n, seed, p)
+    elif generator in ("mlm", "stdlib_text"):
+        make = generate_mlm if generator == "mlm" else generate_stdlib_text
+        lines, info = make(n, seed, p)
         for path, part in zip(paths, (lines[:n_train], lines[n_train:]), strict=True):
             path.write_text("".join(s + "\n" for s in part), encoding="utf-8")
     else:

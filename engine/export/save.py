@@ -157,7 +157,7 @@ def _normalized(arch: str, model_config: Any, options: Any) -> tuple[dict, dict]
     if not isinstance(model_config, Mapping):
         raise ValueError(f"model_config must be a dict, got {type(model_config).__name__}")
     cfg = workload.config_from_dict(dict(model_config))
-    config_dict = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(model_config)
+    config_dict = workload.manifest_config(cfg) if hasattr(cfg, "to_dict") else dict(model_config)
     if options is None:
         options = TensorizeOptions()
     if not isinstance(options, TensorizeOptions):

@@ -24,10 +24,9 @@ outside its module tree (no parameters, no state-dict entries), the frozen dense
 
 from __future__ import annotations
 
-import copy
 import fnmatch
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.models.hf_bert_config import BertArchitecture, HFBertConfig
+from engine.models.hf_bert_init import balance_cores_, input_gram, whiten_tt_linears_
 from engine.models.tensorize import TensorizeOptions, TensorizeReport
 from engine.models.transformer import Embeddings, EncoderBlock
 from engine.nn.tt_linear import TTLinear
@@ -44,7 +44,8 @@ from engine.nn.ttm_embedding import TTMEmbedding
 from engine.summary import SkippedLayer
 
 __all__ = ["BertEncoder", "SentenceEncoder", "mean_pool", "hf_to_engine_name",
-           "load_pretrained", "tensorize_encoder_", "build_hf_bert", "distill_loss",
+           "load_pretrained", "tensorize_encoder_", "build_hf_bert", "prepare_student_",
+           "distill_loss",
            "ENCODER_LINEARS"]  # fmt: skip
 
 ENCODER_LINEARS = ("attn.q", "attn.k", "attn.v", "attn.out", "ffn.fc1", "ffn.fc2")
@@ -86,8 +87,10 @@ class BertEncoder(nn.Module):
         if input_ids.ndim != 2:
             raise ValueError(f"input_ids must be (B, S), got shape {tuple(input_ids.shape)}")
         if input_ids.shape[1] > self.arch.max_position_embeddings:
-            raise ValueError(f"sequence length {input_ids.shape[1]} > max_position_embeddings "
-                             f"{self.arch.max_position_embeddings}")
+            raise ValueError(
+                f"sequence length {input_ids.shape[1]} > max_position_embeddings "
+                f"{self.arch.max_position_embeddings}"
+            )
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)  # (B, S)
         keep = None
@@ -153,8 +156,10 @@ def hf_to_engine_name(key: str) -> str | None:
             return f"encoder.{i}.{_LAYER_NAMES[sub]}.{_LEAF.get(leaf, leaf)}"
     if (m := _EMBED.match(key)) and m.group(1) in _EMBEDDING_NAMES:
         return f"embeddings.{_EMBEDDING_NAMES[m.group(1)]}.{_LEAF.get(m.group(2), m.group(2))}"
-    raise ValueError(f"path: model.safetensors holds {key!r}, which is not a BERT encoder "
-                     f"weight (unsupported architecture)")
+    raise ValueError(
+        f"path: model.safetensors holds {key!r}, which is not a BERT encoder "
+        f"weight (unsupported architecture)"
+    )
 
 
 def _mapped_state(weights: Mapping[str, Tensor], model: nn.Module, origin: Path) -> dict:
@@ -166,8 +171,10 @@ def _mapped_state(weights: Mapping[str, Tensor], model: nn.Module, origin: Path)
     own = model.state_dict()
     missing = sorted(set(own) - set(state))
     if missing:
-        raise ValueError(f"path: {origin} lacks weights for {missing[:6]} "
-                         f"({len(missing)} missing; does config.json match the weights?)")
+        raise ValueError(
+            f"path: {origin} lacks weights for {missing[:6]} "
+            f"({len(missing)} missing; does config.json match the weights?)"
+        )
     wrong = [f"{k}: file {tuple(state[k].shape)}, config.json {tuple(own[k].shape)}"
              for k in own if state[k].shape != own[k].shape]  # fmt: skip
     if wrong:
@@ -226,26 +233,34 @@ def tensorize_encoder_(
     candidates = _candidates(model, embeddings)
     for pattern in options.layers:
         if not any(fnmatch.fnmatchcase(n, pattern) for n, _ in candidates):
-            raise ValueError(f"layers: pattern {pattern!r} matches no tensorizable layer of "
-                             f"the BERT encoder; candidates are {[n for n, _ in candidates]}")
+            raise ValueError(
+                f"layers: pattern {pattern!r} matches no tensorizable layer of "
+                f"the BERT encoder; candidates are {[n for n, _ in candidates]}"
+            )
     done, skipped, rows = [], [], []
     common = {"gate_threshold": options.gate_threshold, "d": options.d}
     for name, dense in candidates:
         kind = "embedding" if isinstance(dense, nn.Embedding) else "linear"
         size = dense.weight.numel()
         if not options.selects(name):
-            skipped.append(SkippedLayer(name, kind, f"not selected by layers="
-                                                    f"{list(options.layers)}"))
+            skipped.append(
+                SkippedLayer(name, kind, f"not selected by layers={list(options.layers)}")
+            )
             continue
         if size < options.min_size:
-            skipped.append(SkippedLayer(name, kind, f"dense weight has {size} < min_size="
-                                                    f"{options.min_size} entries"))
+            skipped.append(
+                SkippedLayer(
+                    name, kind, f"dense weight has {size} < min_size={options.min_size} entries"
+                )
+            )
             continue
         try:
             layer = _convert(dense, options, common, from_weights)
         except ValueError as err:
             raise ValueError(f"cannot tensorize {name!r}: {err}") from err
         if from_weights:
+            if isinstance(layer, TTLinear):
+                balance_cores_(layer)  # same product; even core norms for one Adam lr
             rows.append(_layer_row(name, layer, dense.weight.detach()))
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent), attr, layer)
@@ -283,8 +298,8 @@ def build_hf_bert(
     directory = config.model_dir
     if directory is not None:
         teacher = load_pretrained(directory, config.arch)
-        model.load_state_dict(teacher.state_dict(), strict=True)
-        model.set_teacher(copy.deepcopy(teacher))
+        model.load_state_dict(teacher.state_dict(), strict=True)  # copies: nothing shared
+        model.set_teacher(teacher)
     if not tensorized:
         model.tensorize_report = TensorizeReport()
         model.conversion = []
@@ -292,6 +307,25 @@ def build_hf_bert(
     tensorize_encoder_(model, options, embeddings=config.tensorize_embeddings,
                        from_weights=directory is not None)  # fmt: skip
     return model
+
+
+def prepare_student_(
+    model: SentenceEncoder, batches: Iterable[Mapping[str, Tensor]], *, device: torch.device
+) -> dict[str, Any] | None:
+    """Before training, with ``init="whitened"``: redo every TT linear's TT-SVD on the
+    teacher-whitened weight (:mod:`engine.models.hf_bert_init`) over the first
+    ``calibration_sentences`` sentences of ``batches`` (the training split); returns what was
+    done (also kept as ``model.preparation``), ``None`` when there is nothing to do."""
+    teacher = model.teacher
+    names = [n for n, m in model.named_modules() if isinstance(m, TTLinear)]
+    if model.config.init != "whitened" or teacher is None or not names:
+        return None
+    n = model.config.calibration_sentences
+    grams, seen = input_gram(teacher, names, batches, sentences=n, device=device)
+    rows = whiten_tt_linears_(model, teacher, grams)
+    info = {"init": "whitened", "calibration_sentences": seen, "layers": rows}
+    model.preparation = info
+    return info
 
 
 # -- the distillation loss ------------------------------------------------------------------
@@ -304,8 +338,10 @@ def distill_loss(model: SentenceEncoder, batch: Mapping[str, Tensor]) -> tuple[T
     """
     teacher = model.teacher
     if teacher is None:
-        raise ValueError("model.config.path: distillation needs the original model (this "
-                         "encoder was built without a path, e.g. loaded from a checkpoint)")
+        raise ValueError(
+            "model.config.path: distillation needs the original model (this "
+            "encoder was built without a path, e.g. loaded from a checkpoint)"
+        )
     ids, mask = batch["input_ids"], batch["attention_mask"]  # (B, S) each
     types = batch.get("token_type_ids")
     hidden = model(ids, mask, types)  # (B, S, D)

@@ -9,9 +9,12 @@ Two frozen dataclasses:
   raises an error that names the ``config.json`` field.
 * :class:`HFBertConfig`: the job's ``model.config``: ``path`` of the directory, whether the
   word embedding becomes a TTM table, the distillation loss and its weight, the pooling, the
-  student's dropout, and ``architecture`` (filled in from ``config.json``). A model built with
-  ``path = None`` is the bare architecture (random weights): what a compressed checkpoint is
-  loaded into, so the manifest records ``architecture`` and not the path of the original.
+  student's dropout, the initialization (``tt_svd``, or ``whitened``: activation-aware TT-SVD
+  on ``calibration_sentences`` training sentences before the first step, see
+  :mod:`engine.models.hf_bert_init`), and ``architecture`` (filled in from ``config.json``).
+  A model built with ``path = None`` is the bare architecture (random weights): what a
+  compressed checkpoint is loaded into, so the manifest records ``architecture``, not the path
+  of the original.
 
 ``path`` is a directory holding ``config.json``, ``model.safetensors`` and ``tokenizer.json``,
 or ``pkg:<package>/<sub/dir>``: a directory inside an installed Python package, resolved with
@@ -32,12 +35,14 @@ from typing import Any
 
 from engine.models.transformer import TransformerConfig
 
-__all__ = ["BertArchitecture", "HFBertConfig", "DISTILL_LOSSES", "POOLINGS", "REQUIRED_FILES",
-           "resolve_model_dir", "check_model_dir", "read_architecture"]  # fmt: skip
+__all__ = ["BertArchitecture", "HFBertConfig", "DISTILL_LOSSES", "POOLINGS", "INITS",
+           "REQUIRED_FILES", "resolve_model_dir", "check_model_dir",
+           "read_architecture"]  # fmt: skip
 
 CONFIG_VERSION = 1
 DISTILL_LOSSES = ("none", "mse_hidden", "cosine_embedding")
 POOLINGS = ("mean",)
+INITS = ("tt_svd", "whitened")
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 PKG_PREFIX = "pkg:"
 
@@ -54,8 +59,10 @@ _SIZES = {
 
 
 def _int_in(value: Any, name: str, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not (
-        low <= value <= high
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Integral)
+        or not (low <= value <= high)
     ):
         raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
     return int(value)
@@ -79,8 +86,10 @@ class BertArchitecture:
         for name, high in _SIZES.values():
             _int_in(getattr(self, name), name, 1, high)
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size must be divisible by num_attention_heads, got "
-                             f"{self.hidden_size} and {self.num_attention_heads}")
+            raise ValueError(
+                f"hidden_size must be divisible by num_attention_heads, got "
+                f"{self.hidden_size} and {self.num_attention_heads}"
+            )
         eps = self.layer_norm_eps
         if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 < eps < 1:
             raise ValueError(f"layer_norm_eps must be a number in (0, 1), got {eps!r}")
@@ -91,20 +100,29 @@ class BertArchitecture:
         """Validate a parsed ``config.json``; errors start with the offending field's name."""
         if not isinstance(data, Mapping):
             raise ValueError(f"config.json must hold a JSON object, got {type(data).__name__}")
-        checks = (("model_type", "bert", None), ("hidden_act", "gelu", "gelu"),
-                  ("position_embedding_type", "absolute", "absolute"),
-                  ("is_decoder", False, False), ("add_cross_attention", False, False))
+        checks = (
+            ("model_type", "bert", None),
+            ("hidden_act", "gelu", "gelu"),
+            ("position_embedding_type", "absolute", "absolute"),
+            ("is_decoder", False, False),
+            ("add_cross_attention", False, False),
+        )
         for name, wanted, default in checks:
             value = data.get(name, default)
             if value != wanted or isinstance(value, bool) != isinstance(wanted, bool):
-                raise ValueError(f"{name} must be {json.dumps(wanted)} (this engine builds BERT "
-                                 f"encoders only), got {json.dumps(value)}")
+                raise ValueError(
+                    f"{name} must be {json.dumps(wanted)} (this engine builds BERT "
+                    f"encoders only), got {json.dumps(value)}"
+                )
         missing = [k for k in (*_SIZES, "layer_norm_eps") if k not in data]
         if missing:
             raise ValueError(f"{missing[0]} is required (missing: {missing})")
         pad = data.get("pad_token_id", 0)
-        return cls(**{ours: data[k] for k, (ours, _) in _SIZES.items()},
-                   layer_norm_eps=data["layer_norm_eps"], pad_token_id=0 if pad is None else pad)
+        return cls(
+            **{ours: data[k] for k, (ours, _) in _SIZES.items()},
+            layer_norm_eps=data["layer_norm_eps"],
+            pad_token_id=0 if pad is None else pad,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -138,7 +156,7 @@ def resolve_model_dir(path: str) -> Path:
         raise ValueError(f"path must be a non-empty string, got {path!r}")
     if not path.startswith(PKG_PREFIX):
         return Path(path).expanduser()
-    package, _, rest = path[len(PKG_PREFIX):].partition("/")
+    package, _, rest = path[len(PKG_PREFIX) :].partition("/")
     if not package or not all(p.isidentifier() for p in package.split(".")):
         raise ValueError(f"path {path!r}: expected 'pkg:<package>/<sub/dir>'")
     try:
@@ -158,8 +176,10 @@ def check_model_dir(path: str) -> Path:
         raise ValueError(f"path: {path!r} is not a directory ({directory})")
     missing = [f for f in REQUIRED_FILES if not (directory / f).is_file()]
     if missing:
-        raise ValueError(f"path: {directory} lacks {missing} (a Hugging Face BERT directory "
-                         f"holds {list(REQUIRED_FILES)})")
+        raise ValueError(
+            f"path: {directory} lacks {missing} (a Hugging Face BERT directory "
+            f"holds {list(REQUIRED_FILES)})"
+        )
     return directory
 
 
@@ -187,6 +207,8 @@ class HFBertConfig:
     distill_weight: float = 1.0
     pooling: str = "mean"
     dropout: float = 0.0  # student dropout while training (the teacher never drops)
+    init: str = "whitened"  # "tt_svd", or "whitened": activation-aware (before training)
+    calibration_sentences: int = 256  # training sentences the whitened init looks at
     architecture: BertArchitecture | None = None  # None: read from path/config.json
     version: int = CONFIG_VERSION
 
@@ -194,15 +216,18 @@ class HFBertConfig:
         if self.version != CONFIG_VERSION:
             raise ValueError(f"version must be {CONFIG_VERSION}, got {self.version!r}")
         if not isinstance(self.tensorize_embeddings, bool):
-            raise ValueError(f"tensorize_embeddings must be true or false, got "
-                             f"{self.tensorize_embeddings!r}")
+            raise ValueError(
+                f"tensorize_embeddings must be true or false, got {self.tensorize_embeddings!r}"
+            )
         if self.distill not in DISTILL_LOSSES:
-            raise ValueError(f"distill must be one of {list(DISTILL_LOSSES)}, got "
-                             f"{self.distill!r}")
+            raise ValueError(f"distill must be one of {list(DISTILL_LOSSES)}, got {self.distill!r}")
         for name, high in (("distill_weight", 1e6), ("dropout", 0.999)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v <= high:
                 raise ValueError(f"{name} must be a number in [0, {high}], got {v!r}")
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {list(INITS)}, got {self.init!r}")
+        _int_in(self.calibration_sentences, "calibration_sentences", 1, 1_000_000)
         if self.pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {list(POOLINGS)}, got {self.pooling!r}")
         arch = self.architecture
@@ -211,19 +236,23 @@ class HFBertConfig:
                 arch = BertArchitecture.from_dict(arch)
             except ValueError as err:
                 msg = str(err)
-                raise ValueError(msg if msg.startswith("architecture") else
-                                 f"architecture.{msg}") from None
+                raise ValueError(
+                    msg if msg.startswith("architecture") else f"architecture.{msg}"
+                ) from None
         if arch is not None and not isinstance(arch, BertArchitecture):
             raise ValueError(f"architecture must be a mapping or null, got {arch!r}")
         if self.path is not None:
             found = read_architecture(check_model_dir(self.path))
             if arch is not None and arch != found:
-                raise ValueError(f"architecture: {arch.to_dict()} does not match {self.path}'s "
-                                 f"config.json {found.to_dict()}")
+                raise ValueError(
+                    f"architecture: {arch.to_dict()} does not match {self.path}'s "
+                    f"config.json {found.to_dict()}"
+                )
             arch = found
         if arch is None:
-            raise ValueError("path is required (or, to rebuild a compressed checkpoint, "
-                             "architecture)")
+            raise ValueError(
+                "path is required (or, to rebuild a compressed checkpoint, architecture)"
+            )
         object.__setattr__(self, "architecture", arch)
 
     @property

@@ -16,6 +16,9 @@ Batches per architecture:
 * ``mlm``: ``input_ids`` (B, S) long, ``attention_mask`` (B, S) bool, ``labels`` (B, S) long,
   ``-100`` where no loss is taken (optional ``token_type_ids``).
 * ``mlp``: ``x`` (B, in_features) float, ``labels`` (B,) long.
+* ``hf_bert``: ``input_ids`` (B, S) long, ``attention_mask`` (B, S) bool, optional
+  ``token_type_ids`` (B, S) long; no labels: the loss is distillation from the original model
+  (:func:`engine.models.hf_bert.distill_loss`), the metric the student/teacher ``cosine``.
 
 Tensorization options (:class:`~engine.models.tensorize.TensorizeOptions`, the job's
 ``compression`` section) reach every builder in full; ``shapes="paper"`` exists only for the
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -35,6 +38,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.models.dlrm import DLRMConfig, build_dlrm
+from engine.models.hf_bert import build_hf_bert, distill_loss, prepare_student_
+from engine.models.hf_bert_config import HFBertConfig
 from engine.models.mlm import IGNORE_INDEX, MLMConfig, build_mlm, masked_lm_loss
 from engine.models.mlp import MLPConfig, build_mlp
 from engine.models.tensorize import TensorizeOptions
@@ -167,6 +172,16 @@ class Workload:
 
     def forward_loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> StepOutput:
         raise NotImplementedError
+
+    def manifest_config(self, config: Any) -> dict[str, Any]:
+        """The ``model_config`` an export records: what rebuilds the architecture."""
+        return self._config(config).to_dict()
+
+    def prepare(self, model: nn.Module, batches: Iterable[Mapping[str, Tensor]], *,
+                device: torch.device) -> dict[str, Any] | None:  # fmt: skip
+        """Data-dependent set-up of a freshly built model before its first step (the trainer
+        passes the training batches of epoch 0; not called on resume). Default: nothing."""
+        return None
 
     def summarize(self, sums: Mapping[str, float]) -> dict[str, float]:
         """Reported metrics from accumulated sums: mean ``loss`` and ``accuracy``."""
@@ -307,8 +322,50 @@ class MLPWorkload(Workload):
         return classification_output(model(batch["x"]), batch["labels"])  # (B, C) logits
 
 
+class HFBertWorkload(Workload):
+    """A pretrained BERT encoder compressed from TT-SVD and distilled from the original."""
+
+    name = "hf_bert"
+    config_cls = HFBertConfig
+    batch_keys = ("input_ids", "attention_mask", "token_type_ids")
+
+    def _build(self, config: Any, tensorized: bool, options: TensorizeOptions) -> nn.Module:
+        return build_hf_bert(config, tensorized=tensorized, options=options)
+
+    def _example(self, config, b, g, seq_len):
+        arch = config.arch
+        s = min(arch.max_position_embeddings, 16) if seq_len is None else seq_len
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral) or not (
+            1 <= s <= arch.max_position_embeddings
+        ):
+            raise ValueError(f"seq_len must be an integer in [1, "
+                             f"{arch.max_position_embeddings}], got {s!r}")
+        ids = torch.randint(0, arch.vocab_size, (b, s), generator=g)  # (B, S)
+        mask = torch.arange(s) < _lengths(b, s, g)[:, None]  # (B, S)
+        return {"input_ids": ids, "attention_mask": mask,
+                "token_type_ids": torch.zeros_like(ids)}  # fmt: skip
+
+    def forward_loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> StepOutput:
+        loss, sums = distill_loss(model, batch)  # type: ignore[arg-type]
+        return StepOutput(loss, sums)
+
+    def prepare(self, model, batches, *, device):
+        """``init="whitened"``: activation-aware TT-SVD on training sentences."""
+        return prepare_student_(model, batches, device=device)
+
+    def manifest_config(self, config: Any) -> dict[str, Any]:
+        """Without ``path``: a checkpoint rebuilds from ``architecture``, not the original."""
+        return self._config(config).portable_dict()
+
+    def summarize(self, sums: Mapping[str, float]) -> dict[str, float]:
+        """``loss`` and ``cosine``: mean student / teacher sentence-embedding cosine."""
+        n = max(sums.get("count", 0.0), 1.0)
+        return {"loss": sums.get("loss_sum", 0.0) / n, "cosine": sums.get("cosine_sum", 0.0) / n}
+
+
 WORKLOADS: dict[str, Workload] = {
-    w.name: w for w in (TransformerWorkload(), DLRMWorkload(), MLMWorkload(), MLPWorkload())
+    w.name: w for w in (TransformerWorkload(), DLRMWorkload(), MLMWorkload(), MLPWorkload(),
+                        HFBertWorkload())
 }
 
 

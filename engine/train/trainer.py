@@ -97,7 +97,8 @@ class Trainer:
         torch.manual_seed(job.training.seed)
         self.workload = get_workload(job.model.arch)
         self.data = build_data(job.data, arch=job.model.arch, batch_size=job.training.batch_size,
-                               seed=job.training.seed, workdir=self.workdir)
+                               seed=job.training.seed, workdir=self.workdir,
+                               model_config=job.model.config)
         self.model_config = job.model_config(self.data.model_overrides)
         opts = job.compression.options
         try:
@@ -108,6 +109,8 @@ class Trainer:
         if job.tensorized and not tensorized_layers(self.model):
             raise ConfigError("compression.layers", f"no layer of the {job.model.arch!r} "
                               f"model matches {list(opts.layers)}: nothing to compress")
+        if resume is None:  # data-dependent init (hf_bert: whitened TT-SVD); resume restores
+            self.workload.prepare(self.model, self.data.train.batches(0), device=self.device)
         self.names = {p: n for n, p in self.model.named_parameters()}
         self.optimizer = build_optimizer(
             self.model, job.method, job.schedule[0].lr, options=opts,

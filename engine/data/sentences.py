@@ -1,0 +1,96 @@
+"""Single sentences for the ``hf_bert`` workload, tokenized by the model's own tokenizer.json.
+
+Every non-blank line is one example (blank lines are skipped). A batch is encoded with the
+tokenizer as it comes (its normalizer, WordPiece model and post-processor, so a BERT
+``tokenizer.json`` adds ``[CLS]`` / ``[SEP]``), truncated to ``data.max_len`` tokens, and
+right-padded to the longest row of the batch (or to ``max_len`` with ``pad_to_max_len``).
+The pad id is the tokenizer's configured padding id, else ``[PAD]``, else 0; padded positions
+are masked out, so their value never matters.
+
+Batches (contract ``hf_bert``): ``input_ids`` (B, S) long, ``attention_mask`` (B, S) bool,
+``token_type_ids`` (B, S) long (the tokenizer's type ids, 0 for a single sentence).
+
+The tokenizer is ``data.tokenizer`` when given, else ``tokenizer.json`` of the model
+directory (``model.config.path``): the text is always split as the original model expects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer
+from torch import Tensor
+
+from engine.data.config import DataConfig
+from engine.data.source import DataBundle, pad_batch, train_valid_sources
+from engine.data.tokenizer import load_tokenizer
+
+__all__ = ["sentence_tokenizer", "collate_sentences", "build_sentence_data", "nonblank"]
+
+
+def sentence_tokenizer(path: str | Path, max_len: int) -> tuple[Tokenizer, int]:
+    """``(tokenizer, pad id)``: ``path`` loaded, truncating to ``max_len``, not padding."""
+    tok = load_tokenizer(path)
+    padding = tok.padding
+    pad = padding["pad_id"] if padding else tok.token_to_id("[PAD]")
+    tok.no_padding()
+    tok.enable_truncation(max_length=max_len)
+    return tok, int(pad) if pad is not None else 0
+
+
+def collate_sentences(texts: list[str], tok: Tokenizer, pad_id: int,
+                      length: int | None) -> dict[str, Tensor]:  # fmt: skip
+    """Encode and pad one batch of sentences (see the module docstring)."""
+    enc = tok.encode_batch(texts)
+    ids = pad_batch([e.ids for e in enc], pad_id, length)  # (B, S)
+    types = pad_batch([e.type_ids for e in enc], 0, ids.shape[1])  # (B, S)
+    lengths = torch.tensor([len(e.ids) for e in enc])  # (B,)
+    mask = torch.arange(ids.shape[1])[None, :] < lengths[:, None]  # (B, S)
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+
+def nonblank(lines: Iterable[tuple[int, str]]) -> Iterator[str]:
+    """The text of every non-blank line, without its line terminator."""
+    for _, text in lines:
+        text = text.rstrip("\r\n")
+        if text.strip():
+            yield text
+
+
+def build_sentence_data(
+    cfg: DataConfig,
+    *,
+    batch_size: int,
+    seed: int,
+    tokenizer: str | Path,
+    train_lines: Callable[[], Iterable[tuple[int, str]]],
+    valid_lines: Callable[[], Iterable[tuple[int, str]]] | None,
+    in_memory: bool,
+) -> DataBundle:
+    """Train / valid sources of single sentences (files streamed, memory listed once)."""
+    tok, pad_id = sentence_tokenizer(tokenizer, cfg.max_len)
+    length = cfg.max_len if cfg.pad_to_max_len else None
+
+    def examples(lines: Callable[[], Iterable[tuple[int, str]]]) -> Callable[[], Any]:
+        if in_memory:
+            cached = list(nonblank(lines()))
+            return lambda: cached
+        return lambda: nonblank(lines())
+
+    train_ex = examples(train_lines)
+    valid_ex = examples(valid_lines) if valid_lines is not None else None
+    counts: tuple[int | None, int | None] = (None, None)
+    if in_memory:
+        counts = (len(train_ex()), len(valid_ex()) if valid_ex is not None else None)
+    train, valid = train_valid_sources(
+        train_ex, valid_ex, collate=lambda ex, _seed: collate_sentences(ex, tok, pad_id, length),
+        batch_size=batch_size, seed=seed, drop_last=cfg.drop_last,
+        valid_every=cfg.valid_every, counts=counts,
+        shuffle_buffer=(counts[0] or 0) if cfg.shuffle_buffer and in_memory else cfg.shuffle_buffer,
+    )  # fmt: skip
+    info = {"tokenizer": str(tokenizer), "vocab_size": tok.get_vocab_size(),
+            "train_examples": counts[0], "valid_examples": counts[1]}  # fmt: skip
+    return DataBundle(train, valid, {}, {}, info)

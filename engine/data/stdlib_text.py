@@ -1,0 +1,148 @@
+"""English sentences without a network: prose from the docstrings of Python's standard library.
+
+The generator ``stdlib_text`` (for the ``hf_bert`` workload) reads the source of the standard
+library modules that ship with the running interpreter (``sysconfig`` ``stdlib`` directory:
+every top-level ``*.py`` and the ``*.py`` files one level inside its packages, sorted by path;
+``site-packages``, tests, demos and IDLE excluded). Nothing is imported: each file is parsed
+with :mod:`ast` and the docstrings of its module, classes and functions are taken.
+
+A docstring is cut into paragraphs at blank lines; a paragraph that looks like code or a
+parameter list (``>>>``, ``::``, deeper indentation, ``:param``-style fields) is dropped; the
+rest is joined into one line and split into sentences after ``.``/``!``/``?`` followed by a
+capital. A sentence is kept when it starts with a capital letter, ends with a full stop, has
+``min_words..max_words`` words, is ASCII, and at least 80% of its non-blank characters are
+letters (identifiers with ``_``, markup characters and numbers-heavy text are out).
+Duplicates (case-insensitive) are removed, keeping the first.
+
+The pool is therefore a pure function of the Python version (``info["python"]`` and
+``info["pool_sha256"]`` record it). :func:`generate_stdlib_text` shuffles the pool with
+``numpy.random.default_rng(seed)`` and returns the first ``n`` sentences: train is the first
+``n_train``, validation the next ``n_valid`` (disjoint, held out).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import re
+import sysconfig
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.data.config import check_int
+
+__all__ = ["StdlibTextParams", "stdlib_sentences", "generate_stdlib_text", "docstring_sentences"]
+
+_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "turtledemo",
+              "lib2to3", "ensurepip", "pydoc_data", "__pycache__", "__phello__"}  # fmt: skip
+_SPLIT = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+_FIELD = re.compile(r"^\s*(:\w+|@\w+|\w+ --|Args:|Returns?:|Raises:|Parameters|-{3,}|={3,})")
+_ALLOWED = re.compile(r"^[A-Za-z0-9 ,.;:'\"()?!-]+$")
+
+
+@dataclass(frozen=True)
+class StdlibTextParams:
+    min_words: int = 6
+    max_words: int = 40
+
+    def __post_init__(self) -> None:
+        check_int("params.min_words", self.min_words, 1)
+        check_int("params.max_words", self.max_words, self.min_words)
+
+
+def _source_files(root: Path) -> list[Path]:
+    files = sorted(root.glob("*.py"))
+    for pkg in sorted(p for p in root.iterdir() if p.is_dir() and p.name not in _SKIP_DIRS):
+        if (pkg / "__init__.py").is_file() and "-" not in pkg.name:
+            files.extend(sorted(pkg.glob("*.py")))
+    return files
+
+
+def _docstrings(path: Path) -> list[str]:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # invalid escapes in old modules
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
+        return []
+    nodes = [tree, *(n for n in ast.walk(tree) if isinstance(
+        n, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef))]  # fmt: skip
+    return [d for n in nodes if (d := ast.get_docstring(n, clean=True))]
+
+
+def _prose(paragraph: list[str]) -> bool:
+    indent = len(paragraph[0]) - len(paragraph[0].lstrip())
+    for line in paragraph:
+        if line.lstrip().startswith((">>>", "...", "$ ", "%")) or line.rstrip().endswith("::"):
+            return False
+        if len(line) - len(line.lstrip()) > indent or _FIELD.match(line):
+            return False
+    return True
+
+
+def _keep(sentence: str, params: StdlibTextParams) -> bool:
+    words = sentence.split()
+    if not params.min_words <= len(words) <= params.max_words:
+        return False
+    if not sentence[0].isupper() or not sentence.endswith(".") or sentence.endswith(".."):
+        return False
+    if not _ALLOWED.match(sentence):
+        return False
+    chars = sentence.replace(" ", "")
+    return sum(c.isalpha() for c in chars) >= 0.8 * len(chars)
+
+
+def docstring_sentences(doc: str, params: StdlibTextParams) -> list[str]:
+    """The prose sentences of one docstring (see the module docstring for the rules)."""
+    out: list[str] = []
+    paragraph: list[str] = []
+    for line in [*doc.splitlines(), ""]:
+        if line.strip():
+            paragraph.append(line)
+            continue
+        if paragraph and _prose(paragraph):
+            text = " ".join(" ".join(paragraph).split())
+            out.extend(s for s in _SPLIT.split(text) if _keep(s, params))
+        paragraph = []
+    return out
+
+
+@functools.lru_cache(maxsize=4)
+def stdlib_sentences(params: StdlibTextParams = StdlibTextParams()) -> tuple[str, ...]:
+    """The deduplicated sentence pool of this interpreter's standard library, in file order."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    seen: set[str] = set()
+    pool: list[str] = []
+    for path in _source_files(root):
+        for doc in _docstrings(path):
+            for s in docstring_sentences(doc, params):
+                if s.lower() not in seen:
+                    seen.add(s.lower())
+                    pool.append(s)
+    return tuple(pool)
+
+
+def generate_stdlib_text(
+    n: int, seed: int, params: StdlibTextParams
+) -> tuple[list[str], dict[str, Any]]:
+    """The first ``n`` sentences of the pool shuffled by ``seed``, and a description."""
+    import platform
+
+    pool = stdlib_sentences(params)
+    if n > len(pool):
+        raise ValueError(
+            f"data.n_train + data.n_valid = {n} exceeds the {len(pool)} sentences "
+            f"found in the standard library docstrings (Python "
+            f"{platform.python_version()})"
+        )
+    order = np.random.default_rng(seed).permutation(len(pool))[:n]
+    digest = hashlib.sha256("\n".join(pool).encode()).hexdigest()
+    info = {"generator": "stdlib_text", "pool_size": len(pool), "pool_sha256": digest,
+            "python": platform.python_version(), "min_words": params.min_words,
+            "max_words": params.max_words}  # fmt: skip
+    return [pool[i] for i in order], info

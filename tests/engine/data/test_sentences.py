@@ -1,0 +1,119 @@
+"""hf_bert data: stdlib_text sentences and text files, tokenized by the model's tokenizer.json."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from engine.data import DataConfig, build_data, write_synthetic
+from engine.data.stdlib_text import (
+    StdlibTextParams,
+    docstring_sentences,
+    generate_stdlib_text,
+    stdlib_sentences,
+)
+from tests.helpers.hf_bert import MINILM, minilm_dir
+
+MODEL = {"path": MINILM}
+
+
+def tokenizer() -> Tokenizer:
+    tok = Tokenizer.from_file(str(minilm_dir() / "tokenizer.json"))
+    tok.no_padding()
+    return tok
+
+
+def test_docstring_sentences_keep_prose_and_drop_code():
+    doc = """Return the frobnicated value.
+
+    This function frobnicates its argument in a careful and well documented way.
+    It never raises for valid input values of any kind.
+
+        >>> frob(3)
+        4
+
+    Args:
+        x -- the value to frobnicate
+    Uses some_identifier_with_underscores internally in this sentence here.
+    """
+    import inspect
+
+    got = docstring_sentences(inspect.cleandoc(doc), StdlibTextParams(min_words=4))
+    assert got == [
+        "Return the frobnicated value.",
+        "This function frobnicates its argument in a careful and well documented way.",
+        "It never raises for valid input values of any kind.",
+    ]
+
+
+def test_stdlib_text_is_deterministic_disjoint_and_bounded():
+    params = StdlibTextParams()
+    pool = stdlib_sentences(params)
+    assert len(pool) > 3000 and len({s.lower() for s in pool}) == len(pool)
+    a, info = generate_stdlib_text(600, 7, params)
+    b, _ = generate_stdlib_text(600, 7, params)
+    c, _ = generate_stdlib_text(600, 8, params)
+    assert a == b and a != c and len(set(a)) == 600
+    assert info["pool_size"] == len(pool) and len(info["pool_sha256"]) == 64
+    for s in a:
+        assert s[0].isupper() and s.endswith(".") and 6 <= len(s.split()) <= 40
+    with pytest.raises(ValueError, match="data.n_train \\+ data.n_valid"):
+        generate_stdlib_text(len(pool) + 1, 0, params)
+
+
+def test_synthetic_stdlib_text_batches_encode_like_the_tokenizer():
+    cfg = DataConfig(kind="synthetic", generator="stdlib_text", n_train=50, n_valid=20,
+                     max_len=16, synthetic_seed=3)  # fmt: skip
+    bundle = build_data(cfg, arch="hf_bert", batch_size=8, seed=0, model_config=MODEL)
+    assert bundle.train.num_examples() == 50 and bundle.valid.num_examples() == 20
+    sentences, _ = generate_stdlib_text(70, 3, StdlibTextParams())
+    valid = list(bundle.valid.batches(0))
+    assert [b["input_ids"].shape[0] for b in valid] == [8, 8, 4]
+    tok = tokenizer()
+    tok.enable_truncation(16)
+    first = valid[0]
+    for i, text in enumerate(sentences[50:58]):  # validation keeps the generated order
+        ids = tok.encode(text).ids
+        n = int(first["attention_mask"][i].sum())
+        assert first["input_ids"][i, :n].tolist() == ids and ids[0] == 101 and ids[-1] == 102
+        assert not first["input_ids"][i, n:].any()
+    assert first["attention_mask"].dtype == torch.bool
+    assert first["token_type_ids"].shape == first["input_ids"].shape
+    assert not first["token_type_ids"].any()
+    train_texts = set(sentences[:50])
+    assert not train_texts & set(sentences[50:])  # held out
+
+
+def test_text_files_feed_hf_bert_and_blank_lines_are_skipped(tmp_path):
+    files = write_synthetic("stdlib_text", tmp_path, n_train=30, n_valid=10, seed=1)
+    assert files.kind == "text"
+    lines = (tmp_path / "train.txt").read_text().splitlines()
+    (tmp_path / "train.txt").write_text("\n".join([lines[0], "", *lines[1:], "   "]) + "\n")
+    cfg = files.config(max_len=32, shuffle_buffer=0)
+    bundle = build_data(cfg, arch="hf_bert", batch_size=7, seed=0, model_config=MODEL)
+    rows = sum(b["input_ids"].shape[0] for b in bundle.train.batches(0))
+    assert rows == 30 and bundle.train.num_examples() == 30
+    assert sum(b["input_ids"].shape[0] for b in bundle.valid.batches(0)) == 10
+    split = build_data(DataConfig(kind="text", train=files.train, valid_every=5), arch="hf_bert",
+                       batch_size=4, seed=0, model_config=MODEL)  # fmt: skip
+    assert sum(b["input_ids"].shape[0] for b in split.valid.batches(0)) == 6
+
+
+def test_hf_bert_data_needs_a_tokenizer_and_a_text_kind(tmp_path):
+    cfg = DataConfig(kind="synthetic", generator="stdlib_text", n_train=10, n_valid=0)
+    with pytest.raises(ValueError, match="data.tokenizer: .*model.config.path"):
+        build_data(cfg, arch="hf_bert", batch_size=4, seed=0)
+    with pytest.raises(ValueError, match="model.config.path: .*is not a directory"):
+        build_data(cfg, arch="hf_bert", batch_size=4, seed=0,
+                   model_config={"path": str(tmp_path / "nowhere")})  # fmt: skip
+    given = DataConfig(kind="synthetic", generator="stdlib_text", n_train=10, n_valid=0,
+                       tokenizer=str(minilm_dir() / "tokenizer.json"))  # fmt: skip
+    assert build_data(given, arch="hf_bert", batch_size=4, seed=0).train.num_examples() == 10
+    with pytest.raises(ValueError, match="data.generator 'mlm' makes data for model.arch 'mlm'"):
+        build_data(cfg.replace(generator="mlm"), arch="hf_bert", batch_size=4, seed=0,
+                   model_config=MODEL)  # fmt: skip
+    (tmp_path / "t.jsonl").write_text('{"premise": "a", "hypothesis": "b", "label": 0}\n')
+    with pytest.raises(ValueError, match="data.kind 'jsonl' feeds model.arch 'transformer'"):
+        build_data(DataConfig(kind="jsonl", train=str(tmp_path / "t.jsonl")), arch="hf_bert",
+                   batch_size=4, seed=0, model_config=MODEL)  # fmt: skip

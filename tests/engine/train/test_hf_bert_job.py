@@ -1,0 +1,132 @@
+"""CoMERA jobs on a pretrained BERT: the trainer, the stages, resume, export and reload."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.export import export_compressed, load_compressed
+from engine.models.hf_bert import mean_pool
+from engine.train import JobConfig
+from engine.train.cli import run_job
+from engine.train.trainer import Trainer
+from tests.helpers.hf_bert import MINILM, write_tiny_bert
+
+# The CI configuration of the acceptance run (figures in examples/engine/README.md): d = 2
+# modes a side, TT-SVD at max_rank 48 (5.18x on the encoder linears), whitened on 256
+# training sentences, distillation on the last hidden states; a late stage that takes 1% more.
+MINILM_JOB = {
+    "version": 1, "name": "minilm-ci", "method": "comera",
+    "model": {"arch": "hf_bert", "config": {"path": MINILM, "distill": "mse_hidden"}},
+    "data": {"kind": "synthetic", "generator": "stdlib_text", "n_train": 2000, "n_valid": 128,
+             "max_len": 64},
+    "compression": {"max_rank": 48, "d": 2, "shrink_every": 10},
+    "schedule": [
+        {"kind": "early", "steps": 90, "gamma": 0.001, "warmup_steps": 10,
+         "lr": {"cores": 1e-3, "gates": 1e-3, "others": 1e-3}},
+        {"kind": "late", "steps": 10, "target_ratio": 0.99,
+         "lr": {"cores": 5e-4, "gates": 1e-3, "others": 5e-4}},
+        {"kind": "finetune", "steps": 20, "lr_schedule": "cosine",
+         "lr": {"cores": 5e-4, "gates": 0.0, "others": 5e-4}},
+    ],
+    "training": {"batch_size": 16, "seed": 0, "log_every": 10},
+}  # fmt: skip
+
+
+def embeddings(model, batches) -> torch.Tensor:
+    model.eval()
+    with torch.no_grad():
+        return torch.cat([mean_pool(model(b["input_ids"], b["attention_mask"],
+                                          b["token_type_ids"]), b["attention_mask"])
+                          for b in batches])  # fmt: skip
+
+
+def export(result, trainer: Trainer, job: JobConfig, out) -> None:
+    """What ``run_job`` exports (the CLI path), from a finished trainer."""
+    export_compressed(result.model, out, arch=job.model.arch,
+                      model_config=trainer.model_config.to_dict(),
+                      options=job.compression.options.to_dict(), tensorized=True,
+                      metrics=result.report["stages"][-1]["metrics"])  # fmt: skip
+
+
+@pytest.mark.slow
+def test_minilm_job_compresses_the_encoder_linears_5x_and_keeps_the_embeddings(tmp_path):
+    t0 = time.perf_counter()
+    job = JobConfig.from_dict(MINILM_JOB)
+    trainer = Trainer(job, workdir=tmp_path)
+    valid = list(trainer.data.valid.batches(0))
+    teacher = trainer.model.teacher
+    start = F.cosine_similarity(embeddings(trainer.model, valid), embeddings(teacher, valid))
+    result = trainer.run()
+    seconds = time.perf_counter() - t0
+    report, stages = result.report, result.report["stages"]
+    ratio = report["compression"]["tensorized_ratio"]
+    cosine = stages[-1]["metrics"]["cosine"]
+    print(
+        f"\nminilm CI job: {seconds:.1f} s, encoder linears {ratio:.2f}x, whole encoder "
+        f"{report['compression']['model_ratio']:.2f}x, held-out cosine: whitened TT-SVD "
+        f"{float(start.mean()):.4f}, after each stage "
+        f"{[round(s['metrics']['cosine'], 4) for s in stages]}"
+    )  # noqa: T201
+    assert trainer.model.preparation["calibration_sentences"] == 256
+    assert ratio >= 5.0
+    assert stages[1]["size_end"] <= stages[1]["size_ref"]
+    # measured 0.72-0.73 on 2 cores in ~45 s; the issue's 0.9 needs far more steps (bench)
+    assert cosine >= 0.70 and cosine > float(start.mean()) + 0.05
+    export(result, trainer, job, tmp_path / "model")
+    manifest = json.loads((tmp_path / "model" / "manifest.json").read_text())
+    assert manifest["model_config"]["path"] is None
+    assert manifest["model_config"]["architecture"]["num_hidden_layers"] == 6
+    assert manifest["totals"]["tensorized_ratio"] == pytest.approx(ratio)
+    loaded, _ = load_compressed(tmp_path / "model")
+    assert loaded.teacher is None
+    got, want = embeddings(loaded, valid), embeddings(result.model, valid)
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+    cos = F.cosine_similarity(got, embeddings(teacher, valid))
+    assert float(cos.mean()) == pytest.approx(cosine, abs=1e-5)
+
+
+def tiny_job(path: str, every: int | None = None) -> JobConfig:
+    return JobConfig.from_dict({
+        "name": "tiny", "model": {"arch": "hf_bert", "config": {"path": path}},
+        "data": {"kind": "synthetic", "generator": "stdlib_text", "n_train": 64, "n_valid": 16,
+                 "max_len": 24},
+        "compression": {"max_rank": 6, "d": 2, "shrink_every": 2},
+        "schedule": [{"kind": "early", "steps": 4, "gamma": 0.05,
+                      "lr": {"cores": 3e-3, "gates": 0.05, "others": 1e-3}},
+                     {"kind": "late", "steps": 2, "target_ratio": 0.8},
+                     {"kind": "finetune", "steps": 2}],
+        "training": {"batch_size": 8, "seed": 1, "log_every": 2},
+        "checkpoint": {"every_steps": every} if every else {},
+    })  # fmt: skip
+
+
+@pytest.mark.slow
+def test_tiny_bert_job_resumes_exactly_and_exports(tmp_path):
+    write_tiny_bert(tmp_path / "bert")
+    job = tiny_job(str(tmp_path / "bert"), every=3)
+    full = Trainer(job, workdir=tmp_path / "a").run()
+    assert full.report["stages"][1]["size_end"] <= full.report["stages"][1]["size_ref"]
+    resumed = Trainer(
+        job,
+        workdir=tmp_path / "b",
+        resume=tmp_path / "a" / "checkpoints" / "step-00000006.safetensors",
+    ).run()
+    a, b = full.model.state_dict(), resumed.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert full.report["stages"][-1]["metrics"] == resumed.report["stages"][-1]["metrics"]
+    report = run_job(job, tmp_path / "c")
+    loaded, manifest = load_compressed(tmp_path / "c" / "model")
+    assert manifest["model_config"]["path"] is None
+    assert manifest["totals"]["tensorized_layers"] == 12
+    batches = list(Trainer(job, workdir=tmp_path / "d").data.valid.batches(0))
+    reference = Trainer(
+        job, workdir=tmp_path / "e", resume=tmp_path / "c" / "checkpoints" / "final.safetensors"
+    ).model
+    assert torch.allclose(embeddings(loaded, batches), embeddings(reference, batches),
+                          rtol=1e-5, atol=1e-6)  # fmt: skip
+    assert report["stages"][-1]["metrics"]["cosine"] > 0.5
