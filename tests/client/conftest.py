@@ -8,11 +8,6 @@ test in ``tests/client`` and stopped (SIGINT, as Ctrl-C) after the last one.
 from __future__ import annotations
 
 import copy
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,26 +16,9 @@ import pytest
 
 from api_schemas import JobPublic
 from client import ComeraClient
+from tests.helpers.services import TINY_JOB, clean_env, free_port, start_cli, stop
 
-ROOT = Path(__file__).resolve().parents[2]
-# a tiny MLP, 70 steps in three stages (as tests/service/test_end_to_end.py)
-SPEC = {
-    "name": "client-mlp",
-    "labels": {"suite": "client"},
-    "model": {"arch": "mlp", "config": {"hidden": [64, 64]}},
-    "dataset": {"source": "synthetic", "generator": "mlp", "n_train": 1500, "n_valid": 300,
-                "params": {"shape": [8, 8], "num_classes": 3}},
-    "compression": {"method": "comera", "max_rank": 6, "min_size": 256, "shrink_every": 10},
-    "schedule": [
-        {"kind": "early", "steps": 40, "gamma": 0.05, "eval_every": 20,
-         "lr": {"cores": 0.003, "gates": 0.01, "others": 0.001}},
-        {"kind": "late", "steps": 20, "target_ratio": 0.5,
-         "lr": {"cores": 0.002, "gates": 0.01, "others": 0.001}},
-        {"kind": "finetune", "steps": 10, "lr": {"cores": 0.001, "gates": 0.0, "others": 0.001}},
-    ],
-    "training": {"batch_size": 32, "seed": 0, "log_every": 5},
-    "checkpointing": {"every_n_steps": 25, "keep": 2},
-}  # fmt: skip
+SPEC = {**TINY_JOB, "name": "client-mlp", "labels": {"suite": "client"}}
 
 
 def spec(**changes: object) -> dict:
@@ -59,21 +37,11 @@ class Server:
         return self.log.read_text()[-4000:]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="package")
 def server(tmp_path_factory: pytest.TempPathFactory):
     base = tmp_path_factory.mktemp("comera")
-    port, home, log = _free_port(), base / "home", base / "up.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COMERA_")}
-    env["COMERA_HOME"] = str(home)
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "up", "--port", str(port)],
-                            env=env, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
+    port, home, log = free_port(), base / "home", base / "up.log"
+    proc = start_cli(["up", "--port", str(port)], clean_env(home), log)
     srv = Server(f"http://127.0.0.1:{port}", home, log)
     try:
         with ComeraClient(srv.url) as c:
@@ -84,13 +52,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
                 time.sleep(0.3)
         yield srv
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop([proc])
 
 
 @pytest.fixture

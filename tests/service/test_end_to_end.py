@@ -11,11 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -30,50 +25,10 @@ from engine.models.registry import get_workload
 from engine.train import JobConfig
 from service.spec import to_engine
 from tests.helpers.db import migrated_postgres, postgres_available
+from tests.helpers.services import TINY_JOB, clean_env, free_port, start_cli, stop
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
-SPEC = {
-    "name": "e2e-mlp",
-    "labels": {"suite": "e2e"},
-    "model": {"arch": "mlp", "config": {"hidden": [64, 64]}},
-    "dataset": {"source": "synthetic", "generator": "mlp", "n_train": 1500, "n_valid": 300,
-                "params": {"shape": [8, 8], "num_classes": 3}},
-    "compression": {"method": "comera", "max_rank": 6, "min_size": 256, "shrink_every": 10},
-    "schedule": [
-        {"kind": "early", "steps": 40, "gamma": 0.05, "eval_every": 20,
-         "lr": {"cores": 0.003, "gates": 0.01, "others": 0.001}},
-        {"kind": "late", "steps": 20, "target_ratio": 0.5,
-         "lr": {"cores": 0.002, "gates": 0.01, "others": 0.001}},
-        {"kind": "finetune", "steps": 10, "lr": {"cores": 0.001, "gates": 0.0, "others": 0.001}},
-    ],
-    "training": {"batch_size": 32, "seed": 0, "log_every": 5},
-    "checkpointing": {"every_n_steps": 25, "keep": 2},
-}  # fmt: skip
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "service.cli", *cmd], env=env, cwd=ROOT,
-                            stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGINT)
-    for p in procs:
-        try:
-            p.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+SPEC = {**TINY_JOB, "name": "e2e-mlp"}
 
 
 def _wait(predicate, timeout: float, what: str):
@@ -158,40 +113,34 @@ def _evaluate(model, engine_config: dict, workdir: Path) -> dict[str, float]:
     return workload.summarize(sums)
 
 
-def _env(home: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COMERA_")}
-    env.update(COMERA_HOME=str(home), **extra)
-    return env
-
-
 def test_embedded_comera_up_runs_a_job_end_to_end(tmp_path):
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "up.log"
-    proc = _start(["up", "--port", str(port)], _env(tmp_path / "home"), log)
+    proc = start_cli(["up", "--port", str(port)], clean_env(tmp_path / "home"), log)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
             _wait(lambda: _ready(client) or proc.poll() is not None, 120, "comera up")
             assert proc.poll() is None, log.read_text()
             _run_job_and_check(client, [log], tmp_path)
     finally:
-        _stop([proc])
+        stop([proc])
     assert (tmp_path / "home" / "comera.db").exists()
 
 
 def test_distributed_api_and_worker_on_postgres_and_redis(tmp_path):
     if not postgres_available():
         pytest.skip("PostgreSQL is not reachable")
-    port = _free_port()
+    port = free_port()
     with migrated_postgres() as db:
-        env = _env(tmp_path / "home", COMERA_DATABASE_URL=db,
+        env = clean_env(tmp_path / "home", COMERA_DATABASE_URL=db,
                    COMERA_BROKER_URL="redis://127.0.0.1:6379/11",
                    COMERA_QUEUE=f"e2e.{port}")  # fmt: skip
         logs = [tmp_path / "api.log", tmp_path / "worker.log"]
-        procs = [_start(["api", "--port", str(port)], env, logs[0]),
-                 _start(["worker", "--hostname", f"e2e{port}@%h"], env, logs[1])]  # fmt: skip
+        procs = [start_cli(["api", "--port", str(port)], env, logs[0]),
+                 start_cli(["worker", "--hostname", f"e2e{port}@%h"], env, logs[1])]  # fmt: skip
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
                 _wait(lambda: _ready(client), 120, "the API")
                 _run_job_and_check(client, logs, tmp_path)
         finally:
-            _stop(procs)
+            stop(procs)

@@ -1,0 +1,69 @@
+"""Real service processes for tests: a tiny job spec, free ports, ``service.cli`` children.
+
+Children run as a user runs them (``python -m service.cli up|api|worker``) in their own
+process group, with every inherited ``COMERA_*`` variable removed; ``stop`` sends SIGINT (as
+Ctrl-C) and kills the group if it has not exited within a minute.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+__all__ = ["ROOT", "TINY_JOB", "clean_env", "free_port", "start_cli", "stop"]
+
+ROOT = Path(__file__).resolve().parents[2]
+# a tiny MLP, 70 steps in three stages: seconds of training on 2 cores
+TINY_JOB = {
+    "name": "tiny-mlp",
+    "labels": {"suite": "e2e"},
+    "model": {"arch": "mlp", "config": {"hidden": [64, 64]}},
+    "dataset": {"source": "synthetic", "generator": "mlp", "n_train": 1500, "n_valid": 300,
+                "params": {"shape": [8, 8], "num_classes": 3}},
+    "compression": {"method": "comera", "max_rank": 6, "min_size": 256, "shrink_every": 10},
+    "schedule": [
+        {"kind": "early", "steps": 40, "gamma": 0.05, "eval_every": 20,
+         "lr": {"cores": 0.003, "gates": 0.01, "others": 0.001}},
+        {"kind": "late", "steps": 20, "target_ratio": 0.5,
+         "lr": {"cores": 0.002, "gates": 0.01, "others": 0.001}},
+        {"kind": "finetune", "steps": 10, "lr": {"cores": 0.001, "gates": 0.0, "others": 0.001}},
+    ],
+    "training": {"batch_size": 32, "seed": 0, "log_every": 5},
+    "checkpointing": {"every_n_steps": 25, "keep": 2},
+}  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(home: Path, **extra: str) -> dict[str, str]:
+    """This process's environment without ``COMERA_*``, plus ``COMERA_HOME`` and ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMERA_")}
+    env.update(COMERA_HOME=str(home), **extra)
+    return env
+
+
+def start_cli(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """``python -m service.cli ARGS`` in a new process group, output to ``log``."""
+    return subprocess.Popen([sys.executable, "-m", "service.cli", *args], env=env, cwd=ROOT,
+                            stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGINT)
+    for p in procs:
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
