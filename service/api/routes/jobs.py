@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Query, Response
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from api_schemas import (
@@ -34,6 +35,7 @@ from service.api.deps import (
     TenantDep,
 )
 from service.conditional import etag_matches, job_etag, version_matches
+from service.db.crud.idempotency import claim_key, finish_key, forget_key
 from service.db.crud.job_actions import (
     cancel_job,
     delete_job,
@@ -43,6 +45,7 @@ from service.db.crud.job_actions import (
 )
 from service.db.crud.job_queries import JobFilter, latest_metrics, list_attempts, list_jobs
 from service.errors import FieldProblem, problems
+from service.spec import spec_hash
 from service.storage import remove_artifacts
 from service.submission import dispatch, dry_run, plan, prepare, submit
 from service.views import attempt_public, job_public
@@ -85,21 +88,47 @@ def _with_metrics(session: Any, job: Any) -> JobPublic:
 def submit_job(
     spec: JobCreate, session: SessionDep, settings: SettingsDep, tenant: TenantDep,
     planner: PlannerDep, enqueue: EnqueueDep, response: Response,
-) -> JobPublic:  # fmt: skip
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1,
+                                                  max_length=255)] = None,
+) -> Any:  # fmt: skip
     """Store a QUEUED job (attempt 1) and enqueue it; 202 with ``Location``.
 
     Checked first: the body, dataset references, the engine translation and the model build
     (the planner; skipped if unavailable). A broker outage still gives 202, with
-    ``enqueue_pending`` set: the reaper sends the job later."""
-    tenant_id = tenant.id
-    engine_job = prepare(session=session, settings=settings, tenant_id=tenant_id, spec=spec)
-    session.rollback()  # hand the connection back to the pool while the planner works
-    plan(planner, engine_job, required=False)
-    job = submit(session=session, settings=settings, tenant_id=tenant_id, spec=spec,
-                 engine_job=engine_job, enqueue=enqueue)  # fmt: skip
-    response.headers["Location"] = f"/v1/jobs/{job.id}"
-    response.headers["ETag"] = job_etag(job.version, job.updated_at)
-    return job_public(job)
+    ``enqueue_pending`` set: the reaper sends the job later. With ``Idempotency-Key``
+    (:mod:`service.db.crud.idempotency`): the same key and body replay the first answer
+    (``Idempotent-Replayed: true``), another body is a 422, a first request still running 409."""
+    tenant_id, key = tenant.id, idempotency_key
+    if key is not None:
+        claim = claim_key(session=session, tenant_id=tenant_id, key=key,
+                          fingerprint=spec_hash(spec))  # fmt: skip
+        if claim.outcome == "replay":
+            return JSONResponse(
+                claim.response,
+                status_code=claim.status_code or 202,
+                headers={**(claim.headers or {}), "Idempotent-Replayed": "true"},
+            )
+        if claim.outcome == "mismatch":
+            raise HTTPException(422, "This Idempotency-Key was used with a different body.")
+        if claim.outcome == "conflict":
+            raise HTTPException(409, "A request with this Idempotency-Key is still running.")
+    try:
+        engine_job = prepare(session=session, settings=settings, tenant_id=tenant_id, spec=spec)
+        session.rollback()  # hand the connection back to the pool while the planner works
+        plan(planner, engine_job, required=False)
+        job = submit(session=session, settings=settings, tenant_id=tenant_id, spec=spec,
+                     engine_job=engine_job, enqueue=enqueue)  # fmt: skip
+    except Exception:
+        if key is not None:  # a failed first request does not keep its key
+            forget_key(session=session, tenant_id=tenant_id, key=key)
+        raise
+    headers = {"Location": f"/v1/jobs/{job.id}", "ETag": job_etag(job.version, job.updated_at)}
+    public = job_public(job)
+    if key is not None:
+        finish_key(session=session, tenant_id=tenant_id, key=key, status_code=202,
+                   response=public.model_dump(mode="json"), headers=headers)  # fmt: skip
+    response.headers.update(headers)
+    return public
 
 
 @router.post(":validate", response_model=ValidationReport, responses=problems(400, 413, 422, 503))

@@ -1,0 +1,83 @@
+"""Idempotent submission (service-design b.1): ``Idempotency-Key`` on ``POST /v1/jobs``.
+
+The store keeps (tenant, key) -> the sha256 of the normalized body and the first response,
+for 24 hours. A repeat with the same body replays that response; with another body it is a
+422; while the first request is still being processed it is a 409. A first request that
+fails (any error answer) forgets its key, so the client may try again with the same one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service.db.models import IdempotencyKey, utcnow
+
+__all__ = ["KEEP", "Claim", "claim_key", "finish_key", "forget_key"]
+
+KEEP = timedelta(hours=24)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """``new``: go ahead (the key is now in flight); ``replay``: the stored first response;
+    ``conflict``: the first request is still running; ``mismatch``: another body."""
+
+    outcome: str
+    status_code: int | None = None
+    response: dict[str, Any] | None = None
+    headers: dict[str, str] | None = None
+
+
+def claim_key(*, session: Session, tenant_id: str, key: str, fingerprint: str) -> Claim:
+    """Look the key up and, if it is free (or expired), take it; commits."""
+    now = utcnow()
+    row = session.get(IdempotencyKey, (tenant_id, key))
+    if row is not None and _aware(row.expires_at) <= now:
+        session.delete(row)
+        session.flush()
+        row = None
+    if row is None:
+        session.add(IdempotencyKey(tenant_id=tenant_id, key=key, fingerprint=fingerprint,
+                                   state="in_flight", created_at=now,
+                                   expires_at=now + KEEP))  # fmt: skip
+        try:
+            session.commit()
+            return Claim("new")
+        except IntegrityError:  # a concurrent request took it first
+            session.rollback()
+            row = session.scalars(select(IdempotencyKey).where(*_match(tenant_id, key))).one()
+    session.commit()
+    if row.fingerprint != fingerprint:
+        return Claim("mismatch")
+    if row.state != "done":
+        return Claim("conflict")
+    return Claim("replay", row.status_code, row.response, row.headers)
+
+
+def finish_key(*, session: Session, tenant_id: str, key: str, status_code: int,
+               response: dict[str, Any], headers: dict[str, str]) -> None:  # fmt: skip
+    done = {"state": "done", "status_code": status_code, "response": response, "headers": headers}
+    session.execute(update(IdempotencyKey).where(*_match(tenant_id, key)).values(**done))
+    session.commit()
+
+
+def forget_key(*, session: Session, tenant_id: str, key: str) -> None:
+    session.rollback()
+    in_flight = IdempotencyKey.state == "in_flight"
+    session.execute(delete(IdempotencyKey).where(*_match(tenant_id, key), in_flight))
+    session.commit()
+
+
+def _match(tenant_id: str, key: str) -> tuple[Any, Any]:
+    return IdempotencyKey.tenant_id == tenant_id, IdempotencyKey.key == key
+
+
+def _aware(t: datetime) -> datetime:
+    """SQLite hands back naive datetimes (stored as UTC)."""
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
