@@ -15,7 +15,6 @@ rotated away become ``deleted``. Paths in rows are relative to the artifact dire
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -25,6 +24,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.db.models import Checkpoint, utcnow
+from service.downloads import sha256_file  # the API hashes downloads with the same function
 from service.ids import new_id
 
 __all__ = [
@@ -33,19 +33,10 @@ __all__ = [
 ]  # fmt: skip
 
 RESUMABLE_KINDS = ("latest", "partial")
-CHUNK = 1 << 20
 
 
 def workdir(artifacts: Path, job_id: str, attempt: int) -> Path:
     return artifacts / "jobs" / job_id / f"attempt-{attempt}"
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def relative(path: Path, root: Path) -> str:
