@@ -83,8 +83,8 @@ def get_tenant_job(job_id: Annotated[str, Path(max_length=64)], session: Session
     """The job named in the path; another tenant's job is a 404 too (b.6)."""
     job = get_job(session=session, job_id=job_id, tenant_id=tenant.id)
     # end the transaction (``expire_on_commit=False`` keeps the job loaded): no pooled
-    # connection is held while the request waits for a thread to run its handler; with more
-    # requests in flight than connections, holding it there deadlocks the pool
+    # connection is held while the request waits for a thread to run its handler (admission
+    # control, service.middleware, is what rules out the pool deadlock; this shortens holds)
     session.commit()
     if job is None:
         raise HTTPException(404, "Job not found.")
