@@ -67,7 +67,8 @@ async def _post_phase(client: httpx.AsyncClient, clients: int, jobs: int) -> tup
     async def one_client() -> None:
         for i in todo:
             t0 = time.perf_counter()
-            r = await client.post("/v1/jobs", json={**SPEC, "name": f"load-{i}"})
+            r = await client.post("/v1/jobs", json={**SPEC, "name": f"load-{i}"},
+                                  headers={"Idempotency-Key": uuid.uuid4().hex})  # fmt: skip
             latencies.append((time.perf_counter() - t0) * 1e3)
             if r.status_code != 202:
                 raise RuntimeError(f"POST failed: {r.status_code} {r.text[:300]}")
@@ -163,12 +164,14 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
     sys.exit("the API did not become ready")
 
 
-async def _drive(url: str, args: argparse.Namespace) -> dict[str, Any]:
+async def _drive(url: str, key: str, args: argparse.Namespace) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=args.clients, max_keepalive_connections=args.clients)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120) as client:
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120,
+                                 headers={"Authorization": f"Bearer {key}"}) as client:
         # warm-up: the planner process, connection pools, first queries
         for _ in range(3):
-            r = await client.post("/v1/jobs", json={**SPEC, "name": "warmup"})
+            r = await client.post("/v1/jobs", json={**SPEC, "name": "warmup"},
+                                  headers={"Idempotency-Key": uuid.uuid4().hex})  # fmt: skip
             r.raise_for_status()
             await client.get(f"/v1/jobs/{r.json()['id']}")
         post, ids = await _post_phase(client, args.clients, args.jobs)
@@ -205,10 +208,14 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMERA_")}
     env.update(COMERA_DATABASE_URL=db, COMERA_BROKER_URL="redis://127.0.0.1:6379/13",
                COMERA_QUEUE=queue, COMERA_HOME=str(home),
-               COMERA_MAX_QUEUED_JOBS_PER_TENANT="100000")  # fmt: skip
+               COMERA_MAX_QUEUED_JOBS_PER_TENANT="100000",
+               COMERA_RATE_LIMIT_PER_MINUTE="0")  # one key, 100 clients: no rate limit  # fmt: skip
     proc = None
     try:
         upgrade(db)
+        key = subprocess.run([sys.executable, "-m", "service.cli", "keys", "create", "--tenant",
+                              "bench"], env=env, cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.strip()  # fmt: skip
         cmd = [sys.executable, "-m", "service.cli", "api", "--port", str(port),
                "--workers", str(args.server_workers), "--no-access-log"]  # fmt: skip
         home.mkdir(parents=True, exist_ok=True)
@@ -219,7 +226,7 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}"
         _wait_ready(url, proc)
         load0 = os.getloadavg()
-        results = asyncio.run(_drive(url, args))
+        results = asyncio.run(_drive(url, key, args))
         load1 = os.getloadavg()
     finally:
         if proc is not None:

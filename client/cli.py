@@ -8,9 +8,11 @@
     comera report JOB
     comera run job.json --out runs/one    # the same spec trained in this process, no server
     comera up                             # the embedded service (API + one local worker)
+    comera keys create --tenant acme      # a new API key, printed once
 
-Client commands talk HTTP only (``--url`` / ``COMERA_URL``, ``--api-key`` / ``COMERA_API_KEY``).
-``run`` and the server commands (``up``, ``migrate``, ``api``, ``worker``, implemented in
+Client commands talk HTTP only (``--url`` / ``COMERA_URL``, ``--api-key`` / ``COMERA_API_KEY``,
+else the key ``comera up`` left in ``$COMERA_HOME/api_key``). ``run`` and the server commands
+(``up``, ``migrate``, ``api``, ``worker``, ``keys``, implemented in
 ``service.cli``) import the engine or the server when invoked, so the rest of this module
 loads without torch or the server packages.
 """
@@ -18,6 +20,7 @@ loads without torch or the server packages.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -72,7 +75,17 @@ def main(ctx: typer.Context,
          api_key: Annotated[str | None, typer.Option(envvar="COMERA_API_KEY",
                                                      help="API key (Bearer)")] = None,
          ) -> None:  # fmt: skip
-    ctx.obj = Options(url=url, api_key=api_key)
+    ctx.obj = Options(url=url, api_key=api_key or _key_from_home())
+
+
+def _key_from_home() -> str | None:
+    """The key ``comera up`` left in ``$COMERA_HOME/api_key`` (default ``~/.comera``), if any:
+    the local client needs no flag against the local service."""
+    home = Path(os.environ.get("COMERA_HOME") or Path.home() / ".comera")
+    try:
+        return (home / "api_key").read_text().strip() or None
+    except OSError:
+        return None
 
 
 @contextmanager
@@ -268,6 +281,12 @@ def api(ctx: typer.Context) -> None:
 def worker(ctx: typer.Context) -> None:
     """Run one worker: one job at a time, on one GPU (see worker --help)."""
     _server("worker", ctx.args)
+
+
+@app.command(**SERVER)
+def keys(ctx: typer.Context) -> None:
+    """API keys: create --tenant NAME [--scope S], list, revoke ID (see keys --help)."""
+    _server("keys", ctx.args)
 
 
 if __name__ == "__main__":

@@ -82,6 +82,7 @@ def up(home: HomeOpt = None, host: str = "127.0.0.1", port: int = 8000,
     settings = _settings(home)
     settings.ensure_dirs()
     upgrade(settings.db_url)
+    _first_key(settings)
     procs = [subprocess.Popen(worker_command(settings, hostname=f"gpu{i}@%h"), env=_env(settings),
                               start_new_session=True) for i in range(workers)]  # fmt: skip
     typer.echo(f"comera up: store {settings.db_url}, broker {settings.broker}, "
@@ -90,6 +91,15 @@ def up(home: HomeOpt = None, host: str = "127.0.0.1", port: int = 8000,
         uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
     finally:
         _stop(procs)
+
+
+def _first_key(settings: Settings) -> None:
+    from service.keys_cli import KEY_FILE, ensure_first_key
+
+    key = ensure_first_key(settings)
+    if key is not None:  # printed this once; the file is for the local ``comera`` client
+        typer.echo(f"comera up: first API key (admin, tenant 'default'), shown once and kept "
+                   f"in {settings.home / KEY_FILE}:\n  {key}", err=True)  # fmt: skip
 
 
 def _stop(procs: list[subprocess.Popen], grace: float = 60.0) -> None:
@@ -136,6 +146,15 @@ def worker(home: HomeOpt = None, hostname: str | None = None,
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     name = hostname or f"gpu{0 if gpu is None else gpu}@%h"
     os.execve(sys.executable, worker_command(settings, hostname=name), env)
+
+
+def _keys_app() -> typer.Typer:
+    from service.keys_cli import app as keys
+
+    return keys
+
+
+app.add_typer(_keys_app(), name="keys")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from sqlalchemy import Engine
 from api_schemas import Problem
 from service.api.router import api_router
 from service.api.routes.health import metrics_router
+from service.auth import KeyCache, RateLimiter
 from service.core.config import Settings, get_settings
 from service.db.migrate import current_revision, head_revision
 from service.db.session import make_engine, make_sessionmaker
@@ -69,7 +70,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.ensure_dirs()
             app.state.engine = engine
             app.state.sessionmaker = make_sessionmaker(engine)
-            app.state.tenant_cache = {}
+            app.state.key_cache = KeyCache(ttl=settings.key_cache_seconds)
+            app.state.rate_limiter = RateLimiter(settings.rate_limit_per_minute,
+                                                 settings.rate_limit_burst)  # fmt: skip
             yield
         finally:
             engine.dispose()

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -98,7 +99,11 @@ def main() -> int:
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
             _wait_ready(client, proc)
-            r = client.post("/v1/jobs", json=json.loads(args.spec.read_text()))
+            # the first start of ``comera up`` makes an API key and leaves it here (0600)
+            key = (args.home / "api_key").read_text().strip()
+            client.headers["Authorization"] = f"Bearer {key}"
+            r = client.post("/v1/jobs", json=json.loads(args.spec.read_text()),
+                            headers={"Idempotency-Key": uuid.uuid4().hex})  # fmt: skip
             if r.status_code != 202:
                 print(json.dumps(r.json(), indent=2))
                 return 1

@@ -1,8 +1,10 @@
 """Dependencies of the route handlers, as ``Annotated`` aliases (the template's ``deps.py``).
 
 ``SessionDep``: one SQLAlchemy session per request (handlers commit explicitly).
-``SettingsDep``: the app's ``Settings``. ``TenantDep``: who is asking; until API-key auth
-(issue 6) replaces this one function, every request is the ``default`` tenant.
+``SettingsDep``: the app's ``Settings``. ``PrincipalDep``: who is asking, from the Bearer API
+key (``service.auth``): 401 without a valid key, 403 without the scope the method needs, 429
+past the key's rate limit; every ``/v1`` resource router depends on it. ``TenantDep``: the
+principal's tenant. ``ArtifactsDep``: also demands ``artifacts:read``.
 ``EnqueueDep`` / ``RevokeDep``: the queue (``service.queue``, imported lazily so the API runs,
 with every job ``enqueue_pending``, where the worker package is absent). ``PlannerDep``: the
 dry-run planner (``service.planner``). Tests override these with ``app.dependency_overrides``.
@@ -17,22 +19,24 @@ from functools import partial
 from typing import Annotated, Any
 
 import anyio.to_thread
-from fastapi import Depends, HTTPException, Path, Request
+from fastapi import Depends, HTTPException, Path, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
+from service.auth import KeyCache, Principal, RateLimiter, hash_key, looks_like_key, required_scope
 from service.core.config import Settings
+from service.db.crud.api_keys import principal_for_hash
 from service.db.crud.jobs import get_job
-from service.db.crud.tenants import get_or_create_tenant
 from service.db.models import Job, Tenant
 from service.planner import Planner
 from service.submission import Enqueue
 
-__all__ = ["EnqueueDep", "JobDep", "PlannerDep", "RevokeDep", "SessionDep", "SettingsDep",
-           "TenantDep", "get_enqueue", "get_planner", "get_revoke", "get_session",
-           "get_settings", "get_tenant", "get_tenant_job"]  # fmt: skip
+__all__ = ["ArtifactsDep", "EnqueueDep", "JobDep", "PlannerDep", "PrincipalDep", "RevokeDep",
+           "SessionDep", "SettingsDep", "TenantDep", "get_enqueue", "get_planner",
+           "get_principal", "get_revoke", "get_session", "get_settings", "get_tenant",
+           "get_tenant_job"]  # fmt: skip
 
 log = logging.getLogger(__name__)
-DEFAULT_TENANT = "default"
 
 
 def get_settings(request: Request) -> Settings:
@@ -55,27 +59,66 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
-def _load_tenant(request: Request, name: str) -> Tenant:
+_bearer = HTTPBearer(auto_error=False, description="API key: `comera keys create --tenant NAME`")
+
+
+def _lookup(request: Request, key_hash: str) -> Principal | None:
     with request.app.state.sessionmaker() as session:
-        tenant = get_or_create_tenant(session=session, name=name)
-        session.expunge(tenant)  # detached, its columns loaded: safe to share
-        return tenant
+        return principal_for_hash(session=session, key_hash=key_hash)
 
 
-async def get_tenant(request: Request) -> Tenant:
-    """The caller's tenant (issue 6: from the API key; for now always ``default``).
+def _unauthorized(detail: str) -> HTTPException:
+    return HTTPException(401, detail, headers={"WWW-Authenticate": 'Bearer realm="comera"'})
 
-    Looked up once per process and cached (tenants are never renamed or removed while the
-    API runs), so a request pays neither a query nor a thread-pool hop for it."""
-    cache: dict[str, Tenant] = request.app.state.tenant_cache
-    tenant = cache.get(DEFAULT_TENANT)
-    if tenant is None:
-        tenant = await anyio.to_thread.run_sync(_load_tenant, request, DEFAULT_TENANT)
-        cache[DEFAULT_TENANT] = tenant
-    return tenant
+
+async def get_principal(request: Request, credentials: Annotated[
+        HTTPAuthorizationCredentials | None, Security(_bearer)]) -> Principal:  # fmt: skip
+    """The caller, from ``Authorization: Bearer <key>``.
+
+    A known key is cached per process for a short while (``service.auth.KeyCache``), so a
+    request pays neither a query nor a thread-pool hop for it. The key itself is never
+    logged or echoed, in errors neither."""
+    if credentials is None:
+        raise _unauthorized("An API key is required: Authorization: Bearer <key>.")
+    key = credentials.credentials
+    if not looks_like_key(key):
+        raise _unauthorized("The API key is malformed.")
+    key_hash = hash_key(key)
+    cache: KeyCache = request.app.state.key_cache
+    principal = cache.get(key_hash)
+    if principal is None:
+        principal = await anyio.to_thread.run_sync(_lookup, request, key_hash)
+        if principal is None:
+            raise _unauthorized("The API key is unknown or revoked.")
+        cache.put(key_hash, principal)
+    wait = request.app.state.rate_limiter.take(principal.key_id)
+    if wait > 0:
+        raise HTTPException(429, "Too many requests for this API key; slow down.",
+                            headers={"Retry-After": RateLimiter.retry_after(wait)})  # fmt: skip
+    scope = required_scope(request.method)
+    if not principal.allows(scope):
+        raise HTTPException(403, f"This API key lacks the scope {scope!r}.")
+    return principal
+
+
+PrincipalDep = Annotated[Principal, Depends(get_principal)]
+
+
+async def get_tenant(principal: PrincipalDep) -> Tenant:
+    """The caller's tenant: a detached row built from the principal (no query)."""
+    return Tenant(id=principal.tenant_id, name=principal.tenant_name)
 
 
 TenantDep = Annotated[Tenant, Depends(get_tenant)]
+
+
+async def require_artifacts(principal: PrincipalDep) -> Principal:
+    if not principal.allows("artifacts:read"):
+        raise HTTPException(403, "This API key lacks the scope 'artifacts:read'.")
+    return principal
+
+
+ArtifactsDep = Depends(require_artifacts)
 
 
 def get_tenant_job(job_id: Annotated[str, Path(max_length=64)], session: SessionDep,

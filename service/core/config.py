@@ -36,6 +36,10 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
     max_upload_bytes: int = Field(default=2 << 30, ge=1024)
     max_queued_jobs_per_tenant: int = Field(default=100, ge=1)
+    # API keys: per-key requests a minute (0: off) and burst; how long a key stays cached
+    rate_limit_per_minute: int = Field(default=1200, ge=0, le=10**7)
+    rate_limit_burst: int = Field(default=200, ge=1, le=10**6)
+    key_cache_seconds: float = Field(default=30.0, ge=0, le=3600)
     # leases (service-design c.2)
     lease_seconds: float = Field(default=180.0, gt=0)
     heartbeat_seconds: float = Field(default=30.0, gt=0)

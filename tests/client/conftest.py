@@ -16,7 +16,7 @@ import pytest
 
 from api_schemas import JobPublic
 from client import ComeraClient
-from tests.helpers.services import TINY_JOB, clean_env, free_port, start_cli, stop
+from tests.helpers.services import TINY_JOB, clean_env, free_port, read_key, start_cli, stop
 
 SPEC = {**TINY_JOB, "name": "client-mlp", "labels": {"suite": "client"}}
 
@@ -32,6 +32,7 @@ class Server:
     url: str
     home: Path
     log: Path
+    key: str = ""
 
     def tail(self) -> str:
         return self.log.read_text()[-4000:]
@@ -50,14 +51,14 @@ def server(tmp_path_factory: pytest.TempPathFactory):
                 assert proc.poll() is None, srv.tail()
                 assert time.monotonic() < deadline, "comera up not ready:\n" + srv.tail()
                 time.sleep(0.3)
-        yield srv
+        yield Server(srv.url, home, log, read_key(home))
     finally:
         stop([proc])
 
 
 @pytest.fixture
 def client(server: Server):
-    with ComeraClient(server.url) as c:
+    with ComeraClient(server.url, api_key=server.key) as c:
         yield c
 
 
@@ -70,7 +71,7 @@ class FinishedJob:
 @pytest.fixture(scope="package")
 def finished_job(server: Server) -> FinishedJob:
     """One job submitted through the client and waited for (about 10-20 s)."""
-    with ComeraClient(server.url) as c:
+    with ComeraClient(server.url, api_key=server.key) as c:
         submitted = c.submit(SPEC, idempotency_key="client-tests-1")
         try:
             final = c.wait(submitted.id, timeout=240, poll=0.5)

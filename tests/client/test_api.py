@@ -78,7 +78,7 @@ def test_events_resume_after_a_dropped_connection(server, client, finished_job):
     target = urlparse(server.url)
     proxy = DroppingProxy((target.hostname, target.port), cut_after=2500)
     try:
-        with ComeraClient(proxy.url) as flaky:
+        with ComeraClient(proxy.url, api_key=server.key) as flaky:
             through = [e.seq for e in flaky.events(finished_job.submitted.id)]
     finally:
         proxy.close()

@@ -20,7 +20,9 @@ ENV = {"COLUMNS": "200", "NO_COLOR": "1"}
 
 
 def comera(server, *args: str):
-    result = CliRunner().invoke(app, ["--url", server.url, *args], env=ENV)
+    # no --api-key: the client finds the key ``comera up`` left in $COMERA_HOME/api_key
+    result = CliRunner().invoke(app, ["--url", server.url, *args],
+                                env={**ENV, "COMERA_HOME": str(server.home)})  # fmt: skip
     assert result.exception is None or isinstance(result.exception, SystemExit), result.output
     return result
 
@@ -60,7 +62,7 @@ def test_submit_watch_download_report_list(server, tmp_path: Path):
 def report_sha(server, job_id: str) -> str:
     from client import ComeraClient
 
-    with ComeraClient(server.url) as c:
+    with ComeraClient(server.url, api_key=server.key) as c:
         return c.export_checkpoint(job_id).sha256
 
 
@@ -87,7 +89,8 @@ def test_validate_reads_yaml(server, tmp_path: Path):
 def test_console_script_is_the_client(server):
     script = Path(sys.executable).with_name("comera")
     done = subprocess.run([str(script), "--url", server.url, "list"], capture_output=True,
-                          text=True, timeout=60, env={"COLUMNS": "200", "PATH": ""})  # fmt: skip
+                          text=True, timeout=60, env={"COLUMNS": "200", "PATH": "",
+                                                      "COMERA_API_KEY": server.key})  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "state" in done.stdout  # the table header
 

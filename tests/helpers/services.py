@@ -12,9 +12,11 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-__all__ = ["ROOT", "TINY_JOB", "clean_env", "free_port", "start_cli", "stop"]
+__all__ = ["ROOT", "TINY_JOB", "auth_headers", "clean_env", "free_port", "make_key", "read_key",
+           "start_cli", "stop"]  # fmt: skip
 
 ROOT = Path(__file__).resolve().parents[2]
 # a tiny MLP, 70 steps in three stages: seconds of training on 2 cores
@@ -55,6 +57,29 @@ def start_cli(args: list[str], env: dict[str, str], log: Path) -> subprocess.Pop
     return subprocess.Popen([sys.executable, "-m", "service.cli", *args], env=env, cwd=ROOT,
                             stdout=log.open("w"), stderr=subprocess.STDOUT,
                             start_new_session=True)  # fmt: skip
+
+
+def read_key(home: Path, timeout: float = 120.0) -> str:
+    """The first API key ``comera up`` wrote to ``home/api_key`` (waits for it)."""
+    path, deadline = home / "api_key", time.monotonic() + timeout
+    while not path.exists() or not path.read_text().strip():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no API key at {path}")
+        time.sleep(0.2)
+    return path.read_text().strip()
+
+
+def make_key(env: dict[str, str], tenant: str = "default", *scopes: str) -> str:
+    """A key made as an operator makes one: ``python -m service.cli keys create``."""
+    args = [arg for s in scopes for arg in ("--scope", s)]
+    out = subprocess.run([sys.executable, "-m", "service.cli", "keys", "create", "--tenant",
+                          tenant, *args], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, check=True)  # fmt: skip
+    return out.stdout.strip()
+
+
+def auth_headers(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
 
 
 def stop(procs: list[subprocess.Popen]) -> None:

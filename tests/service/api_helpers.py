@@ -9,12 +9,14 @@ Test modules import the fixtures they use from here.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import update
@@ -22,14 +24,19 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api_schemas import JobCreate
 from service.api.deps import get_enqueue, get_revoke
+from service.auth import ALL_SCOPES
 from service.core.config import Settings
+from service.db.crud.api_keys import create_key
 from service.db.crud.jobs import create_job
 from service.db.crud.tenants import get_or_create_tenant
 from service.db.models import Job
 from service.main import create_app
 from service.spec import spec_hash
 
-__all__ = ["Api", "api", "api_lite", "job_body", "make_job", "parse_sse", "set_state"]
+__all__ = ["NO_KEY", "Api", "api", "api_lite", "issue_key", "job_body", "make_job", "parse_sse",
+           "set_state"]  # fmt: skip
+
+NO_KEY = "X-Test-No-Idempotency-Key"  # a request header: submit without an Idempotency-Key
 
 
 @dataclass
@@ -40,6 +47,7 @@ class Api:
     enqueued: list[dict[str, Any]] = field(default_factory=list)
     revoked: list[str] = field(default_factory=list)
     send_ok: bool = True
+    key: str = ""  # an API key of tenant "default" with every scope (the client sends it)
 
     def tenant_id(self) -> str:
         with self.sessions() as s:
@@ -59,8 +67,25 @@ def _make_api(db_url: str, tmp_path: Path) -> Iterator[Api]:
     app.dependency_overrides[get_enqueue] = lambda: enqueue
     app.dependency_overrides[get_revoke] = lambda: box["api"].revoked.append
     with TestClient(app) as client:
-        box["api"] = Api(client, settings, app.state.sessionmaker)
+        key = issue_key(app)
+        client.headers["Authorization"] = f"Bearer {key}"
+        client.event_hooks["request"].append(_idempotency_key)
+        box["api"] = Api(client, settings, app.state.sessionmaker, key=key)
         yield box["api"]
+
+
+def issue_key(app: Any, tenant: str = "default", scopes: Any = ALL_SCOPES) -> str:
+    """A new API key in the started ``app``'s store (plaintext)."""
+    with app.state.sessionmaker() as s:
+        return create_key(session=s, tenant=tenant, scopes=scopes)[1]
+
+
+def _idempotency_key(request: httpx.Request) -> None:
+    """A fresh ``Idempotency-Key`` on a submission that names none (the header is required;
+    the idempotency tests set theirs, and ``NO_KEY`` leaves it out)."""
+    if request.method == "POST" and request.url.path.rstrip("/") == "/v1/jobs":
+        if request.headers.pop(NO_KEY, None) is None and "Idempotency-Key" not in request.headers:
+            request.headers["Idempotency-Key"] = uuid.uuid4().hex
 
 
 @pytest.fixture

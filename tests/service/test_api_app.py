@@ -14,7 +14,7 @@ from sqlalchemy import create_engine, text
 
 from service.core.config import Settings
 from service.main import SchemaNotReady, create_app
-from tests.service.api_helpers import Api, make_job
+from tests.service.api_helpers import Api, issue_key, make_job
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -150,6 +150,7 @@ def test_database_down_is_503_with_retry_after(pg_url: str, tmp_path: Path):
     admin = create_engine("postgresql+psycopg://" + PG_SERVER.removeprefix("postgresql://"),
                           isolation_level="AUTOCOMMIT")  # fmt: skip
     with TestClient(app) as client:
+        client.headers["Authorization"] = f"Bearer {issue_key(app)}"
         assert client.get("/v1/jobs").status_code == 200
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE "{pg_url.rsplit("/", 1)[1]}" WITH (FORCE)'))

@@ -14,7 +14,7 @@ import httpx
 
 from service.core.config import Settings
 from service.main import create_app
-from tests.service.api_helpers import job_body
+from tests.service.api_helpers import issue_key, job_body
 
 
 def test_sixty_concurrent_requests_through_a_two_connection_pool(pg_url, tmp_path):
@@ -26,7 +26,9 @@ def test_sixty_concurrent_requests_through_a_two_connection_pool(pg_url, tmp_pat
     async def run() -> list[int]:
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            auth = {"Authorization": f"Bearer {issue_key(app)}"}
+            async with httpx.AsyncClient(transport=transport, base_url="http://t",
+                                         headers=auth) as client:  # fmt: skip
                 from service.db.crud.jobs import create_job
                 from service.db.crud.tenants import get_or_create_tenant
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -25,7 +26,16 @@ from engine.models.registry import get_workload
 from engine.train import JobConfig
 from service.spec import to_engine
 from tests.helpers.db import migrated_postgres, postgres_available
-from tests.helpers.services import TINY_JOB, clean_env, free_port, start_cli, stop
+from tests.helpers.services import (
+    TINY_JOB,
+    auth_headers,
+    clean_env,
+    free_port,
+    make_key,
+    read_key,
+    start_cli,
+    stop,
+)
 
 pytestmark = pytest.mark.slow
 SPEC = {**TINY_JOB, "name": "e2e-mlp"}
@@ -49,7 +59,7 @@ def _ready(client: httpx.Client):
 
 
 def _run_job_and_check(client: httpx.Client, logs: list[Path], workdir: Path) -> None:
-    r = client.post("/v1/jobs", json=SPEC)
+    r = client.post("/v1/jobs", json=SPEC, headers={"Idempotency-Key": uuid.uuid4().hex})
     assert r.status_code == 202, r.text
     job_id = r.json()["id"]
     assert r.headers["location"].endswith(f"/v1/jobs/{job_id}")
@@ -121,6 +131,9 @@ def test_embedded_comera_up_runs_a_job_end_to_end(tmp_path):
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
             _wait(lambda: _ready(client) or proc.poll() is not None, 120, "comera up")
             assert proc.poll() is None, log.read_text()
+            key = read_key(tmp_path / "home")
+            assert key in log.read_text()  # printed once, at the first start
+            client.headers.update(auth_headers(key))
             _run_job_and_check(client, [log], tmp_path)
     finally:
         stop([proc])
@@ -139,7 +152,8 @@ def test_distributed_api_and_worker_on_postgres_and_redis(tmp_path):
         procs = [start_cli(["api", "--port", str(port)], env, logs[0]),
                  start_cli(["worker", "--hostname", f"e2e{port}@%h"], env, logs[1])]  # fmt: skip
         try:
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30,
+                              headers=auth_headers(make_key(env))) as client:  # fmt: skip
                 _wait(lambda: _ready(client), 120, "the API")
                 _run_job_and_check(client, logs, tmp_path)
         finally:

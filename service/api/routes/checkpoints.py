@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, HTTPException, Request, Response
 
 from api_schemas import CheckpointManifestPublic, CheckpointsPublic, CompressionReport
-from service.api.deps import JobDep, SessionDep, SettingsDep
+from service.api.deps import ArtifactsDep, JobDep, SessionDep, SettingsDep
 from service.db.crud.checkpoints import get_checkpoint, list_checkpoints
 from service.db.models import Checkpoint
 from service.downloads import checkpoint_file, file_response
@@ -15,7 +15,9 @@ from service.errors import problems
 from service.reports import checkpoint_manifest, compression_report
 from service.views import checkpoint_public
 
-router = APIRouter(prefix="/jobs/{job_id}", tags=["checkpoints"])
+# checkpoints, their content and the report are artifacts: ``artifacts:read`` on top of the
+# method's scope
+router = APIRouter(prefix="/jobs/{job_id}", tags=["checkpoints"], dependencies=[ArtifactsDep])
 CONTENT_RESPONSES = {
     200: {"content": {"application/octet-stream": {}}, "description": "The whole file"},
     206: {"content": {"application/octet-stream": {}}, "description": "One byte range"},

@@ -88,30 +88,30 @@ def _with_metrics(session: Any, job: Any) -> JobPublic:
 def submit_job(
     spec: JobCreate, session: SessionDep, settings: SettingsDep, tenant: TenantDep,
     planner: PlannerDep, enqueue: EnqueueDep, response: Response,
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1,
-                                                  max_length=255)] = None,
+    idempotency_key: Annotated[str, Header(alias="Idempotency-Key", min_length=1, max_length=255,
+                                           description="required (design b.1): a new random "
+                                           "value per job, reused only to retry")],
 ) -> Any:  # fmt: skip
     """Store a QUEUED job (attempt 1) and enqueue it; 202 with ``Location``.
 
     Checked first: the body, dataset references, the engine translation and the model build
     (the planner; skipped if unavailable). A broker outage still gives 202, with
-    ``enqueue_pending`` set: the reaper sends the job later. With ``Idempotency-Key``
+    ``enqueue_pending`` set: the reaper sends the job later. ``Idempotency-Key`` is required
     (:mod:`service.db.crud.idempotency`): the same key and body replay the first answer
     (``Idempotent-Replayed: true``), another body is a 422, a first request still running 409."""
     tenant_id, key = tenant.id, idempotency_key
-    if key is not None:
-        claim = claim_key(session=session, tenant_id=tenant_id, key=key,
-                          fingerprint=spec_hash(spec))  # fmt: skip
-        if claim.outcome == "replay":
-            return JSONResponse(
-                claim.response,
-                status_code=claim.status_code or 202,
-                headers={**(claim.headers or {}), "Idempotent-Replayed": "true"},
-            )
-        if claim.outcome == "mismatch":
-            raise HTTPException(422, "This Idempotency-Key was used with a different body.")
-        if claim.outcome == "conflict":
-            raise HTTPException(409, "A request with this Idempotency-Key is still running.")
+    claim = claim_key(session=session, tenant_id=tenant_id, key=key,
+                      fingerprint=spec_hash(spec))  # fmt: skip
+    if claim.outcome == "replay":
+        return JSONResponse(
+            claim.response,
+            status_code=claim.status_code or 202,
+            headers={**(claim.headers or {}), "Idempotent-Replayed": "true"},
+        )
+    if claim.outcome == "mismatch":
+        raise HTTPException(422, "This Idempotency-Key was used with a different body.")
+    if claim.outcome == "conflict":
+        raise HTTPException(409, "A request with this Idempotency-Key is still running.")
     try:
         engine_job = prepare(session=session, settings=settings, tenant_id=tenant_id, spec=spec)
         session.rollback()  # hand the connection back to the pool while the planner works
@@ -119,14 +119,12 @@ def submit_job(
         job = submit(session=session, settings=settings, tenant_id=tenant_id, spec=spec,
                      engine_job=engine_job, enqueue=enqueue)  # fmt: skip
     except Exception:
-        if key is not None:  # a failed first request does not keep its key
-            forget_key(session=session, tenant_id=tenant_id, key=key)
+        forget_key(session=session, tenant_id=tenant_id, key=key)  # a failed request forgets it
         raise
     headers = {"Location": f"/v1/jobs/{job.id}", "ETag": job_etag(job.version, job.updated_at)}
     public = job_public(job)
-    if key is not None:
-        finish_key(session=session, tenant_id=tenant_id, key=key, status_code=202,
-                   response=public.model_dump(mode="json"), headers=headers)  # fmt: skip
+    finish_key(session=session, tenant_id=tenant_id, key=key, status_code=202,
+               response=public.model_dump(mode="json"), headers=headers)  # fmt: skip
     response.headers.update(headers)
     return public
 
