@@ -19,6 +19,7 @@ from sqlalchemy import Engine
 
 from api_schemas import Problem
 from service.api.router import api_router
+from service.api.routes.dashboard import router as dashboard_router
 from service.api.routes.health import metrics_router
 from service.auth import KeyCache, RateLimiter
 from service.core.config import Settings, get_settings
@@ -94,4 +95,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RequestMetricsMiddleware, telemetry=app.state.telemetry)
     app.include_router(api_router)
     app.include_router(metrics_router)
+    app.include_router(dashboard_router)
     return app
