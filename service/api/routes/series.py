@@ -19,6 +19,9 @@ from service.views import event_public, metric_point, rank_point
 router = APIRouter(prefix="/jobs/{job_id}", tags=["series"])
 
 
+INT32 = 2**31 - 1  # steps and sequence numbers are 32-bit columns: larger is a 422, not a 500
+
+
 def _names(raw: str | None) -> list[str] | None:
     return None if raw is None else [k.strip() for k in raw.split(",") if k.strip()]
 
@@ -26,20 +29,20 @@ def _names(raw: str | None) -> list[str] | None:
 class MetricsQuery(BaseModel):
     keys: str | None = Field(None, max_length=1024, description="comma list; default: all")
     stage: str | None = Field(None, max_length=64)
-    from_step: int | None = Field(None, ge=0)
-    to_step: int | None = Field(None, ge=0)
+    from_step: int | None = Field(None, ge=0, le=INT32)
+    to_step: int | None = Field(None, ge=0, le=INT32)
     max_points: int = Field(500, ge=2, le=5000, description="per key; evenly spaced rows")
 
 
 class RanksQuery(BaseModel):
     tensor: str | None = Field(None, max_length=256, description="glob (* and ?)")
     stage: str | None = Field(None, max_length=64)
-    from_step: int | None = Field(None, ge=0)
+    from_step: int | None = Field(None, ge=0, le=INT32)
     max_points: int = Field(500, ge=2, le=5000, description="per tensor; evenly spaced rows")
 
 
 class EventsQuery(BaseModel):
-    after: int = Field(0, ge=0, description="sequence number to resume after")
+    after: int = Field(0, ge=0, le=INT32, description="sequence number to resume after")
     limit: int = Field(100, ge=1, le=1000, description="page size (JSON only)")
     kind: str | None = Field(None, max_length=128, description="comma list of event kinds")
 
@@ -79,7 +82,8 @@ def read_ranks(job: JobDep, session: SessionDep,
 def read_events(job: JobDep, session: SessionDep, request: Request,
                 params: Annotated[EventsQuery, Query()],
                 accept: Annotated[str | None, Header()] = None,
-                last_event_id: Annotated[int | None, Header(ge=0)] = None) -> Any:  # fmt: skip
+                last_event_id: Annotated[int | None, Header(ge=0, le=INT32)] = None,
+                ) -> Any:  # fmt: skip
     """Events after ``after`` (or ``Last-Event-ID``): a page, or with
     ``Accept: text/event-stream`` a stream that ends after the job's terminal state."""
     sse, kinds = wants_event_stream(accept), params.kinds()
