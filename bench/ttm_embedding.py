@@ -13,6 +13,12 @@ bounded Zipf law p(k) ~ 1/k^1.1 over the vocabulary (rank k -> a fixed random to
   The peak is read from ``VmHWM`` in ``/proc/self/status``: ``ru_maxrss`` of a child survives
   ``exec`` from the parent (Linux keeps the old mm's high-water mark), so it reads at least
   the parent's peak.
+* Triton vs torch (``triton_vs_torch`` in the JSON): the optimized lookup on CUDA with
+  ``kernel=TORCH`` and ``kernel=TRITON`` (same module, ids and upstream gradient), median
+  forward+backward each, synchronized, interleaved; the largest relative difference of the
+  outputs and gradients is recorded with the times. Without CUDA it records
+  ``"skipped: no CUDA"``. ``--triton-only`` runs just this column and writes
+  ``ttm_embedding_triton.json``.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import torch
 from torch import nn
 
 from bench.common import interleaved_medians, machine_info, write_json
+from engine.kernels.backend import triton_unavailable_reason
 from engine.nn.ttm_embedding import TTMEmbedding
 from engine.nn.ttm_naive import ttm_lookup_naive
 
@@ -123,9 +130,51 @@ def timings(repeats: int = 20) -> dict[str, float]:
     return interleaved_medians({v: make_step(v, ids, grad) for v in VARIANTS}, repeats)
 
 
+def triton_vs_torch(repeats: int = 20) -> dict:
+    """The optimized lookup on CUDA, ``kernel=TORCH`` against ``kernel=TRITON`` (module doc)."""
+    if not torch.cuda.is_available():
+        return {"status": "skipped: no CUDA"}
+    reason = triton_unavailable_reason([torch.empty(1, device="cuda")])
+    if reason is not None:
+        return {"status": f"skipped: {reason}"}
+    ids, grad = (t.cuda() for t in make_inputs())  # (B, S), (B, S, D)
+    torch.manual_seed(SEED)
+    mod = TTMEmbedding(VOCAB, DIM, row_modes=ROW_MODES, col_modes=COL_MODES, max_rank=RANK).cuda()
+
+    def run(kernel: str) -> list[torch.Tensor]:
+        mod.kernel = kernel
+        mod.zero_grad(set_to_none=True)
+        out = mod(ids)  # (B, S, D)
+        out.backward(grad)
+        torch.cuda.synchronize()
+        return [out.detach(), *(p.grad for p in mod.parameters())]
+
+    ref, got = run("torch"), run("triton")  # also compiles the kernels
+    diff = max(float((g - r).abs().max() / r.abs().max().clamp_min(1e-30))
+               for g, r in zip(got, ref, strict=True))  # fmt: skip
+    times = interleaved_medians({k: lambda k=k: run(k) for k in ("torch", "triton")}, repeats)
+    return {
+        "status": "ran",
+        "device": torch.cuda.get_device_name(),
+        "dtype": "float32",
+        "median_ms": {k: v * 1e3 for k, v in times.items()},
+        "torch_over_triton_time": times["torch"] / times["triton"],
+        "max_rel_diff_outputs_and_grads": diff,
+    }
+
+
+def _triton_line(col: dict) -> str:
+    if col["status"] != "ran":
+        return f"triton vs torch: {col['status']}"
+    ms = col["median_ms"]
+    return (f"triton vs torch (CUDA): torch {ms['torch']:.3f} ms, triton {ms['triton']:.3f} ms, "
+            f"ratio {col['torch_over_triton_time']:.2f}")  # fmt: skip
+
+
 def main() -> None:
     memory = peak_memory()  # first, while this process is still small
     times = timings()
+    triton_col = triton_vs_torch()
     ids, _ = make_inputs()
     mem = {v: memory[v]["peak_mib"] for v in VARIANTS}
     ratios = {
@@ -151,6 +200,7 @@ def main() -> None:
         "load_avg_1_5_15": os.getloadavg(),  # other work on the machine skews the times
         "memory_baseline": "idle child: same imports, inputs (ids, upstream grad) and warm_up()",
         "ratios": ratios,
+        "triton_vs_torch": triton_col,
         "targets": {
             "naive_over_optimized_time": ">= 28",
             "dense_over_optimized_time": ">= 2",
@@ -161,6 +211,7 @@ def main() -> None:
     lines = [f"{'variant':<10} {'median ms':>10} {'peak MiB':>10}"]
     lines += [f"{v:<10} {times[v] * 1e3:>10.2f} {mem[v]:>10.1f}" for v in VARIANTS]
     lines += [f"{k}: {v:.2f}" for k, v in ratios.items()]
+    lines.append(_triton_line(triton_col))
     lines.append(f"unique ids: {result['shapes']['unique_ids']} of {BATCH * SEQ}; -> {path}")
     sys.stdout.write("\n".join(lines) + "\n")
 
@@ -168,8 +219,13 @@ def main() -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--child", choices=("idle", *VARIANTS))
+    parser.add_argument("--triton-only", action="store_true", help="only the Triton column")
     args = parser.parse_args()
     if args.child:
         child(args.child)
+    elif args.triton_only:
+        col = triton_vs_torch()
+        path = write_json("ttm_embedding_triton", {"machine": machine_info(), **col})
+        sys.stdout.write(f"{_triton_line(col)} -> {path}\n")
     else:
         main()

@@ -9,6 +9,12 @@ a swept side, and the dense plan, are compositions of torch ops under autograd.
 ``activation="gelu"`` computes ``gelu(x) W^T + b`` from the pre-activation ``x``. The fused
 plan then saves ``x`` instead of ``gelu(x)`` and recomputes ``gelu(x)`` in backward (one
 elementwise pass), so a ``fc1 -> gelu -> fc2`` block keeps one (B, F) tensor, not two.
+
+``TTLinearMeta.kernel`` (:class:`engine.kernels.KernelPref`, default AUTO) runs the fused plan
+on the Triton kernels (:mod:`engine.kernels.skinny` for the skinny products, with ``gelu``,
+``gelu'`` and the bias column fused in, :mod:`engine.kernels.merge` for the merges) where
+:func:`engine.kernels.resolve_backend` says so; AUTO on CPU tensors runs exactly the torch
+ops. The other plans always run on torch ops.
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ from torch import Tensor
 
 from engine.contract.lowrank_saved import recomputing, tag_output
 from engine.contract.plan import Plan, Side
+from engine.kernels.backend import Backend, KernelPref, resolve_backend
+from engine.kernels.merge import merge_chain, merge_chain_backward
+from engine.kernels.skinny import skinny_mm, skinny_tmm, wide_mm
 from engine.tt.chain import merge, merge_backward
 from engine.tt.cores import gate_mu, gated_cores
 
@@ -38,6 +47,7 @@ class TTLinearMeta(NamedTuple):
     in_features: int
     out_features: int
     tau: float
+    kernel: KernelPref = KernelPref.AUTO  # torch or Triton for the fused plan
 
 
 # Below this many rows MKL's GEMM with a skinny (<= ~32 columns) output is faster computed as
@@ -79,15 +89,21 @@ class Merged(NamedTuple):
     saved_r: list[Tensor]
 
 
-def merge_gated(meta: TTLinearMeta, dirs: tuple[Side, Side], cores, gates) -> Merged:
+def merge_gated(
+    meta: TTLinearMeta, dirs: tuple[Side, Side], cores, gates, backend: Backend = "torch"
+) -> Merged:
     """Gate the cores and merge both halves (the forward's batch-independent part)."""
     d = len(meta.in_modes)
     # all gates thresholded in one op, applied with one foreach call (fewer launches)
     flat_gates = torch.cat(gates)  # (sum r_k,)
     mus = gate_mu(flat_gates, meta.tau).split([g.shape[0] for g in gates])  # (r_k,) each
     gated = [*torch._foreach_mul(cores[:-1], mus), cores[-1]]
-    left, saved_l = merge(gated[:d], dirs[0])  # (N', r)
-    right, saved_r = merge(gated[d:], dirs[1])  # (r M', 1)
+    if backend == "triton":
+        left, saved_l = merge_chain(gated[:d], dirs[0], backend)  # (N', r)
+        right, saved_r = merge_chain(gated[d:], dirs[1], backend)  # (r M', 1)
+    else:
+        left, saved_l = merge(gated[:d], dirs[0])  # (N', r)
+        right, saved_r = merge(gated[d:], dirs[1])  # (r M', 1)
     r = left.shape[1]
     left = left[: meta.in_features]  # (N, r)  view: padded input rows dropped
     right = right.view(r, -1)[:, : meta.out_features]  # (r, M)  view
@@ -95,7 +111,12 @@ def merge_gated(meta: TTLinearMeta, dirs: tuple[Side, Side], cores, gates) -> Me
 
 
 def param_grads(
-    meta: TTLinearMeta, dirs: tuple[Side, Side], m: Merged, d_left: Tensor, d_right: Tensor
+    meta: TTLinearMeta,
+    dirs: tuple[Side, Side],
+    m: Merged,
+    d_left: Tensor,
+    d_right: Tensor,
+    backend: Backend = "torch",
 ) -> tuple[list[Tensor], list[Tensor]]:
     """Core and gate gradients from ``dL`` (N, r) and ``dR`` (r, M): the merge backward."""
     d, r = len(meta.in_modes), m.left.shape[1]
@@ -106,8 +127,12 @@ def param_grads(
     if m_full != meta.out_features:
         pad = d_right.new_zeros(r, m_full - meta.out_features)
         d_right = torch.cat([d_right, pad], dim=1)
-    d_gated = merge_backward(m.gated[:d], m.saved_l, d_left, dirs[0])
-    d_gated += merge_backward(m.gated[d:], m.saved_r, d_right, dirs[1])
+    if backend == "triton":
+        d_gated = merge_chain_backward(m.gated[:d], m.saved_l, d_left, dirs[0], backend)
+        d_gated += merge_chain_backward(m.gated[d:], m.saved_r, d_right, dirs[1], backend)
+    else:
+        d_gated = merge_backward(m.gated[:d], m.saved_l, d_left, dirs[0])
+        d_gated += merge_backward(m.gated[d:], m.saved_r, d_right, dirs[1])
     n_gates = len(m.mus)
     d_cores = [*torch._foreach_mul(d_gated[:n_gates], m.mus), d_gated[-1]]  # (a, s, b) each
     prods = torch._foreach_mul(d_gated[:n_gates], m.cores[:n_gates])
@@ -127,19 +152,29 @@ class TTLinearFunction(torch.autograd.Function):
 
     Only ``x`` and ``[x L, 1]`` (B, r + 1) go through ``save_for_backward``; the small
     batch-independent tensors (cores, gates, merge intermediates) are kept on ``ctx``.
+    ``backend="triton"`` runs the products on :mod:`engine.kernels.skinny` (``gelu(x)`` is then
+    never materialized, in forward or backward).
     """
 
     @staticmethod
-    def forward(ctx, x, bias, meta: TTLinearMeta, dirs: tuple[Side, Side], act, *params):
+    def forward(
+        ctx, x, bias, meta: TTLinearMeta, dirs: tuple[Side, Side], act, backend: Backend, *params
+    ):
         n_cores = len(meta.in_modes) + len(meta.out_modes)
-        m = merge_gated(meta, dirs, params[:n_cores], params[n_cores:])
-        a = F.gelu(x) if act == "gelu" else x  # (B, N) not saved: recomputed in backward
-        t1 = _first_product(a, m.left, with_ones=bias is not None)  # (B, r [+ 1])
-        rb = with_bias(m.right, bias)  # (r [+ 1], M)
-        y = t1 @ rb  # (B, M)
+        m = merge_gated(meta, dirs, params[:n_cores], params[n_cores:], backend)
+        if backend == "triton":
+            t1 = skinny_mm(x, m.left, act or "none", bias is not None, True)  # (B, r [+ 1])
+            rb = with_bias(m.right, bias)  # (r [+ 1], M)
+            y = wide_mm(t1, rb, None, "none", True)  # (B, M)
+        else:
+            a = F.gelu(x) if act == "gelu" else x  # (B, N) not saved: recomputed in backward
+            t1 = _first_product(a, m.left, with_ones=bias is not None)  # (B, r [+ 1])
+            rb = with_bias(m.right, bias)  # (r [+ 1], M)
+            y = t1 @ rb  # (B, M)
         if recomputing() and any(ctx.needs_input_grad):
             tag_output(y, t1, rb)  # consumers save (t1, rb), not y: see lowrank_saved
         ctx.meta, ctx.dirs, ctx.act, ctx.merged = meta, dirs, act, m
+        ctx.backend = backend
         ctx.save_for_backward(x, t1)
         return y
 
@@ -148,6 +183,8 @@ class TTLinearFunction(torch.autograd.Function):
         x, t1 = ctx.saved_tensors
         m = ctx.merged
         r = m.left.shape[1]
+        if ctx.backend == "triton":
+            return TTLinearFunction._backward_triton(ctx, dy, x, t1, m, r)
         u1 = _skinny(dy, m.right.T).contiguous()  # (B, r)
         dx = u1 @ m.left.T if ctx.needs_input_grad[0] else None  # (B, N)
         d_right = t1.T @ dy  # (r [+ 1], M)
@@ -159,7 +196,20 @@ class TTLinearFunction(torch.autograd.Function):
             d_left = (u1.T @ x).T  # (N, r)
         d_cores, d_gates = param_grads(ctx.meta, ctx.dirs, m, d_left, d_right[:r])
         del ctx.merged
-        return (dx, dbias, None, None, None, *d_cores, *d_gates)
+        return (dx, dbias, None, None, None, None, *d_cores, *d_gates)
+
+    @staticmethod
+    def _backward_triton(ctx, dy, x, t1, m: Merged, r: int):
+        act = ctx.act or "none"
+        u1 = skinny_mm(dy, m.right.T, "none", False, True)  # (B, r)
+        pre = x if act == "gelu" else None
+        dx = wide_mm(u1, m.left.T, pre, act, True) if ctx.needs_input_grad[0] else None  # (B, N)
+        d_right = skinny_tmm(t1, dy, "none", True)  # (r [+ 1], M)
+        dbias = d_right[r] if t1.shape[1] > r else None  # (M,)
+        d_left = skinny_tmm(x, u1, act, True)  # (N, r): act(x)^T u1
+        d_cores, d_gates = param_grads(ctx.meta, ctx.dirs, m, d_left, d_right[:r], "triton")
+        del ctx.merged
+        return (dx, dbias, None, None, None, None, *d_cores, *d_gates)
 
 
 def _prod(values) -> int:
@@ -205,8 +255,10 @@ def run_plan(
     d = len(meta.in_modes)
     n_in, n_out = meta.in_features, meta.out_features
     if plan.fused:
+        tensors = (x, *cores, *gates) if bias is None else (x, bias, *cores, *gates)
+        backend = resolve_backend(meta.kernel, *tensors)
         return TTLinearFunction.apply(x, bias, meta, (plan.input_side, plan.output_side),
-                                      activation, *cores, *gates)
+                                      activation, backend, *cores, *gates)
     if activation == "gelu":
         x = F.gelu(x)  # (B, N)
     gated = gated_cores(cores, gates, meta.tau)

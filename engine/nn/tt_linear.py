@@ -4,7 +4,8 @@ The weight ``W`` (out, in) is never stored: ``W^T`` (in, out) is the merge of ``
 input modes first (``G_1..G_d`` with mode sizes ``n_k``), then output modes
 (``G_{d+1}..G_{2d}`` with ``m_k``); see ``docs`` in ``engine/contract/plan.py``. Sizes that do
 not factor well are padded (the padding is in ``extra_repr``); padded rows and columns never
-reach the output.
+reach the output. ``kernel`` (:class:`engine.kernels.KernelPref`, default AUTO) picks the
+torch ops or the Triton kernels for the fused plan.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import Tensor, nn
 from engine.contract.execute import TTLinearMeta
 from engine.contract.plan import Plan
 from engine.contract.reference import tt_linear_weight
+from engine.kernels.backend import KernelPref, parse_kernel
 from engine.nn.functional import parse_plan, tt_linear
 from engine.tt.cores import active_ranks, chain_numel, init_cores
 from engine.tt.decompose import matrix_to_tt
@@ -49,10 +51,12 @@ class TTLinear(nn.Module):
         gate_threshold: float = 1e-2,
         d: int | None = None,
         plan: str | Plan = "auto",
+        kernel: KernelPref | str = KernelPref.AUTO,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        self.kernel = kernel
         self.in_features = _check_size(in_features, "in_features")
         self.out_features = _check_size(out_features, "out_features")
         if not 0 <= gate_threshold < 1:  # gates start at 1: tau >= 1 would mask everything
@@ -106,13 +110,14 @@ class TTLinear(nn.Module):
         gate_threshold: float = 1e-2,
         d: int | None = None,
         plan: str | Plan = "auto",
+        kernel: KernelPref | str = KernelPref.AUTO,
     ) -> TTLinear:
         """TT-SVD of ``linear.weight`` to ``max_rank`` and/or relative tolerance ``tol``."""
         w = linear.weight.detach()
         layer = cls(
             linear.in_features, linear.out_features, linear.bias is not None,
             max_rank=max_rank if max_rank is not None else 1, in_modes=in_modes,
-            out_modes=out_modes, gate_threshold=gate_threshold, d=d, plan=plan,
+            out_modes=out_modes, gate_threshold=gate_threshold, d=d, plan=plan, kernel=kernel,
             device=torch.device("meta"), dtype=w.dtype,
         )
         cores = matrix_to_tt(w, layer.in_modes, layer.out_modes, max_rank=max_rank, tol=tol)
@@ -127,9 +132,18 @@ class TTLinear(nn.Module):
 
     # -- compute ------------------------------------------------------------------------
     @property
+    def kernel(self) -> KernelPref:
+        """Torch or Triton for the fused plan (:func:`engine.kernels.resolve_backend`)."""
+        return self._kernel
+
+    @kernel.setter
+    def kernel(self, value: KernelPref | str) -> None:
+        self._kernel = parse_kernel(value)
+
+    @property
     def meta(self) -> TTLinearMeta:
         return TTLinearMeta(self.in_modes, self.out_modes, self.in_features,
-                            self.out_features, self.gate_threshold)
+                            self.out_features, self.gate_threshold, self.kernel)
 
     def forward(self, x: Tensor, activation: str | None = None) -> Tensor:
         """``x W^T + b``; ``activation="gelu"``: ``gelu(x) W^T + b`` without storing
@@ -188,4 +202,5 @@ class TTLinear(nn.Module):
             f"bias={self.bias is not None}, in_modes={self.in_modes}, "
             f"out_modes={self.out_modes}, ranks={self.ranks}, padding=({pad_in}, {pad_out}), "
             f"tt_params={self.tt_parameters()}, compression={self.compression_ratio():.1f}x"
+            + (f", kernel={self.kernel.value}" if self.kernel is not KernelPref.AUTO else "")
         )

@@ -4,7 +4,8 @@ The table ``E (V', D)`` with ``V' = prod n_k >= V`` and ``D = prod m_k`` is held
 ``G_k (r_{k-1}, n_k, m_k, r_k)`` and gates ``g_k (r_k,)`` on the internal bonds (method doc §2.2,
 §3.1). The lookup is :func:`engine.nn.ttm_functional.ttm_lookup`; the dense oracle is
 :func:`engine.contract.reference.ttm_table`. ``shrink_`` slices dead gate entries out of the
-cores (Part B item 6) and reports the slices so optimizer state can follow.
+cores (Part B item 6) and reports the slices so optimizer state can follow. ``kernel``
+(:class:`engine.kernels.KernelPref`, default AUTO) picks the torch ops or the Triton kernels.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from engine.contract.reference import ttm_table
+from engine.kernels.backend import KernelPref, parse_kernel
 from engine.nn.ttm_functional import LookupPlan, make_plan, ttm_lookup
 from engine.tt.cores import active_ranks, chain_numel, init_cores
 from engine.tt.decompose import embedding_to_ttm
@@ -71,10 +73,12 @@ class TTMEmbedding(nn.Module):
         d: int | None = None,
         dedup: bool = True,
         padding_idx: int | None = None,
+        kernel: KernelPref | str = KernelPref.AUTO,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        self.kernel = kernel
         _positive_int(num_embeddings, "num_embeddings")
         _positive_int(embedding_dim, "embedding_dim")
         if (
@@ -129,6 +133,7 @@ class TTMEmbedding(nn.Module):
         gate_threshold: float = 1e-2,
         d: int | None = None,
         dedup: bool = True,
+        kernel: KernelPref | str = KernelPref.AUTO,
     ) -> TTMEmbedding:
         """TT-SVD of ``emb.weight`` (padded with zero rows) into TTM cores; gates at 1."""
         weight = emb.weight.detach()  # (V, D)
@@ -145,6 +150,7 @@ class TTMEmbedding(nn.Module):
             gate_threshold=gate_threshold,
             dedup=dedup,
             padding_idx=emb.padding_idx,
+            kernel=kernel,
             device="meta",
             dtype=weight.dtype,
         )
@@ -180,6 +186,15 @@ class TTMEmbedding(nn.Module):
 
     # ---- compute -----------------------------------------------------------------------------
 
+    @property
+    def kernel(self) -> KernelPref:
+        """Torch or Triton for the lookup (:func:`engine.kernels.resolve_backend`)."""
+        return self._kernel
+
+    @kernel.setter
+    def kernel(self, value: KernelPref | str) -> None:
+        self._kernel = parse_kernel(value)
+
     def _lookup_plan(self) -> LookupPlan:
         shapes = tuple(tuple(c.shape) for c in self.cores)
         if self._plan is None or self._plan[0] != shapes:
@@ -197,8 +212,9 @@ class TTMEmbedding(nn.Module):
             zero = self.cores[-1].sum()  # () empty sum: keeps the graph, gradients are empty
             return zero.expand(*ids.shape, self.embedding_dim).contiguous()  # (..., D)
         cores, gates = list(self.cores), list(self.gates)
+        plan = self._lookup_plan()
         out = ttm_lookup(
-            ids, cores, gates, self.gate_threshold, dedup=self.dedup, plan=self._lookup_plan()
+            ids, cores, gates, self.gate_threshold, dedup=self.dedup, plan=plan, kernel=self.kernel
         )  # (..., D)
         if self.padding_idx is not None:
             # as nn.Embedding: the padding row reads as zeros and sends no gradient
@@ -247,4 +263,5 @@ class TTMEmbedding(nn.Module):
             f"col_modes={list(self.col_modes)}, ranks={list(self.ranks)}, "
             f"params={self.num_parameters()}, compression={self.compression_ratio():.1f}x"
             + (f", padding_idx={self.padding_idx}" if self.padding_idx is not None else "")
+            + (f", kernel={self.kernel.value}" if self.kernel is not KernelPref.AUTO else "")
         )

@@ -14,6 +14,11 @@ The lookup (method doc §6.2, Part B item 8) splits the chain at bond ``h``:
 
 and the backward accumulates the output gradient per unique row before the two GEMMs, scatters
 it into ``dA`` and ``dBm`` and runs :func:`engine.tt.chain.merge_backward` to the cores and gates.
+
+``kernel`` (:class:`engine.kernels.KernelPref`, default AUTO) picks the torch ops or the Triton
+kernels (:mod:`engine.kernels.ttm_rows` gathers by sub-index inside the kernel, so the gathered
+``(U, M_L, r)`` / ``(U, r, M_R)`` copies are neither built nor saved; the merges run on
+:mod:`engine.kernels.merge`). AUTO on CPU tensors runs exactly the torch ops.
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from engine.kernels.backend import KernelPref, resolve_backend
+from engine.kernels.merge import merge_chain, merge_chain_backward
+from engine.kernels.ttm_rows import ttm_rows, ttm_rows_backward
 from engine.tt.chain import merge, merge_backward, merge_macs
 from engine.tt.cores import gate_mu
 
@@ -104,7 +112,9 @@ class TTMLookupFunction(torch.autograd.Function):
     """``out[t] = row ids[t]`` of the gated TTM table for flat ``ids``; see the module doc."""
 
     @staticmethod
-    def forward(ctx, ids: Tensor, plan: LookupPlan, tau: float, dedup: bool, *params: Tensor):
+    def forward(
+        ctx, ids: Tensor, plan: LookupPlan, tau: float, dedup: bool, backend: str, *params: Tensor
+    ):
         k = (len(params) + 1) // 2
         cores, gates = params[:k], params[k:]
         mus = [gate_mu(g, tau) for g in gates]  # each (r_k,)
@@ -112,8 +122,12 @@ class TTMLookupFunction(torch.autograd.Function):
         gated.append(cores[-1])
         flat = [g.reshape(g.shape[0], -1, g.shape[3]) for g in gated]  # each (a, n m, b)
         h = plan.h
-        left, saved_l = merge(flat[:h], "ltr")  # (n_1 m_1 .. n_h m_h, r_h)
-        right, saved_r = merge(flat[h:], "rtl")  # (r_h n_{h+1} m_{h+1} .. m_K, 1)
+        if backend == "triton":
+            left, saved_l = merge_chain(flat[:h], "ltr", backend)  # (n_1 m_1 .. n_h m_h, r_h)
+            right, saved_r = merge_chain(flat[h:], "rtl", backend)  # (r_h n_{h+1} .. m_K, 1)
+        else:
+            left, saved_l = merge(flat[:h], "ltr")  # (n_1 m_1 .. n_h m_h, r_h)
+            right, saved_r = merge(flat[h:], "rtl")  # (r_h n_{h+1} m_{h+1} .. m_K, 1)
         a = left.view(plan.left_view).permute(plan.left_perm)  # (n_1..n_h, m_1..m_h, r_h)
         a = a.reshape(plan.left_shape)  # (N_L, M_L, r_h)
         bm = right.view(plan.right_view).permute(plan.right_perm)  # (n.., r_h, m..)
@@ -124,11 +138,15 @@ class TTMLookupFunction(torch.autograd.Function):
             u, inv = ids, None  # (T,)
         p = torch.div(u, plan.n_right, rounding_mode="floor")  # (U,)
         q = u - p * plan.n_right  # (U,)
-        a_p = a.index_select(0, p)  # (U, M_L, r_h)
-        b_q = bm.index_select(0, q)  # (U, r_h, M_R)
-        rows = torch.bmm(a_p, b_q).view(-1, plan.dim)  # (U, D)
+        if backend == "triton":
+            a_p, b_q = a, bm  # (N_L, M_L, r_h), (N_R, r_h, M_R): gathered inside the kernel
+            rows = ttm_rows(a, bm, p, q, True)  # (U, D)
+        else:
+            a_p = a.index_select(0, p)  # (U, M_L, r_h)
+            b_q = bm.index_select(0, q)  # (U, r_h, M_R)
+            rows = torch.bmm(a_p, b_q).view(-1, plan.dim)  # (U, D)
         out = rows if inv is None else rows.index_select(0, inv)  # (T, D)
-        ctx.plan, ctx.tau, ctx.k = plan, tau, k
+        ctx.plan, ctx.tau, ctx.k, ctx.backend = plan, tau, k, backend
         ctx.n_unique = u.shape[0]
         ctx.save_for_backward(p, q, inv, a_p, b_q, *cores, *gates, *mus, *gated, *saved_l, *saved_r)
         ctx.n_saved = (len(saved_l), len(saved_r))
@@ -150,24 +168,35 @@ class TTMLookupFunction(torch.autograd.Function):
         else:
             d_rows = d_out.new_zeros(ctx.n_unique, plan.dim)  # (U, D)
             d_rows.index_add_(0, inv, d_out)  # (U, D): gradient accumulated per unique row
-        d_rows = d_rows.reshape(-1, plan.left_shape[1], plan.right_shape[2])  # (U, M_L, M_R)
-        d_ap = torch.bmm(d_rows, b_q.mT)  # (U, M_L, r_h)
-        d_a = d_ap.new_zeros(plan.left_shape).index_add_(0, p, d_ap)  # (N_L, M_L, r_h)
-        del d_ap
-        d_bq = torch.bmm(a_p.mT, d_rows)  # (U, r_h, M_R)
-        del d_rows
-        d_b = d_bq.new_zeros(plan.right_shape).index_add_(0, q, d_bq)  # (N_R, r_h, M_R)
-        del d_bq
+        if ctx.backend == "triton":  # a_p, b_q are the whole halves A, Bm here
+            # (N_L, M_L, r_h), (N_R, r_h, M_R)
+            d_a, d_b = ttm_rows_backward(d_rows, a_p, b_q, p, q, True)
+            del d_rows
+        else:
+            d_rows = d_rows.reshape(-1, plan.left_shape[1], plan.right_shape[2])  # (U, M_L, M_R)
+            d_ap = torch.bmm(d_rows, b_q.mT)  # (U, M_L, r_h)
+            d_a = d_ap.new_zeros(plan.left_shape).index_add_(0, p, d_ap)  # (N_L, M_L, r_h)
+            del d_ap
+            d_bq = torch.bmm(a_p.mT, d_rows)  # (U, r_h, M_R)
+            del d_rows
+            d_b = d_bq.new_zeros(plan.right_shape).index_add_(0, q, d_bq)  # (N_R, r_h, M_R)
+            del d_bq
         left_perm_shape = [plan.left_view[i] for i in plan.left_perm]
         d_left = d_a.view(left_perm_shape).permute(_inverse(plan.left_perm))  # (n_1, m_1, .., r_h)
         right_perm_shape = [plan.right_view[i] for i in plan.right_perm]
         d_right = d_b.view(right_perm_shape).permute(_inverse(plan.right_perm))  # (r_h, n, m, ..)
         h = plan.h
         flat = [g.reshape(g.shape[0], -1, g.shape[3]) for g in gated]  # each (a, n m, b)
-        d_gated = [
-            *merge_backward(flat[:h], saved_l, d_left, "ltr"),  # each (a, n m, b)
-            *merge_backward(flat[h:], saved_r, d_right, "rtl"),  # each (a, n m, b)
-        ]
+        if ctx.backend == "triton":
+            d_gated = [
+                *merge_chain_backward(flat[:h], saved_l, d_left, "ltr", "triton"),  # (a, n m, b)
+                *merge_chain_backward(flat[h:], saved_r, d_right, "rtl", "triton"),
+            ]
+        else:
+            d_gated = [
+                *merge_backward(flat[:h], saved_l, d_left, "ltr"),  # each (a, n m, b)
+                *merge_backward(flat[h:], saved_r, d_right, "rtl"),  # each (a, n m, b)
+            ]
         d_cores: list[Tensor | None] = []
         d_gates: list[Tensor | None] = []
         for i in range(k - 1):
@@ -177,9 +206,9 @@ class TTMLookupFunction(torch.autograd.Function):
             d_mu = (d_gt * cores[i].reshape(-1, b)).sum(0)  # (b,)
             d_gates.append(torch.ops.aten.threshold_backward(d_mu, gates[i], tau))  # (b,)
         d_cores.append(d_gated[k - 1].view(cores[k - 1].shape))  # (a, n, m, 1)
-        needs = ctx.needs_input_grad[4:]
+        needs = ctx.needs_input_grad[5:]
         grads = [g if need else None for g, need in zip(d_cores + d_gates, needs, strict=True)]
-        return (None, None, None, None, *grads)
+        return (None, None, None, None, None, *grads)
 
 
 def ttm_lookup(
@@ -190,13 +219,16 @@ def ttm_lookup(
     *,
     dedup: bool = True,
     plan: LookupPlan | None = None,
+    kernel: KernelPref | str = KernelPref.AUTO,
 ) -> Tensor:
     """Rows ``ids`` (any integer shape ``(...)``) of the gated TTM table: ``(..., D)``.
 
     Ids are not range-checked here (the module does it); rows past the vocabulary are padding.
+    ``kernel`` chooses torch or Triton (:func:`engine.kernels.resolve_backend`).
     """
     if plan is None:
         plan = make_plan([tuple(c.shape) for c in cores])
+    backend = resolve_backend(kernel, *cores, *gates)
     flat_ids = ids.reshape(-1)  # (T,)
-    out = TTMLookupFunction.apply(flat_ids, plan, tau, dedup, *cores, *gates)  # (T, D)
+    out = TTMLookupFunction.apply(flat_ids, plan, tau, dedup, backend, *cores, *gates)  # (T, D)
     return out.view(*ids.shape, plan.dim)  # (..., D)
