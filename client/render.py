@@ -13,8 +13,8 @@ from rich.table import Table
 
 from api_schemas import CompressionReport, JobPublic, ValidationReport
 
-__all__ = ["fmt_modes", "fmt_ratio", "job_summary", "job_table", "jobs_table", "plan_table",
-           "report_tables"]  # fmt: skip
+__all__ = ["baseline_table", "fmt_modes", "fmt_ratio", "job_summary", "job_table", "jobs_table",
+           "plan_table", "report_tables"]  # fmt: skip
 
 STATE_STYLE = {"SUCCEEDED": "green", "FAILED": "red", "CANCELLED": "yellow",
                "CANCELLING": "yellow", "RUNNING": "cyan", "STARTING": "cyan",
@@ -98,8 +98,26 @@ def jobs_table(jobs: list[JobPublic]) -> Table:
     return t
 
 
+def _value(value: float | None, signed: bool = False) -> str:
+    return "-" if value is None else (f"{value:+.4g}" if signed else f"{value:.4g}")
+
+
+def baseline_table(report: CompressionReport) -> Table | None:
+    """This job's metrics next to its dense baseline's, and the deltas (job - baseline)."""
+    base = report.baseline
+    if base is None:
+        return None
+    t = Table("metric", "this job", "dense baseline", "delta",
+              title=f"against the dense baseline {base.job_id}")  # fmt: skip
+    for key in sorted(report.metrics.keys() | base.metrics.keys()):
+        t.add_row(key, _value(report.metrics.get(key)), _value(base.metrics.get(key)),
+                  _value(base.deltas.get(key), signed=True))  # fmt: skip
+    return t
+
+
 def report_tables(report: CompressionReport) -> Group:
-    """``comera report``: one row per layer, then the totals and the metrics."""
+    """``comera report``: one row per layer, the totals, the metrics and the fidelity to the
+    original model (``hf_bert``), then the comparison with the dense baseline if any."""
     title = f"compression of {report.job_id} (export {report.checkpoint_id})"
     layers = Table("name", "kind", "modes", "ranks", "dense params", "params", "ratio",
                    title=title)  # fmt: skip
@@ -117,9 +135,13 @@ def report_tables(report: CompressionReport) -> Group:
     totals.add_row("file", f"{report.file_bytes:,} bytes vs {report.dense_bytes:,} dense "
                            f"({fmt_ratio(report.file_ratio)})")  # fmt: skip
     totals.add_row("metrics", _metrics(report.metrics))
-    if report.baseline:
-        totals.add_row("dense baseline", _metrics(report.baseline.get("metrics") or {}))
-    return Group(layers, totals)
+    if (f := report.fidelity) is not None:
+        totals.add_row("fidelity", f"cosine {f.mean:.4f} (min {f.min:.4f}) on {f.sentences:,} "
+                       f"held-out sentences, {f.measured_on} vs the original")  # fmt: skip
+    if report.baseline is None:
+        totals.add_row("dense baseline", "none (no SUCCEEDED dense job of the same spec)")
+    base = baseline_table(report)
+    return Group(layers, totals, *([base] if base is not None else []))
 
 
 def plan_table(plan: ValidationReport) -> Group:

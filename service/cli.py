@@ -87,9 +87,18 @@ def up(home: HomeOpt = None, host: str = "127.0.0.1", port: int = 8000,
                               start_new_session=True) for i in range(workers)]  # fmt: skip
     typer.echo(f"comera up: store {settings.db_url}, broker {settings.broker}, "
                f"{workers} worker(s), API on http://{host}:{port}/v1", err=True)  # fmt: skip
+    # the reaper (lost workers and messages, forced cancels) as a thread of this process; the
+    # SQLite broker has no broadcast, so forced cancellation signals our own workers' children
+    from service.reaper import LocalControl, ReaperThread
+
+    local = not settings.broker.startswith(("redis://", "rediss://"))
+    control = LocalControl(lambda: [p.pid for p in procs]) if local else None
+    reaper = ReaperThread(settings, control=control)
+    reaper.start()
     try:
         uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
     finally:
+        reaper.stop()
         _stop(procs)
 
 
@@ -132,6 +141,25 @@ def api(home: HomeOpt = None, host: str = "127.0.0.1", port: int = 8000,
     os.environ.update(_env(settings))  # each server process reads the same settings
     uvicorn.run("service.main:create_app", factory=True, host=host, port=port,
                 workers=workers, access_log=access_log)  # fmt: skip
+
+
+@app.command()
+def reaper(home: HomeOpt = None) -> None:
+    """Run the reaper every COMERA_REAPER_INTERVAL_SECONDS until stopped: re-queue jobs whose
+    worker was lost, re-send unsent and lost messages, force overdue cancellations
+    (``service.reaper``; the celery beat task ``comera.reap`` does the same)."""
+    import logging
+
+    from service.reaper import ReaperThread
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    thread = ReaperThread(_settings(home))
+    signal.signal(signal.SIGTERM, lambda *_: thread.stop())
+    typer.echo(f"comera reaper: every {thread.settings.reaper_interval_seconds:g} s", err=True)
+    try:
+        thread.run()  # in this thread, until SIGTERM or Ctrl-C
+    except KeyboardInterrupt:
+        pass
 
 
 @app.command()

@@ -4,8 +4,12 @@ The report is measured on the saved artifact: ``file_bytes`` is the size of the 
 weights file on disk now, ``dense_bytes`` the dense-equivalent bytes the engine recorded in
 the export manifest (the same model with every tensorized layer dense, at the same element
 sizes), and ``file_ratio`` their quotient. Parameter counts and the per-layer rows come from
-the manifest (``engine.export``: ``totals`` and ``layers``). ``baseline`` holds the metrics
-of the newest SUCCEEDED dense job of the tenant with the same model and dataset, if any.
+the manifest (``engine.export``: ``totals`` and ``layers``). ``metrics`` are the export's
+(the final validation metrics). ``fidelity`` (``hf_bert``) is what the worker measured on
+the reloaded export against the original model (``worker.training.measure_fidelity``), kept
+in the export row's manifest. ``baseline`` is the dense baseline of :mod:`service.baseline`
+(same tenant, same spec, method ``dense``, newest SUCCEEDED): its export's metrics and the
+deltas ``this job - baseline`` per shared metric; null when there is none.
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ from fastapi import HTTPException
 from sqlalchemy.orm import Session
 
 from api_schemas import CheckpointFile, CheckpointManifestPublic, CompressionReport, LayerReport
+from api_schemas.artifacts import BaselineReport, FidelityReport
+from service.baseline import find_baseline, metric_deltas
 from service.core.config import Settings
-from service.db.crud.checkpoints import baseline_job, newest_export, stage_events
-from service.db.crud.job_queries import latest_metrics
+from service.db.crud.checkpoints import newest_export, stage_events
 from service.db.models import Checkpoint, Job
 from service.downloads import checkpoint_file, sha256_file
 from service.storage import artifact_path
@@ -54,12 +59,25 @@ def _layer(rec: dict[str, Any]) -> LayerReport:
                        ratio=dense / params if params else None)  # fmt: skip
 
 
-def _baseline(session: Session, job: Job) -> dict[str, Any] | None:
-    base = baseline_job(session=session, job=job)
-    if base is None:
+def _metrics(manifest: dict[str, Any] | None, ckpt: Checkpoint) -> dict[str, float]:
+    """An export's metrics: the manifest's, else the checkpoint row's."""
+    return dict((manifest or {}).get("metrics") or ckpt.metrics or {})
+
+
+def _fidelity(manifest: dict[str, Any]) -> FidelityReport | None:
+    found = (manifest.get("report") or {}).get("fidelity")
+    return FidelityReport.model_validate(found) if isinstance(found, dict) else None
+
+
+def _baseline(session: Session, settings: Settings, job: Job,
+              metrics: dict[str, float]) -> BaselineReport | None:  # fmt: skip
+    found = find_baseline(session=session, job=job)
+    if found is None:
         return None
-    metrics = latest_metrics(session=session, job_ids=[base.id])[base.id]
-    return {"job_id": base.id, "metrics": metrics, "compression": base.compression or {}}
+    base, export = found
+    base_metrics = _metrics(_stored_manifest(settings, export), export)
+    return BaselineReport(job_id=base.id, metrics=base_metrics,
+                          deltas=metric_deltas(metrics, base_metrics))  # fmt: skip
 
 
 def compression_report(*, session: Session, settings: Settings, job: Job) -> CompressionReport:
@@ -76,15 +94,17 @@ def compression_report(*, session: Session, settings: Settings, job: Job) -> Com
     stages = (manifest.get("extra") or {}).get("stages") or stage_events(
         session=session, job_id=job.id
     )
+    metrics = _metrics(manifest, ckpt)
     return CompressionReport(
         job_id=job.id, checkpoint_id=ckpt.id, file_bytes=file_bytes, dense_bytes=dense_bytes,
         file_ratio=dense_bytes / file_bytes if file_bytes else 0.0, params=params,
         params_dense=params_dense, tensorized_ratio=totals.get("tensorized_ratio"),
         model_ratio=totals.get("model_ratio"),
         layers=[_layer(r) for r in manifest.get("layers", [])],
-        metrics=manifest.get("metrics") or ckpt.metrics or {}, stages=stages,
+        metrics=metrics, stages=stages,
         engine_version=manifest.get("engine_version") or job.engine_version,
-        spec_hash=job.spec_hash, baseline=_baseline(session, job),
+        spec_hash=job.spec_hash, fidelity=_fidelity(manifest),
+        baseline=_baseline(session, settings, job, metrics),
     )  # fmt: skip
 
 

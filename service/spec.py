@@ -4,6 +4,13 @@ Pure dictionaries, no torch: the API uses this for the dry run and the stored en
 the worker to build the engine's ``JobConfig`` (which validates again, against the model).
 Options the engine does not implement yet are refused here with the failing field, never
 silently ignored.
+
+``hf_bert``: the engine's ``model.config`` is the spec's ``model.config`` plus ``path`` (the
+model directory: the resolved ``hf_dir`` under the data root, see
+:mod:`service.model_source`, or ``pkg:<package>/model``), ``distill`` and
+``distill_weight`` (from ``model.distill``). Such a job needs held-out sentences (its
+fidelity is measured on them): a generated validation split or ``valid_path`` /
+``valid_every``.
 """
 
 from __future__ import annotations
@@ -13,8 +20,10 @@ import json
 from typing import Any
 
 from api_schemas import JobCreate
+from api_schemas.jobs import DistillSpec
 
-__all__ = ["SpecError", "canonical_json", "spec_hash", "to_engine"]
+__all__ = ["SpecError", "canonical_json", "hf_model_config", "package_path", "spec_hash",
+           "to_engine"]  # fmt: skip
 
 ENGINE_CONFIG_VERSION = 1
 
@@ -54,6 +63,35 @@ def _data(spec: JobCreate, train_path: str | None, valid_path: str | None) -> di
     return out
 
 
+def package_path(name: str) -> str:
+    """The engine path of a packaged model (``pkg:<package>/model``)."""
+    return f"pkg:{name}/model"
+
+
+def hf_model_config(spec: JobCreate, model_path: str | None) -> dict[str, Any]:
+    """The engine's ``model.config`` of an ``hf_bert`` spec (see the module docstring)."""
+    model, ds = spec.model, spec.dataset
+    source, distill = model.source, model.distill or DistillSpec()
+    if distill.kind == "kl_logits":
+        raise SpecError("/model/distill/kind", "'kl_logits' is not implemented by this engine: "
+                        "a BERT encoder directory has no logits head (pooler and MLM weights "
+                        "are not used); use 'mse_hidden' (last hidden states) or "
+                        "'cosine_embedding' (sentence embeddings)")  # fmt: skip
+    if ds.format not in (None, "text"):
+        raise SpecError("/dataset/format", "hf_bert reads 'text' files (one sentence a line)")
+    if ds.source == "synthetic" and ds.generator not in (None, "stdlib_text"):
+        raise SpecError("/dataset/generator", "hf_bert sentences come from 'stdlib_text'")
+    if ds.source != "synthetic" and ds.valid_path is None and ds.valid_every < 2:
+        raise SpecError("/dataset/valid_path", "hf_bert jobs measure fidelity on held-out "
+                        "sentences: give valid_path or valid_every >= 2")  # fmt: skip
+    if source is not None and source.kind == "package":
+        model_path = model_path or package_path(source.name)
+    if model_path is None:
+        raise SpecError("/model/source/path", "the model directory could not be resolved")
+    return {**dict(model.config), "path": model_path, "distill": distill.kind,
+            "distill_weight": distill.weight}  # fmt: skip
+
+
 def _stage(stage: Any, default_target: float | None) -> dict[str, Any]:
     out = stage.model_dump(mode="json", exclude_none=True)
     if stage.kind == "late" and stage.target_ratio is None and default_target is not None:
@@ -62,11 +100,12 @@ def _stage(stage: Any, default_target: float | None) -> dict[str, Any]:
 
 
 def to_engine(spec: JobCreate, *, train_path: str | None = None, valid_path: str | None = None,
-              device: str = "cpu") -> dict[str, Any]:  # fmt: skip
+              device: str = "cpu", model_path: str | None = None) -> dict[str, Any]:  # fmt: skip
     """The engine job dict (``engine.train.JobConfig.from_dict`` input) for this spec.
 
     ``train_path`` / ``valid_path``: the resolved files of an uploaded or server-side dataset;
-    ``device``: what ``training.device = auto`` resolved to on the worker.
+    ``device``: what ``training.device = auto`` resolved to on the worker; ``model_path``:
+    the resolved model directory of an ``hf_bert`` source (``service.model_source``).
     """
     tr, comp = spec.training, spec.compression
     if tr.precision != "fp32":
@@ -95,12 +134,15 @@ def to_engine(spec: JobCreate, *, train_path: str | None = None, valid_path: str
         training["grad_clip"] = tr.grad_clip
     if tr.eval_batches is not None:
         training["eval_batches"] = tr.eval_batches
+    model_config = dict(spec.model.config)
+    if spec.model.arch == "hf_bert":
+        model_config = hf_model_config(spec, model_path)
     checkpoint: dict[str, Any] = {"keep": spec.checkpointing.keep}
     if spec.checkpointing.every_n_steps is not None:
         checkpoint["every_steps"] = spec.checkpointing.every_n_steps
     return {
         "version": ENGINE_CONFIG_VERSION, "name": spec.name, "method": comp.method,
-        "model": {"arch": spec.model.arch, "config": dict(spec.model.config)},
+        "model": {"arch": spec.model.arch, "config": model_config},
         "data": _data(spec, train_path, valid_path), "compression": compression,
         "schedule": [_stage(s, comp.target_ratio) for s in spec.schedule],
         "training": training, "checkpoint": checkpoint,

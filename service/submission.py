@@ -24,6 +24,7 @@ from service.db.crud.job_queries import count_jobs
 from service.db.crud.jobs import create_job
 from service.db.models import Job
 from service.errors import FieldProblem
+from service.model_source import resolve_model_source
 from service.planner import PlanFailed, Planner, PlannerUnavailable
 from service.spec import SpecError, spec_hash, to_engine
 
@@ -70,7 +71,9 @@ def prepare(*, session: Session, settings: Settings, tenant_id: str,
                                    spec=spec)  # fmt: skip
     device = "cuda" if spec.training.device == "cuda" else "cpu"
     try:
-        return to_engine(spec, train_path=train, valid_path=valid, device=device)
+        model = resolve_model_source(settings=settings, model=spec.model)  # hf_bert's directory
+        return to_engine(spec, train_path=train, valid_path=valid, device=device,
+                         model_path=model)  # fmt: skip
     except SpecError as err:
         raise FieldProblem.one(err.pointer, err.message, "unsupported") from None
 

@@ -10,6 +10,13 @@ The database engine is created in each child after fork (``worker_process_init``
 connection pool must never be shared across processes. This module imports no torch; the
 parent process never touches CUDA.
 
+The reaper (``service.reaper``) runs as the beat task ``comera.reap`` every
+``reaper_interval_seconds``, routed to ``maintenance_queue``: a GPU worker runs one job at a
+time, so a reap message in its queue would wait behind hours of training. One small worker
+with embedded beat consumes that queue (``docker-compose.yml``, service ``beat``)::
+
+    celery -A worker.celery_app worker --beat --pool solo -Q comera.maintenance
+
 Run::
 
     COMERA_DATABASE_URL=... COMERA_BROKER_URL=... \\
@@ -40,6 +47,10 @@ def make_celery(settings: Settings) -> Celery:
     """The worker app for ``settings`` (broker, queue); tasks come from ``worker.tasks``."""
     app = Celery("comera", broker=settings.broker, include=["worker.tasks"])
     redis = settings.broker.startswith(("redis://", "rediss://"))
+    # a reap pass that waited longer than an interval is superseded by the next one
+    every = settings.reaper_interval_seconds
+    reap = {"task": "comera.reap", "schedule": every,
+            "options": {"queue": settings.maintenance_queue, "expires": every}}  # fmt: skip
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],
@@ -61,6 +72,8 @@ def make_celery(settings: Settings) -> Celery:
         broker_transport_options=transport_options(settings.broker, client=False),
         task_default_queue=settings.queue,
         task_create_missing_queues=True,
+        task_routes={"comera.reap": {"queue": settings.maintenance_queue}},
+        beat_schedule={"comera-reap": reap},
     )
     return app
 

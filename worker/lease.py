@@ -12,7 +12,9 @@ row at most every ``poll_seconds`` and answers True, with a ``reason``, when
 * ``cancel``: a cancel was requested (``cancel_requested_at`` set, or state CANCELLING);
 * ``lost``: the lease is no longer ours (another owner, or a state we do not run in);
 * ``deadline``: the job's wall-time limit is near (a clean stop with a checkpoint before
-  Celery's soft time limit interrupts the step).
+  Celery's soft time limit interrupts the step);
+* ``preempted``: the process got SIGTERM (:class:`Preemption`: a cold worker shutdown, a
+  node drain, the reaper's forced cancellation) and no cancel was requested.
 
 The trainer then writes a partial checkpoint and returns.
 """
@@ -20,10 +22,12 @@ The trainer then writes a partial checkpoint and returns.
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from types import FrameType
 from typing import Any
 
 from sqlalchemy import select, update
@@ -34,7 +38,7 @@ from service.db.crud.jobs import append_event
 from service.db.models import Job, utcnow
 from service.db.session import session_scope
 
-__all__ = ["ACTIVE_STATES", "Heartbeat", "Stopper", "extend_lease"]
+__all__ = ["ACTIVE_STATES", "Heartbeat", "Preemption", "Stopper", "extend_lease"]
 
 log = logging.getLogger(__name__)
 
@@ -86,14 +90,41 @@ class Heartbeat(threading.Thread):
             self.join(timeout=30)
 
 
+class Preemption:
+    """While installed (by the thread that runs the job: the process's main thread), SIGTERM
+    only sets :attr:`event`, so the job stops at the next step with a checkpoint instead of
+    dying mid-step. Elsewhere (another thread) it installs nothing and never fires."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self._previous: Any = None
+        self._installed = False
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.event.set()
+
+    def install(self) -> Preemption:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+            self._installed = True
+        return self
+
+    def restore(self) -> None:
+        if self._installed:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._installed = False
+
+
 class Stopper:
     """``should_stop`` for the trainer (see the module doc); ``reason`` says why it stopped."""
 
     def __init__(self, *, factory: sessionmaker[Session], job_id: str, owner: str,
                  poll_seconds: float = 1.0, deadline: float | None = None,
-                 heartbeat: Heartbeat | None = None) -> None:  # fmt: skip
+                 heartbeat: Heartbeat | None = None,
+                 preempted: threading.Event | None = None) -> None:  # fmt: skip
         self.factory, self.job_id, self.owner = factory, job_id, owner
         self.poll_seconds, self.deadline, self.heartbeat = poll_seconds, deadline, heartbeat
+        self.preempted = preempted
         self.reason: str | None = None
         self._last_poll = -float("inf")
 
@@ -105,6 +136,8 @@ class Stopper:
             self.reason = "deadline"
         elif self.heartbeat is not None and self.heartbeat.lost:
             self.reason = "lost"
+        elif self.preempted is not None and self.preempted.is_set():
+            self.reason = self.poll() or "preempted"  # a requested cancel wins
         elif now - self._last_poll >= self.poll_seconds:
             self._last_poll = now
             self.reason = self.poll()

@@ -4,11 +4,12 @@
 
 1. **Claim** (service-design c.2): QUEUED -> STARTING for exactly this attempt, with our lease.
    Zero rows means a duplicate, stale or cancelled message: return ``"skipped"``, touch nothing.
-2. **Prepare** (STARTING): resolve the dataset files (:mod:`worker.datasets`), translate the
-   spec (``service.spec.to_engine``), validate it (``JobConfig.from_dict``), and build the
-   trainer, resuming from a checkpoint unless the job says ``scratch``: the one named by
-   ``jobs.resume_from``, else the newest complete one of any attempt. Then STARTING -> RUNNING
-   with the engine config and version.
+2. **Prepare** (STARTING): resolve the dataset files (:mod:`worker.datasets`) and an
+   ``hf_bert`` model directory against this worker's data root (:mod:`service.model_source`),
+   translate the spec (``service.spec.to_engine``), validate it (``JobConfig.from_dict``),
+   and build the trainer, resuming from a checkpoint unless the job says ``scratch``: the one
+   named by ``jobs.resume_from``, else the newest complete one of any attempt. Then
+   STARTING -> RUNNING with the engine config and version.
 3. **Train** (RUNNING): the engine's events go through :class:`worker.callback.JobCallback` to
    the batched :class:`worker.recorder.Recorder`; a heartbeat thread extends the lease; the
    trainer polls :class:`worker.lease.Stopper` for cancellation, lease loss and the deadline.
@@ -18,6 +19,10 @@
    (:mod:`worker.problems`). Every end closes the attempt row (``ended_at``, ``exit_reason``).
    Transitions are compare-and-set, so a terminal state is never overwritten; when the lease
    was lost the job belongs to someone else and is left alone (``"lost"``).
+5. **Preemption**: SIGTERM while training (:class:`worker.lease.Preemption`) and no cancel:
+   after the partial checkpoint the job goes back to QUEUED as attempt n+1 (resuming from
+   it) and its message is sent at once (``"preempted"``; the reaper sends it if that fails);
+   with no attempts left it is FAILED as ``preempted``.
 
 Nothing here imports torch: :mod:`worker.training` (the engine-facing half) is imported once
 the job is claimed, so a duplicate message is skipped without loading the engine.
@@ -40,15 +45,17 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api_schemas import JobCreate, JobState
 from service.core.config import Settings
+from service.db.crud.job_actions import end_attempt, mark_sent, requeue_job
 from service.db.crud.jobs import get_job, transition
 from service.db.models import Checkpoint, Job, JobAttempt, utcnow
 from service.db.session import session_scope
+from service.model_source import resolve_model_source
 from service.spec import SpecError
 from worker.artifacts import checkpoint_row, find_checkpoint, sha256_file, workdir
 from worker.callback import JobCallback
 from worker.datasets import resolve_dataset
-from worker.lease import Heartbeat, Stopper
-from worker.problems import JobTimeout, problem_for
+from worker.lease import Heartbeat, Preemption, Stopper
+from worker.problems import JobTimeout, Preempted, problem_for
 from worker.recorder import Recorder
 from worker.report import compression_report, compression_summary, val_metrics
 
@@ -83,13 +90,15 @@ class Attempt:
     owner: str
     recorder: Recorder
     callback: JobCallback | None = None
+    preemption: Preemption = field(default_factory=Preemption)
     extra: list[Any] = field(default_factory=list)  # more engine callbacks
 
     def status(self) -> dict[str, Any]:
         p = self.recorder.progress
         out = {"step": p.get("step"), "stage": p.get("stage_name")}
         training = sys.modules.get("worker.training")  # loaded once the job is claimed
-        memory = training.gpu_memory() if training is not None else None
+        gpu_memory = getattr(training, "gpu_memory", None)  # None while still importing
+        memory = gpu_memory() if gpu_memory is not None else None
         if memory is not None:
             out["gpu_memory_bytes"] = memory
         return out
@@ -117,17 +126,15 @@ def claim(factory: sessionmaker[Session], *, job_id: str, attempt: int, owner: s
 
 def close_attempt(session: Session, *, job_id: str, attempt: int, reason: str) -> None:
     """Set ``ended_at`` and ``exit_reason`` unless someone (the reaper) already closed it."""
-    session.execute(update(JobAttempt).where(
-        JobAttempt.job_id == job_id, JobAttempt.attempt == attempt,
-        JobAttempt.ended_at.is_(None)).values(ended_at=utcnow(), exit_reason=reason))  # fmt: skip
+    end_attempt(session=session, job_id=job_id, attempt=attempt, reason=reason)
 
 
 def run_job(*, job_id: str, attempt: int, settings: Settings, factory: sessionmaker[Session],
             deadline: float | None = None, callbacks: Iterable[Any] = ()) -> str:  # fmt: skip
-    """Run one attempt; returns ``succeeded``, ``failed``, ``cancelled``, ``skipped`` or
-    ``lost``. ``deadline``: when to stop as ``timeout`` (``time.monotonic()``; default: from
-    the spec's ``limits.max_wall_time_s``, see :func:`deadline_for`); ``callbacks``: more
-    engine callbacks (observability, tests)."""
+    """Run one attempt; returns ``succeeded``, ``failed``, ``cancelled``, ``preempted``,
+    ``skipped`` or ``lost``. ``deadline``: when to stop as ``timeout`` (``time.monotonic()``;
+    default: from the spec's ``limits.max_wall_time_s``, see :func:`deadline_for`);
+    ``callbacks``: more engine callbacks (observability, tests)."""
     t0, owner = time.monotonic(), worker_name()
     job = claim(factory, job_id=job_id, attempt=attempt, owner=owner,
                 lease_seconds=settings.lease_seconds)  # fmt: skip
@@ -146,11 +153,13 @@ def run_job(*, job_id: str, attempt: int, settings: Settings, factory: sessionma
                           lease_seconds=settings.lease_seconds,
                           interval=settings.heartbeat_seconds, status=run.status)  # fmt: skip
     heartbeat.start()
+    run.preemption.install()
     try:
         return _run(run, job, heartbeat, t0 if deadline is None else None, deadline)
     except Exception as exc:  # classified; BaseException (shutdown) is left to the reaper
         return _fail(run, exc)
     finally:
+        run.preemption.restore()
         heartbeat.stop()
 
 
@@ -163,14 +172,16 @@ def _run(run: Attempt, job: Job, heartbeat: Heartbeat, t0: float | None,
     with session_scope(run.factory) as s:
         train, valid = resolve_dataset(session=s, settings=settings, tenant_id=job.tenant_id,
                                        spec=spec.dataset)  # fmt: skip
-    config, device = training.build_config(spec, train=train, valid=valid)
+    model_dir = resolve_model_source(settings=settings, model=spec.model)  # hf_bert, else None
+    config, device = training.build_config(spec, train=train, valid=valid, model=model_dir)
     names = [stage.label for stage in config.schedule]
     run.callback = JobCallback(recorder=run.recorder, stage_names=names,
                                artifacts=settings.artifacts, tenant_id=job.tenant_id)  # fmt: skip
     if deadline is None and t0 is not None:
         deadline = deadline_for(spec.limits.max_wall_time_s, t0)
     stopper = Stopper(factory=run.factory, job_id=run.job_id, owner=run.owner,
-                      deadline=deadline, heartbeat=heartbeat)  # fmt: skip
+                      deadline=deadline, heartbeat=heartbeat,
+                      preempted=run.preemption.event)  # fmt: skip
     trainer, resumed = _trainer(run, job, config, stopper)
     run.recorder.set_progress(total_steps=training.total_steps(trainer, config))
     with session_scope(run.factory) as s:
@@ -194,6 +205,8 @@ def _run(run: Attempt, job: Job, heartbeat: Heartbeat, t0: float | None,
     if stopper.reason == "deadline":
         raise JobTimeout(f"stopped at step {run.recorder.progress.get('step')}, at the "
                          "wall-time limit (limits.max_wall_time_s)")  # fmt: skip
+    if stopper.reason == "preempted":
+        return _preempted(run, job)
     return _interrupted(run, stopper.reason or "lost")
 
 
@@ -236,7 +249,7 @@ def _trainer(run: Attempt, job: Job, config: JobConfig,
 
 def _succeed(run: Attempt, job: Job, trainer: Trainer, result: TrainResult) -> str:
     """Export atomically, register the export with its report, then SUCCEEDED."""
-    from worker.training import export_model
+    from worker.training import export_model, measure_fidelity
 
     stages = result.report["stages"]
     final = stages[-1]["metrics"] if stages else {}
@@ -252,7 +265,8 @@ def _succeed(run: Attempt, job: Job, trainer: Trainer, result: TrainResult) -> s
         raise RuntimeError(f"the exported weights do not match their manifest ({row.sha256})")
     report = compression_report(job_id=run.job_id, checkpoint_id=row.id, manifest=info.manifest,
                                 stages=stages, metrics=val_metrics(final),
-                                spec_hash=job.spec_hash)  # fmt: skip
+                                spec_hash=job.spec_hash,
+                                fidelity=measure_fidelity(trainer, out))  # fmt: skip
     files = {info.weights_path.name: {"bytes": row.size_bytes, "sha256": row.sha256},
              info.manifest_path.name: {"bytes": info.manifest_path.stat().st_size,
                                        "sha256": sha256_file(info.manifest_path)}}  # fmt: skip
@@ -313,6 +327,39 @@ def _interrupted(run: Attempt, reason: str) -> str:
         with session_scope(run.factory) as s:
             close_attempt(s, job_id=run.job_id, attempt=run.attempt, reason="worker_lost")
     return outcome[0]
+
+
+def _preempted(run: Attempt, job: Job) -> str:
+    """SIGTERM, no cancel: the partial checkpoint is written; requeue and send attempt n+1."""
+    step = run.recorder.progress.get("step")
+    if run.attempt >= job.max_attempts:
+        raise Preempted(f"stopped by SIGTERM at step {step}; no attempts left (attempt "
+                        f"{run.attempt} of {job.max_attempts})")  # fmt: skip
+    moved: list[int] = []
+
+    def finish(s: Session) -> None:
+        current = get_job(session=s, job_id=run.job_id)
+        if current is not None and current.attempt == run.attempt:
+            back = requeue_job(session=s, job=current, from_states=[S.STARTING, S.RUNNING],
+                               reason="preempted", send_at=utcnow(),
+                               where=[Job.lease_owner == run.owner])  # fmt: skip
+            if back is not None:
+                moved.append(back.attempt)
+                return
+        close_attempt(s, job_id=run.job_id, attempt=run.attempt, reason="worker_lost")
+
+    run.recorder.flush(extra=finish)
+    if not moved:
+        return "lost"
+    log.warning("job %s attempt %s: preempted at step %s; attempt %s queued", run.job_id,
+                run.attempt, step, moved[0])  # fmt: skip
+    from service.queue import enqueue  # a Celery client; the reaper sends it if this fails
+
+    wall = int((job.spec.get("limits") or {}).get("max_wall_time_s") or 6 * 3600)
+    if enqueue(settings=run.settings, job_id=run.job_id, attempt=moved[0], max_wall_time_s=wall):
+        with session_scope(run.factory) as s:
+            mark_sent(session=s, job_id=run.job_id, attempt=moved[0], now=utcnow())
+    return "preempted"
 
 
 def _fail(run: Attempt, exc: Exception) -> str:

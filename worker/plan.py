@@ -60,7 +60,7 @@ def _data_facts(cfg: JobConfig) -> tuple[dict[str, Any], int | None, list[str]]:
     try:
         with tempfile.TemporaryDirectory(prefix="comera-plan-") as tmp:
             bundle = build_data(sample, arch=arch, batch_size=bs, seed=cfg.training.seed,
-                                workdir=tmp)  # fmt: skip
+                                workdir=tmp, model_config=cfg.model.config)  # fmt: skip
     except ValueError as err:
         raise as_config_error(err, "data") from None
     warnings = []
@@ -121,7 +121,7 @@ def _build(cfg: JobConfig, model_config: Any, tensorized: bool) -> nn.Module:
     workload = get_workload(cfg.model.arch)
     try:
         with torch.device("meta"):
-            return workload.build(model_config, tensorized=tensorized,
+            return workload.build(workload.plan_config(model_config), tensorized=tensorized,
                                   options=cfg.compression.options)  # fmt: skip
     except ValueError as err:  # a stage or option that does not fit the model
         raise as_config_error(err, "compression") from None

@@ -11,8 +11,19 @@ class           status  retryable  raised by
 ``nan_loss``    500     no         a non-finite training loss
 ``oom``         507     no         ``torch.cuda.OutOfMemoryError``, ``MemoryError``
 ``timeout``     504     no         the wall-time limit (``limits.max_wall_time_s``)
+``storage``     507     yes        a file could not be written (disk full, file size limit,
+                                   read-only or failing disk): ``OSError`` with such an
+                                   errno, or the same error from safetensors' writer
 ``error``       500     yes        anything else (the message only; the traceback is logged)
+``preempted``   503     yes        the worker was told to stop (SIGTERM): written by the
+                                   pipeline once no attempts are left (else it requeues)
+``worker_lost`` 503     yes        the lease expired: written by the reaper
+                                   (``service.reaper``) once no attempts are left
 ==============  ======  =========  ===============================================
+
+``worker_lost`` and ``preempted`` attempts are retried automatically (attempt n+1, resuming
+from the newest complete checkpoint) while attempts are left; the other classes end the job
+(``retryable`` says whether ``POST /v1/jobs/{id}/retry`` may help).
 
 Types are ``https://comera.dev/problems/<class>``. Every problem carries ``retryable`` and,
 when known, the ``stage`` and ``step`` where the job stopped. Server paths (the data root,
@@ -21,6 +32,8 @@ the artifact directory) are cut out of messages.
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 import sys
 from pathlib import Path
@@ -32,7 +45,7 @@ from pydantic import ValidationError
 from service.spec import SpecError
 from worker.callback import NanLoss
 
-__all__ = ["PROBLEM_BASE", "JobTimeout", "engine_pointer", "problem_for"]
+__all__ = ["PROBLEM_BASE", "JobTimeout", "Preempted", "engine_pointer", "problem_for"]
 
 PROBLEM_BASE = "https://comera.dev/problems/"
 TITLES = {
@@ -41,8 +54,14 @@ TITLES = {
     "nan_loss": ("Training diverged (non-finite loss)", 500, False),
     "oom": ("Out of memory", 507, False),
     "timeout": ("The job ran past its wall-time limit", 504, False),
+    "storage": ("A file could not be written (storage error)", 507, True),
     "error": ("The job failed", 500, True),
+    "preempted": ("The worker was stopped (preempted)", 503, True),
+    "worker_lost": ("The worker running the job was lost", 503, True),
 }
+# errnos of a store that cannot take a write: EIO, ENOSPC, EROFS, EFBIG, EDQUOT
+STORAGE_ERRNOS = frozenset({errno.EIO, errno.ENOSPC, errno.EROFS, errno.EFBIG, errno.EDQUOT})
+OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how Rust writers (safetensors) report errno
 # engine config paths -> spec JSON Pointers (sections and the few renamed fields)
 SECTIONS = {"data": "dataset", "checkpoint": "checkpointing", "method": "compression/method"}
 FIELDS = {"compression/shapes": "compression/modes", "dataset/kind": "dataset/format",
@@ -51,6 +70,10 @@ FIELDS = {"compression/shapes": "compression/modes", "dataset/kind": "dataset/fo
 
 class JobTimeout(Exception):
     """The cooperative wall-time stop (before Celery's soft limit)."""
+
+
+class Preempted(Exception):
+    """The worker was told to stop (SIGTERM) and the job has no attempts left."""
 
 
 def engine_pointer(field: str) -> str:
@@ -72,6 +95,23 @@ def _is_oom(exc: BaseException) -> bool:
         torch is not None and isinstance(exc, torch.cuda.OutOfMemoryError))  # fmt: skip
 
 
+def _storage_errno(exc: BaseException) -> int | None:
+    """The errno of a failed write to a store that cannot take it, else None."""
+    code = exc.errno if isinstance(exc, OSError) else None
+    if code is None and (m := OS_ERROR.search(str(exc))):
+        code = int(m[1])
+    return code if code in STORAGE_ERRNOS else None
+
+
+def _raised_in(exc: BaseException, function: str) -> bool:
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == function:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def _classify(exc: BaseException) -> tuple[str, str, list[dict[str, str]] | None]:
     """(class, detail, field errors)."""
     if isinstance(exc, SpecError):
@@ -85,10 +125,16 @@ def _classify(exc: BaseException) -> tuple[str, str, list[dict[str, str]] | None
         return "nan_loss", str(exc), None
     if isinstance(exc, JobTimeout):
         return "timeout", str(exc), None
+    if isinstance(exc, Preempted):
+        return "preempted", str(exc), None
     if isinstance(exc, SoftTimeLimitExceeded):
         return "timeout", "interrupted at the wall-time limit (limits.max_wall_time_s)", None
     if _is_oom(exc):
         return "oom", str(exc) or type(exc).__name__, None
+    if (code := _storage_errno(exc)) is not None:
+        what = "a checkpoint" if _raised_in(exc, "save_checkpoint") else "a file"
+        name = errno.errorcode.get(code, str(code))
+        return "storage", f"writing {what} failed: {os.strerror(code)} ({name})", None
     engine_train, engine_data = sys.modules.get("engine.train"), sys.modules.get("engine.data")
     if engine_train is not None and isinstance(exc, engine_train.ConfigError):
         message = str(exc).removeprefix(f"{exc.field}:").strip()

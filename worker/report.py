@@ -4,6 +4,9 @@ Shaped like ``api_schemas.CompressionReport``. It is stored in the export checkp
 ``manifest["report"]`` (the API serves it from there); a summary without the per-layer and
 per-stage lists goes into ``jobs.compression``. The sizes come from the export manifest,
 which the engine computed from the bytes it wrote; the sha256 was checked against the file.
+``fidelity`` (``hf_bert`` jobs) is the exported model's agreement with the original on the
+held-out sentences (``worker.training.measure_fidelity``); ``baseline`` is filled in by the API
+when the report is read (``service.baseline``).
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ def _layer(rec: dict[str, Any]) -> dict[str, Any]:
 
 def compression_report(*, job_id: str, checkpoint_id: str, manifest: dict[str, Any],
                        stages: list[dict[str, Any]], metrics: dict[str, float],
-                       spec_hash: str) -> dict[str, Any]:  # fmt: skip
+                       spec_hash: str,
+                       fidelity: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     totals, weights = manifest["totals"], manifest["weights"]
     return {
         "job_id": job_id, "checkpoint_id": checkpoint_id,
@@ -43,7 +47,7 @@ def compression_report(*, job_id: str, checkpoint_id: str, manifest: dict[str, A
         "layers": [_layer(r) for r in manifest["layers"]],
         "metrics": metrics, "stages": stages,
         "engine_version": manifest.get("engine_version"), "spec_hash": spec_hash,
-        "baseline": None,
+        "fidelity": fidelity, "baseline": None,
     }  # fmt: skip
 
 
@@ -54,4 +58,5 @@ def compression_summary(report: dict[str, Any]) -> dict[str, Any]:
         "params_now": report["params"], "tensorized_ratio": report["tensorized_ratio"],
         "file_ratio": report["file_ratio"], "file_bytes": report["file_bytes"],
         "dense_bytes": report["dense_bytes"], "report_checkpoint_id": report["checkpoint_id"],
+        **({"fidelity_cosine": report["fidelity"]["mean"]} if report.get("fidelity") else {}),
     }  # fmt: skip

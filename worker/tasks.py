@@ -1,4 +1,5 @@
-"""The one Celery task: ``comera.run_job(job_id, attempt)``, a thin shell over the pipeline.
+"""The Celery tasks: ``comera.run_job(job_id, attempt)``, a thin shell over the pipeline, and
+``comera.reap``, one pass of the reaper (``service.reaper``; celery beat sends it).
 
 It re-reads everything from the database (the message carries only ids), and it is
 idempotent: a duplicate or stale message loses the claim and returns ``"skipped"``. Acks are
@@ -22,10 +23,11 @@ from typing import Any
 from sqlalchemy.exc import OperationalError
 
 from service.core.config import get_settings
+from service.reaper import reap_once
 from worker import pipeline
 from worker.celery_app import app, session_factory
 
-__all__ = ["run_job"]
+__all__ = ["reap", "run_job"]
 
 
 @app.task(name="comera.run_job", bind=True, ignore_result=True, acks_late=False,
@@ -36,3 +38,10 @@ def run_job(self: Any, job_id: str, attempt: int) -> str:
     deadline = pipeline.deadline_for(soft, time.monotonic()) if soft else None
     return pipeline.run_job(job_id=job_id, attempt=attempt, settings=get_settings(),
                             factory=session_factory(), deadline=deadline)  # fmt: skip
+
+
+@app.task(name="comera.reap", ignore_result=True, acks_late=False)
+def reap() -> dict[str, int]:
+    """One reaper pass; what it did, counted (the worker logs it)."""
+    report = reap_once(factory=session_factory(), settings=get_settings())
+    return {name: len(ids) for name, ids in vars(report).items()}

@@ -177,6 +177,11 @@ class Workload:
         """The ``model_config`` an export records: what rebuilds the architecture."""
         return self._config(config).to_dict()
 
+    def plan_config(self, config: Any) -> Any:
+        """The config a dry-run plan builds on the ``meta`` device (shapes, no weights read).
+        Default: ``config`` itself."""
+        return self._config(config)
+
     def prepare(self, model: nn.Module, batches: Iterable[Mapping[str, Tensor]], *,
                 device: torch.device) -> dict[str, Any] | None:  # fmt: skip
         """Data-dependent set-up of a freshly built model before its first step (the trainer
@@ -352,6 +357,11 @@ class HFBertWorkload(Workload):
     def prepare(self, model, batches, *, device):
         """``init="whitened"``: activation-aware TT-SVD on training sentences."""
         return prepare_student_(model, batches, device=device)
+
+    def plan_config(self, config: Any) -> Any:
+        """Without ``path``: the bare architecture (fresh TT layers of the same shapes and
+        initial ranks; the original's weights are neither read nor decomposed)."""
+        return self._config(config).replace(path=None)
 
     def manifest_config(self, config: Any) -> dict[str, Any]:
         """Without ``path``: a checkpoint rebuilds from ``architecture``, not the original."""

@@ -136,8 +136,8 @@ class Trainer:
         name = "final" if final else f"step-{self.state.global_step:08d}"
         path = ckpt.save_checkpoint(self.workdir / "checkpoints" / f"{name}.safetensors",
                                     tensors, meta)
-        if not final:
-            self.checkpoints.append(path)
+        if not final and path not in self.checkpoints:  # a stop right after a periodic
+            self.checkpoints.append(path)  # checkpoint rewrites it: rotating it would delete it
             while len(self.checkpoints) > self.job.checkpoint.keep:
                 self.checkpoints.pop(0).unlink(missing_ok=True)
         self.events.emit({"event": "checkpoint", "path": str(path), "partial": partial,

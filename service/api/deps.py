@@ -53,7 +53,11 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
     try:
         yield session
     finally:
-        session.close()  # returns the connection, if one was checked out
+        try:
+            session.close()  # returns the connection, if one was checked out
+        except Exception:  # noqa: BLE001 (the database went away after the answer was sent:
+            # raising here resets the client's connection; the pool discards this one)
+            log.warning("a request's database connection was lost while closing it")
 
 
 SessionDep = Annotated[Session, Depends(get_session)]

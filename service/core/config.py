@@ -44,7 +44,18 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(default=180.0, gt=0)
     heartbeat_seconds: float = Field(default=30.0, gt=0)
     reaper_interval_seconds: float = Field(default=30.0, gt=0)
+    # the reaper (service.reaper): re-send a job flagged ``enqueue_pending`` after this long
     redrive_after_seconds: float = Field(default=60.0, ge=0)
+    # re-send a QUEUED job whose message is gone (a broker restart) after this long
+    redeliver_after_seconds: float = Field(default=900.0, ge=0)
+    # backoff before a lost attempt runs again: base x 2^(attempt - 1), at most the cap
+    retry_backoff_seconds: float = Field(default=60.0, ge=0)
+    retry_backoff_max_seconds: float = Field(default=1800.0, ge=0)
+    # forced cancellation (c.3): SIGTERM after the grace period, SIGKILL this long after
+    cancel_grace_seconds: float = Field(default=300.0, ge=0)
+    cancel_kill_after_seconds: float = Field(default=60.0, ge=0)
+    # the queue of the reaper's beat task (``comera.reap``): never a GPU worker's queue
+    maintenance_queue: str = "comera.maintenance"
     # the worker's flush of metric / rank points (c.4)
     flush_seconds: float = Field(default=1.0, gt=0)
     flush_points: int = Field(default=500, ge=1)

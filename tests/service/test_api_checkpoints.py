@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import insert
 
-from service.db.models import Checkpoint, LatestMetric, utcnow
+from service.db.models import Checkpoint, utcnow
 from tests.service.api_helpers import Api, job_body, make_job
 
 BLOB = os.urandom(5000) + b"end"
@@ -133,13 +133,15 @@ def test_report_is_measured_on_the_export_and_names_a_dense_baseline(api: Api):
     _file(api, f"{folder}/model.safetensors")
     _file(api, f"{folder}/manifest.json", json.dumps(_manifest(BLOB)).encode())
     _add(api, job_id, "ckpt_x", folder, kind="export", manifest=_manifest(BLOB))
+    # the dense twin: same model, data, training and total steps (10), with its own export
     dense_body = job_body(compression={"method": "dense"},
-                          schedule=[{"kind": "early", "steps": 5}])  # fmt: skip
+                          schedule=[{"kind": "early", "steps": 10}])  # fmt: skip
     base = make_job(api, state="SUCCEEDED", body=dense_body)
-    make_job(api, state="SUCCEEDED", body={**dense_body, "model": {"arch": "mlp"}})  # other
-    with api.sessions() as s, s.begin():
-        s.execute(insert(LatestMetric), [{"job_id": base, "key": "accuracy", "step": 5,
-                                          "value": 0.93}])  # fmt: skip
+    other = make_job(api, state="SUCCEEDED", body={**dense_body, "model": {"arch": "mlp"}})
+    for dense_job, accuracy in ((base, 0.93), (other, 0.5)):
+        dense_manifest = {**_manifest(BLOB), "metrics": {"accuracy": accuracy}}
+        _add(api, dense_job, f"ckpt_{dense_job[-6:]}", f"jobs/{dense_job}/export",
+             kind="export", manifest=dense_manifest)  # fmt: skip
     resp = api.client.get(f"/v1/jobs/{job_id}/report")
     assert resp.status_code == 200, resp.text
     report = resp.json()
@@ -151,6 +153,7 @@ def test_report_is_measured_on_the_export_and_names_a_dense_baseline(api: Api):
     assert report["metrics"] == {"accuracy": 0.9}
     assert report["baseline"]["job_id"] == base
     assert report["baseline"]["metrics"] == {"accuracy": 0.93}
+    assert report["baseline"]["deltas"] == {"accuracy": 0.9 - 0.93}
     manifest = api.client.get(f"/v1/jobs/{job_id}/checkpoints/ckpt_x/manifest").json()
     files = {f["name"]: f for f in manifest["files"]}
     assert files["model.safetensors"]["sha256"] == hashlib.sha256(BLOB).hexdigest()

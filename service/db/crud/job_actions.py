@@ -1,15 +1,22 @@
-"""Changing jobs from the API: rename/relabel, cancel, retry, delete, and the enqueue flag.
+"""Changing jobs: rename/relabel, cancel, retry, delete, the enqueue flag, and the recovery
+of a lost attempt (the reaper's and a preempted worker's requeue).
 
 State changes go through ``transition`` (a compare-and-set that logs a ``state`` event). A
 worker may move a job between our read and our write; the compare-and-set then matches
 nothing, and cancellation re-reads the job and decides again. The caller commits.
+
+``enqueued_at`` of a QUEUED job says when its message went out; while ``enqueue_pending`` is
+set it is the time the reaper may send it (a requeue's backoff), or None when sending failed
+at submission (the reaper re-sends it ``redrive_after_seconds`` after ``updated_at``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import ColumnElement, delete, select, update
 from sqlalchemy.orm import Session
 
 from api_schemas import JobState
@@ -25,8 +32,8 @@ from service.db.models import (
     utcnow,
 )
 
-__all__ = ["cancel_job", "delete_job", "mark_enqueued", "resolve_resume", "retry_job",
-           "update_job"]  # fmt: skip
+__all__ = ["cancel_job", "delete_job", "end_attempt", "mark_enqueued", "mark_sent",
+           "requeue_job", "resolve_resume", "retry_job", "update_job"]  # fmt: skip
 
 S = JobState
 RESUMABLE_KINDS = ("latest", "partial", "final")
@@ -129,3 +136,55 @@ def mark_enqueued(*, session: Session, job_id: str, sent: bool) -> None:
     if sent:
         values["enqueued_at"] = utcnow()
     session.execute(update(Job).where(Job.id == job_id).values(**values))
+
+
+def mark_sent(*, session: Session, job_id: str, attempt: int, now: datetime) -> bool:
+    """After the reaper sent attempt ``attempt``: clear ``enqueue_pending`` and stamp
+    ``enqueued_at``, if the job still waits on that attempt; False if it moved on."""
+    q = (update(Job).where(Job.id == job_id, Job.state == S.QUEUED.value, Job.attempt == attempt)
+         .values(enqueue_pending=False, enqueued_at=now))  # fmt: skip
+    return session.execute(q).rowcount == 1
+
+
+def end_attempt(*, session: Session, job_id: str, attempt: int, reason: str) -> None:
+    """Set ``ended_at`` and ``exit_reason`` of the attempt row unless it is already closed."""
+    session.execute(update(JobAttempt).where(
+        JobAttempt.job_id == job_id, JobAttempt.attempt == attempt,
+        JobAttempt.ended_at.is_(None)).values(ended_at=utcnow(), exit_reason=reason))  # fmt: skip
+
+
+def requeue_job(*, session: Session, job: Job, from_states: Iterable[JobState], reason: str,
+                send_at: datetime, where: Iterable[ColumnElement[bool]] = (),
+                version: int | None = None, message: str = "") -> Job | None:  # fmt: skip
+    """A lost or preempted attempt n -> QUEUED as attempt n+1 (one compare-and-set on the
+    state, ``job.attempt``, ``version`` and ``where``), with a new attempt row. It resumes
+    from the newest complete checkpoint when attempt n wrote one (else as attempt n was
+    told), and its message goes out at ``send_at`` (``enqueue_pending``: the reaper sends it,
+    or the caller does and calls :func:`mark_sent`). Attempt n is closed as ``reason``."""
+    job_id, n = job.id, job.attempt  # ``job`` expires once the state changes
+    q = select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.attempt == n,
+                                 Checkpoint.state == "complete",
+                                 Checkpoint.kind.in_(("latest", "partial")))  # fmt: skip
+    ckpt = session.scalars(q.order_by(Checkpoint.created_at.desc(), Checkpoint.id.desc())).first()
+    resume = "latest_checkpoint" if ckpt is not None else job.resume_from
+    where_from = (f"checkpoint {ckpt.id} (step {ckpt.step})" if ckpt is not None
+                  else "the start" if resume == "scratch"
+                  else "the newest complete checkpoint, if any"
+                  if resume in (None, "latest_checkpoint") else resume)  # fmt: skip
+    text = message or (f"{reason.replace('_', ' ')}: attempt {n + 1} of "
+                       f"{job.max_attempts} queued, resuming from {where_from}")  # fmt: skip
+    moved = transition(session=session, job_id=job_id, from_states=from_states,
+                       to_state=S.QUEUED, version=version, attempt=n, where=where,
+                       next_attempt=True,
+                       event={"reason": reason, "resume_from": ckpt.id if ckpt else resume,
+                              "send_at": send_at.isoformat()},
+                       resume_from=resume, enqueue_pending=True, enqueued_at=send_at,
+                       lease_owner=None, lease_expires_at=None, error=None,
+                       message=text)  # fmt: skip
+    if moved is None:
+        return None
+    end_attempt(session=session, job_id=job_id, attempt=n, reason=reason)
+    session.add(JobAttempt(job_id=job_id, attempt=moved.attempt,
+                           resume_from=ckpt.id if ckpt is not None else resume))  # fmt: skip
+    session.flush()
+    return moved

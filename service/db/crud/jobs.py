@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.orm import Session
 
 from api_schemas import TERMINAL_STATES, JobState
@@ -74,11 +74,14 @@ def append_event(*, session: Session, job_id: str, attempt: int, kind: str,
 
 def transition(*, session: Session, job_id: str, from_states: Iterable[JobState],
                to_state: JobState, version: int | None = None, attempt: int | None = None,
+               where: Iterable[ColumnElement[bool]] = (), next_attempt: bool = False,
                event: dict[str, Any] | None = None, **values: Any) -> Job | None:  # fmt: skip
     """Compare-and-set ``state`` from one of ``from_states`` to ``to_state``.
 
-    ``version`` / ``attempt``: also require them to match. ``values``: other columns to set
-    in the same statement. Returns the updated job, or None when nothing matched.
+    ``version`` / ``attempt``: also require them to match; ``where``: more conditions (the
+    reaper's "the lease is still expired and still this owner's"). ``next_attempt``: bump
+    ``attempt`` in the same statement (the event names the new one). ``values``: other
+    columns to set. Returns the updated job, or None when nothing matched.
     """
     sources = [s for s in from_states if to_state in ALLOWED[JobState(s)]]
     if not sources:
@@ -89,11 +92,17 @@ def transition(*, session: Session, job_id: str, from_states: Iterable[JobState]
         q = q.where(Job.version == version)
     if attempt is not None:
         q = q.where(Job.attempt == attempt)
+    q = q.where(*where)
+    if next_attempt:
+        values["attempt"] = Job.attempt + 1
     if to_state in TERMINAL_STATES:
         values.setdefault("finished_at", now)
         values.setdefault("lease_owner", None)
         values.setdefault("lease_expires_at", None)
     q = q.values(state=to_state.value, version=Job.version + 1, updated_at=now, **values)
+    # no in-Python evaluation of the criteria on loaded jobs (SQLite hands back naive
+    # timestamps): every loaded job is expired below instead
+    q = q.execution_options(synchronize_session=False)
     row = session.execute(q.returning(Job.attempt)).first()
     if row is None:
         return None

@@ -1,0 +1,226 @@
+"""The service as a user runs it, for fault tests: a private ``redis-server``, PostgreSQL,
+``python -m service.cli api|worker|reaper`` processes, an HTTP client with an API key.
+
+Everything is started with short leases and a fast reaper (``FAST``), so a lost worker or a
+lost message is noticed in seconds. Each process runs in its own process group, so a test can
+kill a worker and its child at once (``kill``), as an out-of-memory killer or a power cut
+would. Pytest-free.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from tests.helpers.services import ROOT, clean_env, free_port
+
+__all__ = ["FAST", "SPEC", "RedisServer", "Stack", "api_key", "running", "wait_for"]
+
+FAST = {  # a lease that survives a busy 2-core machine (a child importing torch can starve
+    # its heartbeat thread for seconds), yet a lost worker is noticed within ~10 s
+    "COMERA_LEASE_SECONDS": "10",
+    "COMERA_HEARTBEAT_SECONDS": "1",
+    "COMERA_REAPER_INTERVAL_SECONDS": "0.5",
+    "COMERA_RETRY_BACKOFF_SECONDS": "0",
+    "COMERA_REDRIVE_AFTER_SECONDS": "1",
+    "COMERA_REDELIVER_AFTER_SECONDS": "3",
+    "COMERA_FLUSH_SECONDS": "0.2",
+}
+# a small MLP: 40 steps in three stages, a checkpoint every 10 (about 20 KB each)
+SPEC: dict[str, Any] = {
+    "name": "fault",
+    "model": {"arch": "mlp", "config": {"hidden": [32, 32]}},
+    "dataset": {"source": "synthetic", "n_train": 256, "n_valid": 64,
+                "params": {"shape": [8, 8], "num_classes": 4}},
+    "compression": {"max_rank": 4, "min_size": 16, "shrink_every": 5},
+    "schedule": [
+        {"kind": "early", "steps": 20, "eval_every": 10,
+         "lr": {"cores": 0.003, "gates": 0.01, "others": 0.003}},
+        {"kind": "late", "steps": 10, "target_ratio": 0.5},
+        {"kind": "finetune", "steps": 10},
+    ],
+    "training": {"batch_size": 16, "log_every": 5, "seed": 0},
+    "checkpointing": {"every_n_steps": 10, "keep": 2},
+}  # fmt: skip
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
+             logs: Callable[[], str] = str) -> Any:  # fmt: skip
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{logs()}")
+
+
+class RedisServer:
+    """``redis-server`` on a free port, keeping nothing: a restart empties every queue."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind",
+                                      "127.0.0.1", "--save", "", "--appendonly", "no"],
+                                     stdout=subprocess.DEVNULL)  # fmt: skip
+        client = redis.Redis(port=self.port)
+        try:
+            wait_for(lambda: self._ping(client), 15, "redis-server")
+        finally:
+            client.close()
+
+    @staticmethod
+    def _ping(client: redis.Redis) -> bool:
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            return False
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def api_key(env: dict[str, str]) -> str | None:
+    """A key for tenant ``default`` from ``comera keys create`` (None before API keys exist)."""
+    out = subprocess.run([sys.executable, "-m", "service.cli", "keys", "create", "--tenant",
+                          "default"], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    if out.returncode != 0:
+        if "No such command" in out.stderr:
+            return None
+        raise AssertionError(f"keys create failed:\n{out.stderr}")
+    return out.stdout.strip().splitlines()[-1]
+
+
+class Stack:
+    """The processes of one test, under ``tmp`` (logs in ``tmp/*.log``)."""
+
+    def __init__(self, tmp: Path, db_url: str, broker: str, **extra: str) -> None:
+        self.tmp, self.db_url = tmp, db_url
+        self.env = clean_env(tmp / "home", COMERA_DATABASE_URL=db_url, COMERA_BROKER_URL=broker,
+                             COMERA_QUEUE=f"fault.{free_port()}", **{**FAST, **extra})  # fmt: skip
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.headers: dict[str, str] = {}
+        self._pumps: list[threading.Thread] = []
+
+    def start(self, name: str, args: list[str], *, wrap: tuple[str, ...] = (),
+              env: dict[str, str] | None = None,
+              pipe: bool = False) -> subprocess.Popen:  # fmt: skip
+        """``python -m service.cli ARGS`` (after ``wrap``, e.g. ``prlimit …``) in its own
+        process group. ``pipe``: its output goes through a pipe to the log (a process with a
+        file size limit cannot write a growing log file itself)."""
+        log = (self.tmp / f"{name}.log").open("ab")
+        cmd = [*wrap, sys.executable, "-m", "service.cli", *args]
+        proc = subprocess.Popen(cmd, env=env or self.env, cwd=ROOT, start_new_session=True,
+                                stdout=subprocess.PIPE if pipe else log,
+                                stderr=subprocess.STDOUT)  # fmt: skip
+        if pipe:
+            pump = threading.Thread(target=self._pump, args=(proc, log), daemon=True)
+            pump.start()
+            self._pumps.append(pump)
+        else:
+            log.close()
+        self.procs[name] = proc
+        return proc
+
+    @staticmethod
+    def _pump(proc: subprocess.Popen, log: Any) -> None:
+        with log:
+            for line in iter(proc.stdout.readline, b""):
+                log.write(line)
+                log.flush()
+
+    def api(self, env: dict[str, str] | None = None) -> httpx.Client:
+        """Start the API, wait until it is ready, and return a client with an API key."""
+        port = free_port()
+        self.start("api", ["api", "--port", str(port)], env=env)
+        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=90)
+        wait_for(lambda: self._ready(client), 120, "the API", self.logs)
+        key = api_key(self.env)
+        if key is not None:
+            client.headers["Authorization"] = f"Bearer {key}"
+        return client
+
+    def _ready(self, client: httpx.Client) -> bool:
+        if self.procs["api"].poll() is not None:
+            raise AssertionError(f"the API exited\n{self.logs()}")
+        try:
+            return client.get("/v1/readyz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def worker(self, name: str, **kwargs: Any) -> subprocess.Popen:
+        return self.start(name, ["worker", "--hostname", f"{name}{free_port()}@%h"], **kwargs)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """``sig`` to the process group of ``name`` (a worker: its parent and its child)."""
+        proc = self.procs[name]
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=30)
+
+    def logs(self, tail: int = 3000) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-tail:]}"
+                         for p in sorted(self.tmp.glob("*.log")))  # fmt: skip
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        for pump in self._pumps:
+            pump.join(timeout=5)
+
+    # -- the API, as a user calls it --------------------------------------------------------
+    def submit(self, client: httpx.Client, spec: dict[str, Any], key: str) -> dict[str, Any]:
+        r = client.post("/v1/jobs", json=spec, headers={"Idempotency-Key": key})
+        assert r.status_code == 202, r.text
+        return r.json()
+
+    def wait_state(self, client: httpx.Client, job_id: str, timeout: float = 150,
+                   states: tuple[str, ...] = TERMINAL) -> dict[str, Any]:  # fmt: skip
+        def reached() -> dict[str, Any] | None:
+            job = client.get(f"/v1/jobs/{job_id}").json()
+            return job if job["state"] in states else None
+
+        return wait_for(reached, timeout, f"job {job_id} to reach {states}", self.logs)
+
+    def events(self, client: httpx.Client, job_id: str, kind: str) -> list[dict[str, Any]]:
+        r = client.get(f"/v1/jobs/{job_id}/events", params={"kind": kind, "limit": 1000})
+        assert r.status_code == 200, r.text
+        return r.json()["items"]
+
+
+@contextmanager
+def running(tmp: Path, db_url: str, broker: str, **extra: str) -> Iterator[Stack]:
+    stack = Stack(tmp, db_url, broker, **extra)
+    try:
+        yield stack
+    finally:
+        stack.stop()

@@ -1,0 +1,35 @@
+"""Redis restarted (keeping nothing) while jobs wait in its queue, and a job submitted while it
+is down: no job is lost. The reaper re-sends the lost messages and the unsent one."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.faults.stack import SPEC
+
+pytestmark = pytest.mark.slow
+SHORT = {**SPEC, "schedule": [{"kind": "early", "steps": 10}], "checkpointing": {"keep": 1}}
+
+
+def test_jobs_queued_when_redis_restarts_empty_all_run(stack, redis_server):
+    client = stack.api()
+    queued = [stack.submit(client, SHORT, f"before-restart-{i}") for i in range(2)]
+    assert not any(job["enqueue_pending"] for job in queued)  # in Redis's queue
+
+    redis_server.kill()  # the queue is gone with it
+    unsent = stack.submit(client, SHORT, "while-down")
+    assert unsent["enqueue_pending"] is True  # stored, 202, sent later
+    redis_server.start()  # empty
+    stack.start("reaper", ["reaper"])
+    stack.worker("worker")
+
+    for job in [*queued, unsent]:
+        done = stack.wait_state(client, job["id"])
+        assert done["state"] == "SUCCEEDED", (done["error"], stack.logs())
+        assert done["attempt"] == 1 and done["enqueue_pending"] is False
+        notes = [e["data"]["message"] for e in stack.events(client, job["id"], "log")]
+        note = "message sent" if job is unsent else "message lost; sent again"
+        assert any(n.startswith(note) for n in notes), notes
+    listed = client.get("/v1/jobs", params={"limit": 50}).json()["items"]
+    assert sorted(j["id"] for j in listed) == sorted(j["id"] for j in [*queued, unsent])
+    assert {j["state"] for j in listed} == {"SUCCEEDED"}

@@ -1,0 +1,56 @@
+"""SIGKILL of a worker (parent and child) mid-training: the reaper notices the expired lease,
+queues attempt 2, and a new worker resumes it from the newest complete checkpoint."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from tests.faults.stack import SPEC, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_killed_worker_is_replaced_and_the_job_resumes_from_its_checkpoint(stack):
+    stack.start("reaper", ["reaper"])
+    stack.worker("worker1")
+    client = stack.api()
+    job_id = stack.submit(client, SPEC, "killed-worker-1")["id"]
+
+    def checkpoints() -> list[dict]:
+        items = client.get(f"/v1/jobs/{job_id}/checkpoints").json()["items"]
+        return [c for c in items if c["kind"] == "latest" and c["state"] == "complete"]
+
+    wait_for(checkpoints, 150, "the first checkpoint", stack.logs)
+    stack.kill("worker1")  # SIGKILL to the worker's process group, mid-training
+    killed_at = datetime.now(UTC)
+    newest = max(checkpoints(), key=lambda c: c["step"])
+    assert newest["attempt"] == 1 and newest["step"] < 40
+    stack.worker("worker2")
+
+    job = stack.wait_state(client, job_id)
+    assert job["state"] == "SUCCEEDED", (job["error"], stack.logs())
+    assert job["attempt"] == 2 and job["progress"]["step"] == 40
+    attempts = client.get(f"/v1/jobs/{job_id}/attempts").json()["items"]
+    assert [(a["attempt"], a["exit_reason"]) for a in attempts] == [
+        (1, "worker_lost"), (2, "completed")]  # fmt: skip
+    assert attempts[1]["resume_from"] == newest["id"]
+    states = [(e["data"]["state"], e["attempt"]) for e in stack.events(client, job_id, "state")]
+    assert states == [("QUEUED", 1), ("STARTING", 1), ("RUNNING", 1), ("QUEUED", 2),
+                      ("STARTING", 2), ("RUNNING", 2), ("SUCCEEDED", 2)]  # fmt: skip
+    resumed = f"resumed from checkpoint {newest['id']} (attempt 1, step {newest['step']})"
+    assert any(e["attempt"] == 2 and e["data"].get("message") == resumed
+               for e in stack.events(client, job_id, "log"))  # fmt: skip
+
+    series = client.get(f"/v1/jobs/{job_id}/metrics", params={"max_points": 5000}).json()
+    series = {s["key"]: s["points"] for s in series["series"]}
+    assert [p["step"] for p in series["loss"]] == list(range(5, 41, 5))  # none lost
+    for key, points in series.items():
+        steps = [p["step"] for p in points]
+        assert len(steps) == len(set(steps)), f"duplicate points of {key}"
+        for p in points:  # attempt 2 rewrote only the steps after its checkpoint
+            written = datetime.fromisoformat(p["t"])
+            assert (written < killed_at) == (p["step"] <= newest["step"]), (key, p)
+    ranks = client.get(f"/v1/jobs/{job_id}/ranks", params={"max_points": 5000}).json()["points"]
+    assert len({(p["tensor"], p["step"]) for p in ranks}) == len(ranks) > 0
