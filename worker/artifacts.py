@@ -86,6 +86,22 @@ def mark_deleted(session: Session, *, job_id: str, artifacts: Path) -> list[str]
     return [r.id for r in gone]
 
 
+def drop_partial(session: Session, *, job_id: str, attempt: int, artifacts: Path) -> list[str]:
+    """``save_partial: false``: delete this attempt's partial checkpoints (files and rows
+    marked ``deleted``); returns their ids."""
+    rows = session.scalars(select(Checkpoint).where(
+        Checkpoint.job_id == job_id, Checkpoint.attempt == attempt,
+        Checkpoint.kind == "partial", Checkpoint.state == "complete")).all()  # fmt: skip
+    for r in rows:
+        r.state = "deleted"
+        shared = session.scalars(select(Checkpoint.id).where(  # a stop right at a periodic
+            Checkpoint.job_id == job_id, Checkpoint.path == r.path,  # checkpoint rewrote it
+            Checkpoint.state == "complete", Checkpoint.id != r.id)).first()  # fmt: skip
+        if shared is None:
+            (artifacts / r.path).unlink(missing_ok=True)
+    return [r.id for r in rows]
+
+
 def _usable(row: Checkpoint, artifacts: Path) -> bool:
     path = artifacts / row.path
     return (path.is_file() and path.stat().st_size == row.size_bytes

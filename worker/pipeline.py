@@ -40,18 +40,18 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from api_schemas import JobCreate, JobState
 from service.core.config import Settings
 from service.db.crud.job_actions import end_attempt, mark_sent, requeue_job
-from service.db.crud.jobs import get_job, transition
-from service.db.models import Checkpoint, Job, JobAttempt, utcnow
+from service.db.crud.jobs import append_event, get_job, transition
+from service.db.models import Checkpoint, Job, JobAttempt, JobEvent, utcnow
 from service.db.session import session_scope
 from service.model_source import resolve_model_source
 from service.spec import SpecError
-from worker.artifacts import checkpoint_row, find_checkpoint, sha256_file, workdir
+from worker.artifacts import checkpoint_row, drop_partial, find_checkpoint, sha256_file, workdir
 from worker.callback import JobCallback
 from worker.datasets import resolve_dataset
 from worker.lease import Heartbeat, Preemption, Stopper
@@ -310,6 +310,16 @@ def _cancel(s: Session, run: Attempt, message: str) -> str:
     return "cancelled" if cancelled else "lost"
 
 
+def _wants_partial(s: Session, job_id: str) -> bool:
+    """The ``save_partial`` of the job's latest cancel request (default true)."""
+    rows = s.scalars(select(JobEvent.data).where(JobEvent.job_id == job_id)
+                     .order_by(JobEvent.seq.desc()).limit(50))  # fmt: skip
+    for data in rows:
+        if isinstance(data, dict) and data.get("reason") == "cancel requested":
+            return bool(data.get("save_partial", True))
+    return True
+
+
 def _interrupted(run: Attempt, reason: str) -> str:
     """After a cooperative stop: cancel -> CANCELLED; lease lost -> leave the job alone."""
     outcome = ["lost"]
@@ -319,6 +329,13 @@ def _interrupted(run: Attempt, reason: str) -> str:
         message = f"cancelled at step {step}" + (f"; partial checkpoint {ids[-1]}" if ids else "")
 
         def finish(s: Session) -> None:
+            if ids and not _wants_partial(s, run.job_id) and run.callback is not None:
+                dropped = drop_partial(s, job_id=run.job_id, attempt=run.attempt,
+                                       artifacts=run.callback.artifacts)  # fmt: skip
+                for cid in dropped:
+                    data = {"id": cid, "state": "deleted", "reason": "save_partial false"}
+                    append_event(session=s, job_id=run.job_id, attempt=run.attempt,
+                                 kind="checkpoint", data=data)  # fmt: skip
             outcome[0] = _cancel(s, run, message)
 
         run.recorder.flush(extra=finish)

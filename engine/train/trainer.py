@@ -133,11 +133,14 @@ class Trainer:
         meta = {"engine_version": engine.__version__, "job": self.job.to_dict(),
                 "state": self.state.to_dict(), "optimizer": opt_meta,
                 "model_config": self.model_config.to_dict(), "partial": partial}  # fmt: skip
+        # a partial checkpoint (a stop) has a file of its own, outside the rotation: a stop
+        # right after a periodic checkpoint neither rewrites nor rotates that one away
         name = "final" if final else f"step-{self.state.global_step:08d}"
+        name += "-partial" if partial else ""
         path = ckpt.save_checkpoint(self.workdir / "checkpoints" / f"{name}.safetensors",
                                     tensors, meta)
-        if not final and path not in self.checkpoints:  # a stop right after a periodic
-            self.checkpoints.append(path)  # checkpoint rewrites it: rotating it would delete it
+        if not final and not partial:
+            self.checkpoints.append(path)
             while len(self.checkpoints) > self.job.checkpoint.keep:
                 self.checkpoints.pop(0).unlink(missing_ok=True)
         self.events.emit({"event": "checkpoint", "path": str(path), "partial": partial,

@@ -102,3 +102,33 @@ def test_a_cancel_right_after_a_checkpoint_keeps_its_partial_checkpoint(db_url, 
     [partial] = [c for c in checkpoints(factory, job_id) if c.kind == "partial"]
     assert partial.step == 10 and partial.state == "complete"
     assert sha256_file(settings.artifacts / partial.path) == partial.sha256  # still there
+
+
+def test_a_cancel_with_save_partial_false_leaves_no_partial_checkpoint(db_url, tmp_path):
+    from service.db.crud.job_actions import cancel_job
+    from service.db.crud.jobs import get_job
+
+    settings, factory = settings_for(tmp_path, db_url), factory_for(db_url)
+    spec = tiny_spec(checkpointing={"every_n_steps": 10, "keep": 2},
+                     schedule=[{"kind": "early", "steps": 200_000}])  # fmt: skip
+    job_id = make_job(factory, spec)
+
+    def cancel_after_first_checkpoint(event: dict) -> None:
+        if event["event"] == "checkpoint" and not event.get("partial") and event["step"] == 10:
+            with session_scope(factory) as s:  # what POST /cancel {"save_partial": false} does
+                outcome, _ = cancel_job(session=s, job=get_job(session=s, job_id=job_id),
+                                        mode="graceful", save_partial=False)  # fmt: skip
+                assert outcome == "cancelling"
+            time.sleep(1.1)  # past the stopper's poll interval
+
+    out = run_job(job_id=job_id, attempt=1, settings=settings, factory=factory,
+                  callbacks=[FunctionCallback(cancel_after_first_checkpoint)])  # fmt: skip
+    job, _ = get(factory, job_id)
+    assert out == "cancelled" and job.state == "CANCELLED", job.error
+    kinds = {c.kind: c for c in checkpoints(factory, job_id)}
+    assert kinds["partial"].state == "deleted"
+    latest = kinds["latest"]  # the periodic checkpoint of step 10 stays, file and all
+    assert latest.state == "complete"
+    assert sha256_file(settings.artifacts / latest.path) == latest.sha256
+    if kinds["partial"].path != latest.path:
+        assert not (settings.artifacts / kinds["partial"].path).exists()
