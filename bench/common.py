@@ -12,7 +12,9 @@ from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+# ``COMERA_BENCH_RESULTS`` redirects the JSON (bench/device_check.sh writes into its $OUT)
+RESULTS = Path(os.environ.get("COMERA_BENCH_RESULTS")
+               or Path(__file__).resolve().parent / "results")  # fmt: skip
 
 
 def machine_info() -> dict:
@@ -78,3 +80,23 @@ def write_json(name: str, payload: dict) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
     return path
+
+
+def galore_adamw() -> type:
+    """galore-torch's ``GaLoreAdamW``. Its package also imports the 8-bit variant, which needs
+    bitsandbytes (too large to carry to the GPU machine, and unused here): where bitsandbytes is
+    missing, a stub stands in for the one base class that import names."""
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        import sys
+        import types
+
+        stub = types.ModuleType("bitsandbytes.optim.optimizer")
+        stub.Optimizer2State = type("Optimizer2State", (torch.optim.Optimizer,), {})
+        for name in ("bitsandbytes", "bitsandbytes.optim"):
+            sys.modules.setdefault(name, types.ModuleType(name))
+        sys.modules["bitsandbytes.optim.optimizer"] = stub
+    from galore_torch import GaLoreAdamW
+
+    return GaLoreAdamW

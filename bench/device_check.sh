@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Every GPU check and benchmark of the project in one run, for one GPU machine (an H200 with
+# PyTorch, Triton and CUDA preinstalled and no network): at most ~8.5 minutes, usually less.
+#
+#   bash bench/device_wheels.sh        # first, on a machine with the package index: bench/wheels/
+#   bash bench/device_check.sh         # on the GPU machine (the device tool carries bench/wheels)
+#
+# Steps (each bounded by a timeout, each logged to $OUT/<step>.log):
+#   kernel_tests  the Triton kernels compiled on CUDA tensors against their float64 references
+#   gpu_tests     the tests marked gpu: CUDA-graph replay equals eager, gate updates persist
+#   ttm_lookup    TTM lookup, Triton vs torch (bench.ttm_embedding --triton-only)
+#   train_step    CoMERA vs dense vs GaLore (vs TensorLy-Torch) step time and peak memory
+#   cuda_graph    the batch-1 training step with CUDA graphs on vs off
+# then one summary table (bench.device_summary). JSON results go to $OUT too.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-bench/results/device}
+mkdir -p "$OUT"
+export COMERA_BENCH_RESULTS="$OUT" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+PY=${PYTHON:-python3}
+
+if compgen -G "bench/wheels/*.whl" > /dev/null; then  # only what torch and triton lack
+  $PY -m pip install -q --no-index --no-deps bench/wheels/*.whl > "$OUT/pip.log" 2>&1 \
+    || echo "some wheels did not install: see $OUT/pip.log"
+fi
+$PY - <<'PY' | tee "$OUT/env.txt"
+import torch, triton
+print(f"torch {torch.__version__}  triton {triton.__version__}  cuda {torch.version.cuda}  "
+      f"device {torch.cuda.get_device_name() if torch.cuda.is_available() else 'NONE'}")
+PY
+
+fail=0
+: > "$OUT/steps.tsv"
+step() {  # step NAME SECONDS CMD...
+  local name=$1 limit=$2 t0=$SECONDS rc=0
+  shift 2
+  echo "== $name (limit ${limit}s)"
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || rc=$?
+  [ "$rc" -eq 0 ] || fail=1
+  printf '%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - t0))" >> "$OUT/steps.tsv"
+  tail -n 4 "$OUT/$name.log"
+}
+PYTEST=($PY -m pytest -q -p no:cacheprovider -o addopts= -o timeout=0)
+step kernel_tests 120 "${PYTEST[@]}" tests/engine/kernels
+step gpu_tests 90 "${PYTEST[@]}" -m gpu tests/engine
+step ttm_lookup 60 $PY -m bench.ttm_embedding --triton-only
+step train_step 180 $PY -m bench.train_step --device cuda --quick
+step cuda_graph 60 $PY -m bench.cuda_graph
+$PY -m bench.device_summary "$OUT" | tee "$OUT/summary.txt"
+exit "$fail"
