@@ -233,7 +233,11 @@ def test_flat_buffers_train_exactly_like_separate_parameters(fused):
                     f.gather_grad_()
             opt.step()
     for (name, a), b in zip(models[0].named_parameters(), models[1].parameters(), strict=True):
-        if fused:  # the fused kernel's vector / tail split differs: a rounding apart
+        if fused and name.endswith("attn.k.bias"):
+            # softmax ignores a bias shared by every key: its gradient is rounding noise, which
+            # Adam normalizes to steps of ~lr, so one rounding apart becomes ~1e-4 apart
+            assert_close_rel(b, a, 1e-2, name)
+        elif fused:  # the fused kernel's vector / tail split differs: a rounding apart
             assert_close_rel(b, a, 1e-6, name)
         else:
             assert torch.equal(a, b), name
