@@ -1,21 +1,15 @@
-"""One training step of the six-encoder MNLI transformer: CoMERA vs dense AdamW vs GaLore.
+"""One training step of the six-encoder MNLI transformer: CoMERA vs dense AdamW vs GaLore
+vs TensorLy-Torch.
 
     python -m bench.train_step [--batches 1,8,32] [--quick] [--repeats N]
 
 A step is ``zero_grad``, forward, loss, backward and the optimizer step, in training mode
 (dropout on), sequence length 128, random token ids / labels from a fixed seed, token types
-0 then 1 (a sentence pair), full attention mask.
-
-* ``comera``: ``build_transformer(mnli, tensorized=True, max_rank=30, shapes="mnli")``,
-  AdamW in three groups (TT/TTM cores lr 1e-4, gates 1e-3, others 5e-5, weight decay 0),
-  loss ``CE + 0.01 R`` with ``R = GateIndex(model, "cost_weighted").penalty()``.
-* ``dense``: the dense model, ``torch.optim.AdamW(lr=1e-4)`` with torch's default settings.
-* ``galore``: the dense model, galore-torch's ``GaLoreAdamW`` (lr 1e-4) with the GaLore
-  README's groups: the 2-D weights of the encoder linears projected (rank 128, update gap
-  200, scale 0.25, ``std``), every other parameter plain. Its SVD refresh runs every 200th
-  step, so its time per step is ``(199 * regular + refresh) / 200`` with both kinds timed
-  (a refresh step is forced by setting the projected parameters' step counters to the next
-  multiple of 200).
+0 then 1 (a sentence pair), full attention mask. The configurations (``comera`` with the
+trainer's CPU fast path, ``comera_eager`` without it, ``dense``, ``galore``, ``tltorch``) are
+described in :mod:`bench.train_step_configs`. GaLore's SVD refresh runs every 200th step, so
+its time per step is ``(199 * regular + refresh) / 200`` with both kinds timed (a refresh step
+is forced by setting the projected parameters' step counters to the next multiple of 200).
 
 Each configuration of a batch size runs in its own worker process (its own allocator, as a
 training job would), all alive at once; the parent steps them in turns, round-robin (warm-up
@@ -26,7 +20,8 @@ rounds is reported (with its optimizer share). Memory: each worker's peak RSS (`
 over all its steps, minus that of an idle worker with the same imports, inputs and warm-up
 (a tiny step of every configuration, so thread pools, lazy imports and kernels cancel).
 Every worker gets the same environment (:data:`CHILD_ENV`). Writes
-``bench/results/train_step.json`` and prints the ratios against the targets.
+``bench/results/train_step.json`` and prints the ratios against the targets, and checks
+that CoMERA is faster than TensorLy-Torch at every batch size.
 """
 
 from __future__ import annotations
@@ -39,26 +34,27 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
 
 from bench.common import machine_info, write_json
-from engine.models.transformer import TransformerClassifier, TransformerConfig, build_transformer
-from engine.nn.flat import FlatBuffer, flatten_
-from engine.nn.tt_linear import TTLinear
-from engine.nn.ttm_embedding import TTMEmbedding
-from engine.rank.penalty import GateIndex
+from bench.train_step_configs import (
+    COMERA_ADAMW,
+    COMERA_LR,
+    CONFIGS,
+    DENSE_LR,
+    GALORE,
+    PENALTY_WEIGHT,
+    SEED,
+    SEQ,
+    TLTORCH_RANK,
+    build,
+    comera_config,
+    make_inputs,
+    warm_up,
+)
+from engine.models.transformer import TransformerConfig
 
-CONFIGS = ("comera", "dense", "galore")
-SEQ, SEED, PENALTY_WEIGHT = 128, 0, 0.01
-COMERA_LR = {"cores": 1e-4, "gates": 1e-3, "others": 5e-5}
-COMERA_ADAMW: dict = {"fused": True}  # over three flat buffers (engine.nn.flat), see the doc
-DENSE_LR = 1e-4
-GALORE = {"rank": 128, "update_proj_gap": 200, "scale": 0.25, "proj_type": "std"}
 # The allocator of every worker (all alike): jemalloc, as PyTorch's CPU tuning guide advises,
 # told to keep freed pages (no purge, so no page faults on reuse); glibc's malloc instead
 # fragments (peak RSS 20-50% above the live peak here) or, told to keep memory, more so.
@@ -77,143 +73,17 @@ AUTHORS_CODE = {  # the authors' released implementation, measured on this machi
 }
 
 
+CHECKS = {  # claims checked at every batch size: (slower config, faster config)
+    "comera_faster_than_tltorch": ("tltorch", "comera"),
+    "fast_path_faster_than_eager": ("comera_eager", "comera"),
+}
 LEAD_STEPS = 1  # untimed steps before the timed one in each configuration's turn
-LOWRANK_FROM_BATCH = 16  # from here on activations dominate memory (module doc)
-
-
-def comera_config(batch: int) -> TransformerConfig:
-    """The CoMERA model's config at ``batch``: TT-linear outputs kept as rank-r factors
-    (:mod:`engine.contract.lowrank_saved`) where activations dominate memory."""
-    return TransformerConfig.mnli(recompute_tt_outputs=batch >= LOWRANK_FROM_BATCH)
-
-
-# -- data, models, optimizers ---------------------------------------------------------------
-def make_inputs(batch: int, cfg: TransformerConfig) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Token ids (B, S), token types (B, S), attention mask (B, S), labels (B,)."""
-    g = torch.Generator().manual_seed(SEED)
-    ids = torch.randint(0, cfg.vocab_size, (batch, SEQ), generator=g)  # (B, S)
-    types = (torch.arange(SEQ) >= SEQ // 2).long().expand(batch, SEQ).contiguous()  # (B, S)
-    mask = torch.ones(batch, SEQ, dtype=torch.bool)  # (B, S)
-    labels = torch.randint(0, cfg.num_classes, (batch,), generator=g)  # (B,)
-    return ids, types, mask, labels
-
-
-def comera_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
-    """The three CoMERA groups: TT / TTM cores, rank gates, everything else."""
-    cores, gates = [], []
-    for mod in model.modules():
-        if isinstance(mod, TTLinear | TTMEmbedding):
-            cores += list(mod.cores)
-            gates += list(mod.gates)
-    seen = {id(p) for p in cores + gates}
-    others = [p for p in model.parameters() if id(p) not in seen]
-    return {"cores": cores, "gates": gates, "others": others}
-
-
-def comera_optimizer(model: nn.Module) -> tuple[torch.optim.Optimizer, list[FlatBuffer]]:
-    """AdamW over the three groups, each flattened into one buffer (:mod:`engine.nn.flat`)."""
-    flats = {k: flatten_(ps) for k, ps in comera_groups(model).items()}
-    groups = [{"params": [f.param], "lr": COMERA_LR[k]} for k, f in flats.items()]
-    return torch.optim.AdamW(groups, weight_decay=0.0, **COMERA_ADAMW), list(flats.values())
-
-
-def galore_groups(model: TransformerClassifier) -> list[dict]:
-    """GaLore README groups: encoder ``nn.Linear`` weights projected, the rest plain."""
-    projected = [m.weight for m in model.encoder.modules() if isinstance(m, nn.Linear)]
-    ids = {id(p) for p in projected}
-    regular = [p for p in model.parameters() if id(p) not in ids]
-    return [{"params": regular}, {"params": projected, **GALORE}]
-
-
-@dataclass
-class Runner:
-    """One configuration: ``step()`` returns (seconds in total, seconds in the optimizer)."""
-
-    name: str
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    loss: Callable[[], Tensor]
-    flats: tuple[FlatBuffer, ...] = ()  # flattened parameter groups (CoMERA)
-
-    def step(self) -> tuple[float, float]:
-        start = time.perf_counter()
-        self.model.zero_grad(set_to_none=True)
-        self.loss().backward()
-        mid = time.perf_counter()
-        for flat in self.flats:
-            flat.gather_grad_()
-        self.optimizer.step()
-        end = time.perf_counter()
-        return end - start, end - mid
-
-    def refresh_step(self) -> tuple[float, float]:
-        """A GaLore step that recomputes every projection (an SVD per projected weight)."""
-        gap = GALORE["update_proj_gap"]
-        for group in self.optimizer.param_groups:
-            if "rank" in group:
-                for p in group["params"]:
-                    state = self.optimizer.state[p]
-                    state["step"] = -(-state.get("step", 0) // gap) * gap
-        return self.step()
-
-
-def build(name: str, batch: int, cfg: TransformerConfig | None = None) -> Runner:
-    """The model, optimizer and loss of configuration ``name`` on the bench inputs."""
-    torch.manual_seed(SEED)
-    if name == "comera":
-        cfg = cfg or comera_config(batch)
-        model = build_transformer(cfg, tensorized=True, max_rank=30, shapes="mnli")
-    else:
-        cfg = cfg or TransformerConfig.mnli()
-        model = build_transformer(cfg, tensorized=False)
-    model.train()
-    ids, types, mask, labels = make_inputs(batch, cfg)
-    flats: list[FlatBuffer] = []
-    if name == "comera":
-        optimizer, flats = comera_optimizer(model)
-        index = GateIndex(model, "cost_weighted")
-
-        def loss() -> Tensor:
-            ce = F.cross_entropy(model(ids, types, mask), labels)
-            return ce + PENALTY_WEIGHT * index.penalty()
-    else:
-        if name == "dense":
-            optimizer = torch.optim.AdamW(model.parameters(), lr=DENSE_LR)
-        else:
-            from galore_torch import GaLoreAdamW
-
-            optimizer = GaLoreAdamW(galore_groups(model), lr=DENSE_LR,
-                                    no_deprecation_warning=True)
-
-        def loss() -> Tensor:
-            return F.cross_entropy(model(ids, types, mask), labels)
-
-    return Runner(name, model, optimizer, loss, tuple(flats))
-
-
-def warm_up() -> None:
-    """A tiny step of every configuration: thread pools, lazy imports, kernels, arenas."""
-    for name in CONFIGS:
-        cfg = TransformerConfig.tiny(max_len=SEQ)
-        torch.manual_seed(SEED)
-        model = build_transformer(cfg, tensorized=name == "comera", max_rank=4, shapes="auto")
-        ids, types, mask, labels = make_inputs(2, cfg)
-        flats: list[FlatBuffer] = []
-        if name == "comera":
-            opt, flats = comera_optimizer(model)
-            extra = GateIndex(model, "cost_weighted").penalty()
-        elif name == "dense":
-            opt, extra = torch.optim.AdamW(model.parameters()), 0.0
-        else:
-            from galore_torch import GaLoreAdamW
-
-            groups = galore_groups(model)
-            groups[1].update(rank=4)
-            opt, extra = GaLoreAdamW(groups, no_deprecation_warning=True), 0.0
-        (F.cross_entropy(model(ids, types, mask), labels) + extra).backward()
-        for flat in flats:
-            flat.gather_grad_()
-        opt.step()
+# configurations too slow for every round: one warm-up step, then timed in this many rounds
+# (TensorLy-Torch's BlockTT contraction takes seconds per step; its ratio is large)
+FEW_ROUNDS = {"tltorch": 1}
+# and not run above this batch: its einsum keeps ~0.9 GB of activations per sequence
+# (7.4 GB at batch 8), more than the 24 GB of this machine holds at batch 32
+MAX_BATCH = {"tltorch": 8}
 
 
 # -- workers: one process per configuration, stepped in lockstep by the parent ------------
@@ -236,7 +106,7 @@ def worker(name: str, batch: int) -> None:
         sys.stdout.write(PROTO + json.dumps(obj) + "\n")
         sys.stdout.flush()
 
-    say({"ready": True})
+    say({"ready": True, "info": runner.info if runner is not None else {}})
     for line in sys.stdin:
         cmd = line.strip()
         if cmd == "exit":
@@ -282,15 +152,20 @@ def measure_batch(batch: int, quick: bool, repeats: int | None, idle_kib: int) -
         repeats = 3 if quick else {1: 9, 8: 7}.get(batch, 5)
     warmup = 1 if quick or batch >= 32 else 2
     refreshes = 1 if quick or batch >= 32 else 2
-    workers = {name: Worker(name, batch) for name in CONFIGS}
-    for w in workers.values():
-        w.read()  # ready
-    for _ in range(warmup):
-        for w in workers.values():
-            w.send("step")
-    samples: dict[str, list[dict]] = {k: [] for k in (*CONFIGS, "galore_refresh")}
+    configs = [c for c in CONFIGS if batch <= MAX_BATCH.get(c, batch)]
+    workers = {name: Worker(name, batch) for name in configs}
+    info = {name: w.read()["info"] for name, w in workers.items()}  # ready
+    for i in range(warmup):
+        for name, w in workers.items():
+            if name not in FEW_ROUNDS or i == 0:
+                w.send("step")
+    samples: dict[str, list[dict]] = {k: [] for k in (*configs, "galore_refresh")}
     for i in range(repeats):
         for name, w in workers.items():
+            if name in FEW_ROUNDS:
+                if i < FEW_ROUNDS[name]:
+                    samples[name].append(w.send("step"))  # follows its own previous step
+                continue
             for _ in range(LEAD_STEPS):  # the turn starts as a training loop runs: warm caches
                 w.send("step")
             samples[name].append(w.send("step"))
@@ -301,34 +176,54 @@ def measure_batch(batch: int, quick: bool, repeats: int | None, idle_kib: int) -
     opt = {k: statistics.median(x["opt_s"] for x in v) * 1e3 for k, v in samples.items()}
     gap = GALORE["update_proj_gap"]
     galore = ((gap - 1) * med["galore"] + med["galore_refresh"]) / gap
-    step_ms = {"comera": med["comera"] * 1e3, "dense": med["dense"] * 1e3,
-               "galore": galore * 1e3}  # fmt: skip
+    step_ms = {name: (galore if name == "galore" else med[name]) * 1e3 for name in configs}
+    skipped = [c for c in CONFIGS if c not in configs]
+    for name in skipped:  # not run at this batch size (MAX_BATCH)
+        step_ms[name] = mem[name] = opt[name] = None  # type: ignore[assignment]
+
+    def over(a: dict, x: str, y: str) -> float | None:
+        return None if a[x] is None or a[y] is None else a[x] / a[y]
+
     ratios = {
         "dense_over_comera_time": step_ms["dense"] / step_ms["comera"],
         "galore_over_comera_time": step_ms["galore"] / step_ms["comera"],
         "galore_over_comera_memory": mem["galore"] / mem["comera"],
         "dense_over_comera_memory": mem["dense"] / mem["comera"],
+        "tltorch_over_comera_time": over(step_ms, "tltorch", "comera"),
+        "tltorch_over_comera_memory": over(mem, "tltorch", "comera"),
+        "eager_over_fast_path_time": step_ms["comera_eager"] / step_ms["comera"],
+        "dense_over_comera_eager_time": step_ms["dense"] / step_ms["comera_eager"],
+        "galore_over_comera_eager_time": step_ms["galore"] / step_ms["comera_eager"],
     }
+    checks = {key: None if step_ms[slow] is None else step_ms[slow] > step_ms[fast]
+              for key, (slow, fast) in CHECKS.items()}  # None: not run at this batch size
     return {
         "batch": batch,
         "step_ms": step_ms,
         "peak_mib": mem,
         "ratios": ratios,
+        "checks": checks,
+        "parameters": {name: i.get("parameters") for name, i in info.items()},
+        "not_run": skipped,
         "optimizer_ms": opt,
         "galore_regular_ms": med["galore"] * 1e3,
         "galore_refresh_ms": med["galore_refresh"] * 1e3,
         "rounds": {"warmup": warmup, "timed": repeats, "untimed_lead_steps": LEAD_STEPS,
-                   "galore_refresh": refreshes},
+                   "galore_refresh": refreshes, "few_rounds": FEW_ROUNDS,
+                   "max_batch": MAX_BATCH},
         "comera_config": comera_config(batch).to_dict(),
         "samples_ms": {k: [x["s"] * 1e3 for x in v] for k, v in samples.items()},
     }
 
 
 def table(rows: list[dict]) -> str:
-    lines = [f"{'batch':>5} {'config':<7} {'step ms':>9} {'opt ms':>8} {'peak MiB':>9}"]
+    lines = [f"{'batch':>5} {'config':<12} {'step ms':>9} {'opt ms':>8} {'peak MiB':>9}"]
     for r in rows:
         for name in CONFIGS:
-            lines.append(f"{r['batch']:>5} {name:<7} {r['step_ms'][name]:>9.1f} "
+            if r["step_ms"][name] is None:
+                lines.append(f"{r['batch']:>5} {name:<12} {'not run':>9}")
+                continue
+            lines.append(f"{r['batch']:>5} {name:<12} {r['step_ms'][name]:>9.1f} "
                          f"{r['optimizer_ms'][name]:>8.1f} {r['peak_mib'][name]:>9.1f}")
     lines.append("")
     lines.append(f"{'ratio':<27} {'batch':>5} {'got':>7} {'target':>7} {'authors':>8}")
@@ -341,6 +236,17 @@ def table(rows: list[dict]) -> str:
             ref = AUTHORS_CODE[key].get(b)
             ref_s = f"{ref:>8.1f}" if ref is not None else f"{'-':>8}"
             lines.append(f"{key:<27} {b:>5} {r['ratios'][key]:>7.2f} {tgt} {ref_s}{mark}")
+    for key in ("tltorch_over_comera_time", "tltorch_over_comera_memory",
+                "eager_over_fast_path_time"):  # fmt: skip
+        for r in rows:
+            v = r["ratios"][key]
+            lines.append(f"{key:<27} {r['batch']:>5} " + (f"{v:>7.2f}" if v is not None
+                                                           else f"{'-':>7}"))  # fmt: skip
+    for key in CHECKS:
+        for r in rows:
+            ok = r["checks"][key]
+            word = "not run" if ok is None else ("ok" if ok else "FAILED")
+            lines.append(f"check {key:<33} batch {r['batch']:>3}: {word}")
     return "\n".join(lines)
 
 
@@ -380,7 +286,15 @@ def main() -> None:
             "seq_len": SEQ, "seed": SEED, "dtype": "float32", "dropout": "on (train mode)",
             "comera": {"build": "tensorized=True, max_rank=30, shapes='mnli'",
                        "optimizer": {"AdamW": COMERA_LR, "weight_decay": 0.0, **COMERA_ADAMW},
-                       "loss": f"CE + {PENALTY_WEIGHT} * GateIndex(cost_weighted).penalty()"},
+                       "loss": f"CE + {PENALTY_WEIGHT} * GateIndex(cost_weighted).penalty()",
+                       "fast_path": "engine.train.fast_path.FastPath (the trainer default)"},
+            "comera_eager": "comera without the fast path",
+            "tltorch": {"layers": "tltorch.FactorizedLinear(factorization='blocktt') with the "
+                                  "MNLI modes, FactorizedEmbedding (blocktt, MNLI modes)",
+                        "ranks": TLTORCH_RANK, "loss": "CE",
+                        "optimizer": {"AdamW": {"cores": COMERA_LR["cores"],
+                                                "others": COMERA_LR["others"]},
+                                      "weight_decay": 0.0, **COMERA_ADAMW}},
             "dense": {"optimizer": {"AdamW": DENSE_LR, "settings": "torch defaults"}},
             "galore": {"optimizer": {"GaLoreAdamW": DENSE_LR, **GALORE},
                        "time": "(199 regular + 1 refresh) / 200"},
@@ -391,6 +305,7 @@ def main() -> None:
         "idle_vmhwm_kib": idle_kib,
         "targets": {k: {str(b): v for b, v in t.items()} for k, t in TARGETS.items()},
         "authors_code": {k: {str(b): v for b, v in t.items()} for k, t in AUTHORS_CODE.items()},
+        "checks": {key: all(r["checks"][key] is not False for r in rows) for key in CHECKS},
         "results": rows,
     }
     path = write_json("train_step", payload)

@@ -14,6 +14,7 @@ from torch import Tensor
 from engine.contract.ffn import TTFFNFunction, block_rows
 from engine.contract.plan import Plan, plan_tt_linear
 from engine.nn.functional import parse_plan, problem_for
+from engine.nn.premerge import premerged_ffn
 from engine.nn.tt_linear import TTLinear
 
 __all__ = ["tt_feed_forward"]
@@ -48,7 +49,7 @@ def tt_feed_forward(x: Tensor, fc1: TTLinear, fc2: TTLinear) -> Tensor:
         plan2 = _fused_plan(fc2, h_like)
     if plan1 is None or plan2 is None:
         y = fc2(fc1(x2), activation="gelu")  # (B, D)
-    else:
+    elif (y := premerged_ffn(x2, fc1, fc2, plan1, plan2, block_rows(fc1.out_features))) is None:
         p1 = [*fc1.cores, *fc1.gates]
         p2 = [*fc2.cores, *fc2.gates]
         spec1 = (fc1.meta, (plan1.input_side, plan1.output_side), len(p1))

@@ -21,6 +21,7 @@ from engine.contract.plan import Plan
 from engine.contract.reference import tt_linear_weight
 from engine.kernels.backend import KernelPref, parse_kernel
 from engine.nn.functional import parse_plan, tt_linear
+from engine.nn.premerge import premerged_linear
 from engine.tt.cores import active_ranks, chain_numel, init_cores
 from engine.tt.decompose import matrix_to_tt
 from engine.tt.shapes import default_order, resolve_modes, resolve_ranks
@@ -148,6 +149,9 @@ class TTLinear(nn.Module):
     def forward(self, x: Tensor, activation: str | None = None) -> Tensor:
         """``x W^T + b``; ``activation="gelu"``: ``gelu(x) W^T + b`` without storing
         ``gelu(x)`` for backward (it is recomputed there from ``x``)."""
+        y = premerged_linear(self, x, activation)  # a fast-path session's group merge, if open
+        if y is not None:
+            return y
         return tt_linear(x, list(self.cores), list(self.gates), self.bias, self.meta, self.plan,
                          activation)
 

@@ -204,7 +204,10 @@ class TTMEmbedding(nn.Module):
     def forward(self, ids: Tensor) -> Tensor:
         if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
             raise TypeError(f"ids must be an integer tensor, got {ids.dtype}")
-        if ids.numel():
+        # inside a CUDA-graph capture: no host read-back (range check) and no data-dependent
+        # shape (dedup); every token's row is computed, which is the same table row
+        capturing = ids.is_cuda and torch.cuda.is_current_stream_capturing()
+        if ids.numel() and not capturing:
             lo, hi = (int(x) for x in torch.aminmax(ids))  # one pass over the ids
             if lo < 0 or hi >= self.num_embeddings:
                 raise IndexError(f"ids must be in [0, {self.num_embeddings}), got {lo}..{hi}")
@@ -214,7 +217,8 @@ class TTMEmbedding(nn.Module):
         cores, gates = list(self.cores), list(self.gates)
         plan = self._lookup_plan()
         out = ttm_lookup(
-            ids, cores, gates, self.gate_threshold, dedup=self.dedup, plan=plan, kernel=self.kernel
+            ids, cores, gates, self.gate_threshold, dedup=self.dedup and not capturing, plan=plan,
+            kernel=self.kernel,
         )  # (..., D)
         if self.padding_idx is not None:
             # as nn.Embedding: the padding row reads as zeros and sends no gradient

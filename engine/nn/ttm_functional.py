@@ -230,5 +230,6 @@ def ttm_lookup(
         plan = make_plan([tuple(c.shape) for c in cores])
     backend = resolve_backend(kernel, *cores, *gates)
     flat_ids = ids.reshape(-1)  # (T,)
-    out = TTMLookupFunction.apply(flat_ids, plan, tau, dedup, backend, *cores, *gates)  # (T, D)
+    with torch.autocast(ids.device.type, enabled=False):  # rows in the cores' dtype (no AMP)
+        out = TTMLookupFunction.apply(flat_ids, plan, tau, dedup, backend, *cores, *gates)  # (T, D)
     return out.view(*ids.shape, plan.dim)  # (..., D)

@@ -34,6 +34,8 @@ from engine.rank.penalty import PENALTIES
 __all__ = [
     "METHODS",
     "STAGE_KINDS",
+    "PRECISIONS",
+    "CUDA_GRAPH_MODES",
     "ConfigError",
     "as_config_error",
     "LearningRates",
@@ -49,6 +51,8 @@ CONFIG_VERSION = 1
 METHODS = ("comera", "dense", "galore")
 STAGE_KINDS = ("early", "late", "finetune")
 LR_SCHEDULES = ("constant", "cosine")
+PRECISIONS = ("fp32", "bf16")
+CUDA_GRAPH_MODES = ("auto", "on", "off")
 MAX_STEPS = 10_000_000
 MAX_EPOCHS = 100_000
 
@@ -248,6 +252,12 @@ class CompressionConfig:
 
 @dataclass(frozen=True)
 class TrainingConfig:
+    """Per-step settings. ``fast_path``: group merges and sibling products around each forward
+    (:mod:`engine.train.fast_path`; same results to float rounding). ``precision``: ``bf16``
+    runs activations under ``torch.autocast`` in bfloat16 with float32 master weights
+    (:mod:`engine.train.precision`). ``cuda_graph``: capture and replay the whole step on CUDA
+    (:mod:`engine.train.cuda_graphs`); ``auto`` does when it can, ``on`` requires it."""
+
     batch_size: int = 32
     seed: int = 0
     device: str = "cpu"
@@ -255,6 +265,21 @@ class TrainingConfig:
     weight_decay: float = 0.0
     log_every: int = 10
     eval_batches: int | None = None  # cap on validation batches per evaluation
+    fast_path: bool = True
+    precision: str = "fp32"
+    cuda_graph: str = "auto"
+
+    def __post_init__(self) -> None:
+        _choice(self.precision, "training.precision", PRECISIONS)
+        _choice(self.cuda_graph, "training.cuda_graph", CUDA_GRAPH_MODES)
+        if not isinstance(self.fast_path, bool):
+            raise ConfigError("training.fast_path", f"must be a boolean, got {self.fast_path!r}")
+        if self.precision == "bf16" and not self.fast_path:
+            raise ConfigError("training.precision", "bf16 runs TT layers through the fast path: "
+                              "set training.fast_path to true")
+        if self.cuda_graph == "on" and not self.device.startswith("cuda"):
+            raise ConfigError("training.cuda_graph", f"'on' needs a CUDA device, got device "
+                              f"{self.device!r} (use 'auto' or 'off')")
 
     @classmethod
     def from_dict(cls, data: object, path: str) -> TrainingConfig:
@@ -278,6 +303,15 @@ class TrainingConfig:
             out["log_every"] = _int(d["log_every"], f"{path}.log_every", 1, MAX_STEPS)
         if d.get("eval_batches") is not None:
             out["eval_batches"] = _int(d["eval_batches"], f"{path}.eval_batches", 1, MAX_STEPS)
+        if "fast_path" in d:
+            if not isinstance(d["fast_path"], bool):
+                raise ConfigError(f"{path}.fast_path", f"must be a boolean, got "
+                                                      f"{d['fast_path']!r}")
+            out["fast_path"] = d["fast_path"]
+        if "precision" in d:
+            out["precision"] = _choice(d["precision"], f"{path}.precision", PRECISIONS)
+        if "cuda_graph" in d:
+            out["cuda_graph"] = _choice(d["cuda_graph"], f"{path}.cuda_graph", CUDA_GRAPH_MODES)
         return cls(**out)
 
     def to_dict(self) -> dict[str, Any]:

@@ -105,9 +105,16 @@ def get_lr(base: float, step: int, stage: StageConfig, total_steps: int) -> floa
 def set_stage_lrs(
     optimizer: torch.optim.Optimizer, stage: StageConfig, step: int, total_steps: int
 ) -> None:
-    """Learning rate of every group for ``step`` of ``stage`` (gates frozen in finetune)."""
+    """Learning rate of every group for ``step`` of ``stage`` (gates frozen in finetune).
+
+    A tensor learning rate (a capturable optimizer replayed in a CUDA graph) is set in place.
+    """
     for group in optimizer.param_groups:
         base = getattr(stage.lr, group["name"])
         if stage.kind == "finetune" and group["name"] == "gates":
             base = 0.0
-        group["lr"] = get_lr(base, step, stage, total_steps)
+        lr = get_lr(base, step, stage, total_steps)
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr

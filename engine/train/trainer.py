@@ -9,6 +9,12 @@ optimizer; ``run()`` walks the stages of ``job.schedule``. Per step::
     finetune: J = L (gate learning rate 0, so S cannot grow)
     J.backward(); clip; optimizer.step()
 
+how a step runs is set by ``training``: ``fast_path`` opens a group-merge session around the
+forward (:mod:`engine.train.fast_path`), ``precision="bf16"`` runs it under bfloat16 autocast
+(:mod:`engine.train.precision`), and ``cuda_graph`` captures the whole step above as one CUDA
+graph and replays it (:mod:`engine.train.cuda_graphs`), captured again after every shrink and
+at every stage switch.
+
 every ``compression.shrink_every`` steps the dead ranks are sliced out of the cores and the
 Adam moments (Part B item 6); at the end of a late stage the target is met by pruning
 (Part B item 5). Side effects go through callbacks; ``should_stop`` is polled between steps
@@ -45,6 +51,7 @@ from engine.rank import (
 from engine.train import checkpoint as ckpt
 from engine.train.callbacks import Callback, CallbackList
 from engine.train.config import ConfigError, StageConfig, as_config_error
+from engine.train.execution import StepExecution
 from engine.train.job import JobConfig
 from engine.train.optim import build_optimizer, set_stage_lrs
 from engine.train.state import TrainState
@@ -64,13 +71,29 @@ def _float(t: Tensor | float) -> float:
     return float(t.item()) if isinstance(t, Tensor) else float(t)
 
 
+_HOW_NOT_WHAT = ("fast_path", "cuda_graph")  # training fields that change how a step runs only
+
+
+def _comparable(job: dict[str, Any]) -> dict[str, Any]:
+    """``job`` with defaults filled in (an older checkpoint lacks newer fields), without
+    ``name``, ``schedule`` and the fields of :data:`_HOW_NOT_WHAT`."""
+    try:
+        job = JobConfig.from_dict(job).to_dict()
+    except ValueError:
+        pass  # compared as saved: it differs from any valid config
+    out = {k: v for k, v in job.items() if k not in ("name", "schedule")}
+    if isinstance(out.get("training"), dict):
+        out["training"] = {k: v for k, v in out["training"].items() if k not in _HOW_NOT_WHAT}
+    return out
+
+
 def _check_compatible(saved: dict[str, Any], job: dict[str, Any], state: TrainState,
                       path: Path) -> None:
-    """A checkpoint continues a job whose config equals the saved one, except ``name`` and
-    stages not yet begun (so one early stage can branch into several late-stage schedules)."""
+    """A checkpoint continues a job whose config equals the saved one, except ``name``, stages
+    not yet begun (so one early stage can branch into several late-stage schedules) and how
+    steps run (``training.fast_path``, ``training.cuda_graph``)."""
     begun = state.stage + (1 if state.stage_started else 0)
-    same = {k: v for k, v in saved.items() if k not in ("name", "schedule")} == {
-        k: v for k, v in job.items() if k not in ("name", "schedule")}
+    same = _comparable(saved) == _comparable(job)
     if not same or saved["schedule"][:begun] != job["schedule"][:begun]:
         raise ValueError(f"{path}: checkpoint was written by a different job config (only the "
                          f"name and stages after the first {begun} may differ)")
@@ -123,6 +146,8 @@ class Trainer:
         self.checkpoints: list[Path] = []
         if resume is not None:
             self._resume(Path(resume))
+        self.execution = StepExecution(self.model, self.optimizer, self.device, job.training,
+                                       tensorized=job.tensorized)  # after resume: lr tensors
 
     # -- checkpoints ------------------------------------------------------------------------
     def _checkpoint(self, *, partial: bool = False, final: bool = False) -> Path:
@@ -157,6 +182,8 @@ class Trainer:
         self.state = TrainState.from_dict(meta["state"])
         if self.gates is not None:
             self.gates.refresh()
+        if hasattr(self, "execution"):
+            self.execution.invalidate()
 
     # -- data ---------------------------------------------------------------------------------
     def _stage_length(self, stage: StageConfig) -> int | None:
@@ -184,6 +211,7 @@ class Trainer:
         s = self.state
         if stage.epochs is not None and s.batch > 0:  # epoch stages start on a fresh epoch
             s.epoch, s.batch = s.epoch + 1, 0
+        self.execution.invalidate()  # the objective's constants change with the stage
         s.stage_epoch0 = s.epoch
         s.stage_size0 = model_size(self.model) if self.gates is not None else None
         s.size_ref = s.loss_ref = None
@@ -232,17 +260,23 @@ class Trainer:
                                 gamma=stage.gamma, loss_weight=stage.loss_weight)
         return j, {"penalty": penalty.detach(), "lambda": lam}
 
-    def _step(self, stage: StageConfig, batch: Mapping[str, Tensor]) -> None:
-        self.model.train()
-        batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-        out = self.workload.forward_loss(self.model, batch)
+    def _compute(self, stage: StageConfig, batch: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """One whole step (forward, objective, backward, clip, optimizer); detached sums."""
+        with self.execution.forward():
+            out = self.workload.forward_loss(self.model, batch)
         objective, extra = self._objective(stage, out.loss)
         self.optimizer.zero_grad(set_to_none=True)
         objective.backward()
         if self.job.training.grad_clip is not None:
             nn.utils.clip_grad_norm_(self.model.parameters(), self.job.training.grad_clip)
         self.optimizer.step()
-        sums = {**out.sums, "objective": objective.detach(), **extra}
+        return {**out.sums, "objective": objective.detach(), **extra}
+
+    def _step(self, stage: StageConfig, batch: Mapping[str, Tensor]) -> None:
+        self.model.train()
+        batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        self.execution.prepare(lambda: self.workload.forward_loss(self.model, batch))
+        sums = self.execution.run(self.state.stage, batch, lambda b: self._compute(stage, b))
         for k, v in sums.items():
             self._window[k] = self._window[k] + v if k in self._window else v.clone()
         self._window_steps += 1
@@ -252,7 +286,7 @@ class Trainer:
         metrics = self.workload.summarize(w)
         event = {"event": "step", "step": self.state.global_step, "stage": index,
                  "kind": stage.kind, "epoch": self.state.epoch,
-                 "lr": {g["name"]: g["lr"] for g in self.optimizer.param_groups},
+                 "lr": {g["name"]: _float(g["lr"]) for g in self.optimizer.param_groups},
                  "objective": w["objective"] / n,
                  "seconds_per_step": (time.perf_counter() - self._window_t0) / n,
                  **{f"train_{k}": v for k, v in metrics.items()}}  # fmt: skip
@@ -277,7 +311,9 @@ class Trainer:
             if limit is not None and i >= limit:
                 break
             batch = {k: v.to(self.device) for k, v in batch.items()}
-            for k, v in self.workload.forward_loss(self.model, batch).sums.items():
+            with self.execution.forward():
+                out = self.workload.forward_loss(self.model, batch)
+            for k, v in out.sums.items():
                 sums[k] = sums.get(k, 0.0) + _float(v)
         metrics = self.workload.summarize(sums)
         self.state.last_eval = metrics
@@ -304,6 +340,8 @@ class Trainer:
         change = shrink_model_(self.model, self.optimizer)
         if change.changed and self.gates is not None:
             self.gates.refresh()
+        if change.changed:  # new parameter and moment storage: capture again
+            self.execution.invalidate()
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> TrainResult:
@@ -360,4 +398,5 @@ class Trainer:
         if self.gates is not None:
             out["compression"] = compression_summary(model)
             out["ranks"] = rank_snapshot(model)
+        out["execution"] = self.execution.report()  # fast path, precision, CUDA graphs
         return out

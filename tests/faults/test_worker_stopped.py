@@ -15,6 +15,10 @@ from tests.faults.stack import SPEC, wait_for
 
 pytestmark = pytest.mark.slow
 LONG = {**SPEC, "schedule": [{"kind": "early", "steps": 100_000}]}
+# long enough that the SIGTERM lands while attempt 1 runs (40 steps can finish first)
+PREEMPTED = {**SPEC, "schedule": [{**SPEC["schedule"][0], "steps": 600}, *SPEC["schedule"][1:]],
+             "checkpointing": {"every_n_steps": 100, "keep": 2}}  # fmt: skip
+TOTAL = sum(stage["steps"] for stage in PREEMPTED["schedule"])
 
 
 def _running_at(stack, client, job_id: str, step: int) -> dict:
@@ -29,7 +33,7 @@ def test_sigterm_to_the_running_task_preempts_it_and_attempt_2_resumes(stack, re
     stack.start("reaper", ["reaper"])
     stack.worker("worker")
     client = stack.api()
-    job_id = stack.submit(client, SPEC, "preempted")["id"]
+    job_id = stack.submit(client, PREEMPTED, "preempted")["id"]
     _running_at(stack, client, job_id, 5)
     [attempt] = client.get(f"/v1/jobs/{job_id}/attempts").json()["items"]
     control = CeleryControl(Settings(broker_url=redis_server.url))
@@ -47,7 +51,7 @@ def test_sigterm_to_the_running_task_preempts_it_and_attempt_2_resumes(stack, re
     [partial] = [c for c in items if c["kind"] == "partial"]
     assert partial["attempt"] == 1 and attempts[1]["resume_from"] == partial["id"]
     series = client.get(f"/v1/jobs/{job_id}/metrics", params={"keys": "loss"}).json()["series"]
-    assert [p["step"] for p in series[0]["points"]] == list(range(5, 41, 5))
+    assert [p["step"] for p in series[0]["points"]] == list(range(5, TOTAL + 1, 5))
 
 
 def test_a_cancelled_running_job_leaves_a_downloadable_partial_checkpoint(stack):

@@ -1,0 +1,159 @@
+"""The fast path (group merges, sibling products) equals the eager path: loss and every
+gradient on a small transformer, in training mode, with shrunk ranks, and in the trainer."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.models.transformer import TransformerConfig, build_transformer
+from engine.nn.premerge import PremergeSession
+from engine.nn.tt_linear import TTLinear
+from engine.rank import GateIndex, shrink_model_
+from engine.train import FunctionCallback, Trainer
+from engine.train.fast_path import FastPath, supports_fast_path
+from tests.engine.train.test_trainer import make_job
+
+
+def _model(dtype=torch.float64, **cfg):
+    base = {"max_len": 16, "dropout": 0.0, "attn_dropout": 0.0, **cfg}
+    model = build_transformer(TransformerConfig.tiny(**base), tensorized=True, max_rank=4,
+                              shapes="auto").to(dtype)  # fmt: skip
+    with torch.no_grad():
+        for mod in model.modules():
+            for g in getattr(mod, "gates", []):
+                g.uniform_(0.3, 1.5)
+                g[0] = 0.001  # dead: exercises the threshold in both paths
+    return model
+
+
+def _batch(b: int = 3):
+    return torch.randint(0, 100, (b, 16)), torch.randint(0, 3, (b,))
+
+
+def _loss_and_grads(model, ids, labels, fast: FastPath | None):
+    model.zero_grad(set_to_none=True)
+    index = GateIndex(model)
+    if fast is None:
+        logits = model(ids)
+    else:
+        with fast.session():
+            logits = model(ids)
+    loss = F.cross_entropy(logits, labels) + 0.3 * index.penalty()
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                           if p.grad is not None}  # fmt: skip
+
+
+def _assert_same(a, b, tol: float) -> None:
+    (la, ga), (lb, gb) = a, b
+    assert torch.allclose(la, lb, rtol=tol, atol=0), (la, lb)
+    assert ga.keys() == gb.keys()
+    scale = max(float(g.abs().max()) for g in gb.values())
+    for name in ga:
+        err = float((ga[name] - gb[name]).abs().max())
+        assert err <= tol * max(float(gb[name].abs().max()), 1e-3 * scale), (name, err)
+
+
+def test_loss_and_every_gradient_equal_eager_float64_with_siblings():
+    model = _model()
+    ids, labels = _batch()
+    eager = _loss_and_grads(model, ids, labels, None)
+    fast = FastPath(model)
+    for _ in range(2):  # the first session learns the q/k/v runs, the second fuses them
+        _assert_same(_loss_and_grads(model, ids, labels, fast), eager, 1e-12)
+    runs = sorted(len(r) for r in fast._siblings.values())
+    assert fast.learned and runs == [2, 2, 3, 3]  # q -> (q, k, v), k -> (k, v) per block
+    with fast.session() as session:
+        model(ids).sum().backward()
+    assert session.stats["sibling_runs"] == 2 and session.stats["ffn"] == 2
+    assert [len(g) for g in session.groups] == [9, 2, 2]  # 8 attention + classifier, fc1s, fc2s
+
+
+def test_training_mode_with_dropout_draws_the_same_masks():
+    model = _model(torch.float32, dropout=0.1, attn_dropout=0.1)
+    model.train()
+    ids, labels = _batch(4)
+    fast = FastPath(model)
+    fast.probe(lambda: model(ids))
+    torch.manual_seed(7)
+    eager = _loss_and_grads(model, ids, labels, None)
+    torch.manual_seed(7)
+    _assert_same(_loss_and_grads(model, ids, labels, fast), eager, 2e-5)
+
+
+def test_recompute_tt_outputs_and_shrunk_ranks_still_equal_eager():
+    model = _model(recompute_tt_outputs=True)
+    model.train()
+    with torch.no_grad():  # kill different entries per layer: groups split by rank
+        for i, mod in enumerate(m for m in model.modules() if isinstance(m, TTLinear)):
+            mod.gates[i % len(mod.gates)][1 : 1 + i % 2 + 1] = 0.0
+    shrink_model_(model)
+    ids, labels = _batch()
+    fast = FastPath(model)
+    fast.probe(lambda: model(ids))
+    _assert_same(_loss_and_grads(model, ids, labels, fast),
+                 _loss_and_grads(model, ids, labels, None), 1e-12)  # fmt: skip
+
+
+def test_a_wrong_sibling_guess_costs_time_not_correctness():
+    model = _model()
+    attn = model.encoder[0].attn
+    x1, x2 = torch.randn(2, 5, 32, **{"dtype": torch.float64}), torch.randn(2, 5, 32).double()
+    layers = [m for m in model.modules() if isinstance(m, TTLinear)]
+    runs = {id(attn.q): (id(attn.q), id(attn.k), id(attn.v))}
+    with PremergeSession(layers, runs) as session:
+        got = [attn.q(x1), attn.k(x2), attn.v(x1)]  # k reads another input
+    assert session.stats["sibling_runs"] == 1
+    want = [attn.q(x1), attn.k(x2), attn.v(x1)]
+    for a, b in zip(got, want, strict=True):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_no_fast_path_when_blocks_are_recomputed_in_backward():
+    assert not supports_fast_path(_model(recompute=True))
+    assert supports_fast_path(_model())
+    assert not supports_fast_path(torch.nn.Linear(3, 3))
+    fast = FastPath(_model(recompute=True))
+    with fast.session() as session:
+        assert session is None
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_trainer_reports_how_it_ran(tmp_path, fast_path):
+    job = make_job("comera", training={"batch_size": 8, "seed": 1, "fast_path": fast_path})
+    trainer = Trainer(job, workdir=tmp_path)
+    assert (trainer.execution.fast is not None) is fast_path
+    assert trainer.execution.report()["fast_path"] is fast_path
+    assert trainer.execution.report()["cuda_graph"]["used"] is False  # CPU: auto is eager
+
+
+def test_trainer_steps_match_with_and_without_the_fast_path(tmp_path):
+    schedule = [{"kind": "early", "steps": 5, "gamma": 1.0, "lr": {"gates": 0.3}}]
+    results, objectives = {}, {}
+    for fast_path in (True, False):
+        job = make_job("comera", schedule=copy.deepcopy(schedule),
+                       training={"batch_size": 8, "seed": 1, "fast_path": fast_path,
+                                 "log_every": 1},
+                       compression={"max_rank": 4, "shrink_every": 0})  # fmt: skip
+        workdir = tmp_path / str(fast_path)
+        if not fast_path:  # the same trained tokenizer (its trainer is not deterministic)
+            workdir.mkdir()
+            shutil.copy(tmp_path / "True" / "tokenizer.json", workdir / "tokenizer.json")
+        events: list[dict] = []
+        results[fast_path] = Trainer(
+            job, workdir=workdir, callbacks=[FunctionCallback(events.append)]
+        ).run()
+        objectives[fast_path] = [e["objective"] for e in events if e["event"] == "step"]
+    # float32 rounding only (measured: parameters within 1e-6, objectives to 1e-7)
+    assert objectives[True] == pytest.approx(objectives[False], rel=1e-6)
+    a, b = (r.model.state_dict() for r in (results[True], results[False]))
+    for k in a:
+        assert torch.allclose(a[k], b[k], rtol=0, atol=1e-5), k
+    la = results[True].report["stages"][0]["metrics"]
+    lb = results[False].report["stages"][0]["metrics"]
+    assert la["loss"] == pytest.approx(lb["loss"], rel=1e-6)
