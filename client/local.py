@@ -38,6 +38,7 @@ def run_spec(body: dict[str, Any], out: Path, *, data_root: Path = Path("."),
 
     from engine.train import ConfigError, JobConfig
     from engine.train.cli import run_job
+    from service.model_source import resolve_model_source
     from service.spec import SpecError, to_engine
 
     console = console or Console(stderr=True)
@@ -55,8 +56,9 @@ def run_spec(body: dict[str, Any], out: Path, *, data_root: Path = Path("."),
     wanted = spec.training.device
     device = ("cuda" if torch.cuda.is_available() else "cpu") if wanted == "auto" else wanted
     try:
+        model = resolve_model_source(data_root=data_root, model=spec.model)  # hf_bert, else None
         job = JobConfig.from_dict(to_engine(spec, train_path=train, valid_path=valid,
-                                            device=device))  # fmt: skip
+                                            device=device, model_path=model))  # fmt: skip
     except SpecError as err:
         return _fail(console, [str(err)])
     except ConfigError as err:

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from api_schemas.jobs import HFDirSource, ModelSpec
-from service.core.config import Settings
 from service.spec import SpecError, package_path
 
 __all__ = ["MAX_CONFIG_BYTES", "MAX_HEADER_BYTES", "MAX_PARAMS", "REQUIRED_FILES",
@@ -188,15 +187,16 @@ def _package_dir(name: str) -> Path | None:
     return Path(locations[0]) / "model" if locations else None
 
 
-def resolve_model_source(*, settings: Settings, model: ModelSpec) -> str | None:
+def resolve_model_source(*, data_root: Path, model: ModelSpec) -> str | None:
     """The engine's ``model.config.path`` of ``model`` (``None`` unless ``hf_bert``): the
-    resolved directory of an ``hf_dir``, ``pkg:<name>/model`` of a package; raises
+    resolved directory of an ``hf_dir`` under ``data_root`` (the server's data root, or
+    ``comera run --data-root``), ``pkg:<name>/model`` of a package; raises
     :class:`SpecError` naming ``/model/source/path`` or ``/model/source/name``."""
     source = model.source
     if model.arch != "hf_bert" or source is None:
         return None
     if isinstance(source, HFDirSource):
-        pointer, root = "/model/source/path", Path(settings.data).resolve()
+        pointer, root = "/model/source/path", Path(data_root).resolve()
         if Path(source.path).is_absolute() or ".." in Path(source.path).parts:
             raise SpecError(pointer, "must be a relative path under the data root, without '..'")
         try:

@@ -71,7 +71,8 @@ def prepare(*, session: Session, settings: Settings, tenant_id: str,
                                    spec=spec)  # fmt: skip
     device = "cuda" if spec.training.device == "cuda" else "cpu"
     try:
-        model = resolve_model_source(settings=settings, model=spec.model)  # hf_bert's directory
+        # hf_bert: the model directory
+        model = resolve_model_source(data_root=settings.data, model=spec.model)
         return to_engine(spec, train_path=train, valid_path=valid, device=device,
                          model_path=model)  # fmt: skip
     except SpecError as err:

@@ -172,7 +172,7 @@ def _run(run: Attempt, job: Job, heartbeat: Heartbeat, t0: float | None,
     with session_scope(run.factory) as s:
         train, valid = resolve_dataset(session=s, settings=settings, tenant_id=job.tenant_id,
                                        spec=spec.dataset)  # fmt: skip
-    model_dir = resolve_model_source(settings=settings, model=spec.model)  # hf_bert, else None
+    model_dir = resolve_model_source(data_root=settings.data, model=spec.model)  # or None
     config, device = training.build_config(spec, train=train, valid=valid, model=model_dir)
     names = [stage.label for stage in config.schedule]
     run.callback = JobCallback(recorder=run.recorder, stage_names=names,

@@ -124,3 +124,25 @@ def test_server_commands_are_delegated_to_service_cli(tmp_path: Path):
     migrated = CliRunner().invoke(app, ["migrate", "--home", str(home)], env=env)
     assert migrated.exit_code == 0, migrated.output
     assert "database at head" in migrated.output and (home / "comera.db").is_file()
+
+
+def test_run_resolves_an_hf_dir_under_the_data_root(tmp_path: Path):
+    from tests.worker.test_hf_job import _data_root, hf_spec
+
+    root = tmp_path / "data"
+    _data_root(root)  # models/tiny (a small BERT directory) and text/{train,valid}.txt
+    spec_file, out = tmp_path / "job.json", tmp_path / "out"
+    spec_file.write_text(json.dumps(hf_spec()))
+    args = ["run", str(spec_file), "--out", str(out), "--data-root", str(root)]
+    result = CliRunner().invoke(app, args, env=ENV)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "completed" and report["steps"] == 8
+    manifest = json.loads((out / "model" / "manifest.json").read_text())
+    assert manifest["model_config"]["path"] is None  # the architecture, not the directory
+    missing = tmp_path / "missing.json"
+    missing.write_text(json.dumps(hf_spec("models/absent")))
+    refused = CliRunner().invoke(app, ["run", str(missing), "--out", str(out), "--data-root",
+                                       str(root)], env=ENV)  # fmt: skip
+    assert refused.exit_code == 2 and "/model/source/path" in refused.output
+    assert "no model directory 'models/absent'" in refused.output
