@@ -135,6 +135,8 @@ class CompressionReport(BaseModel):
     spec_hash: str
     fidelity: FidelityReport | None = None  # hf_bert: agreement with the original model
     baseline: BaselineReport | None = None  # a dense job of the same spec, when one exists
+    # how the steps ran: fast_path, precision, cuda_graph {mode, used, captures, replays, failure}
+    execution: dict[str, Any] | None = None
 
 
 class LayerPlan(BaseModel):

@@ -260,15 +260,51 @@ class StageSpec(StrictModel):
 
 
 class TrainingSpec(StrictModel):
+    """Per-step settings (the engine's ``TrainingConfig``). ``fast_path``, ``precision`` and
+    ``cuda_graph`` choose how a step runs; ``bf16`` needs ``fast_path``, and ``cuda_graph``
+    ``on`` needs ``device`` ``cuda`` (``auto`` may resolve to the CPU on the worker)."""
+
     batch_size: int = Field(default=32, ge=1, le=4096)
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
-    precision: Literal["fp32", "bf16"] = "fp32"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    cuda_graph: Literal["auto", "on", "off"] = "auto"
+    fast_path: bool = Field(default=True, strict=True, description=(
+        "Group the TT-linears' core merges and sibling products around each forward (the "
+        "engine's fast path; same results to float rounding). false: each TT-linear merges "
+        "its own cores (slower)."))  # fmt: skip
+    precision: Literal["fp32", "bf16"] = Field(default="fp32", description=(
+        "fp32: float32 throughout. bf16: activations in bfloat16 under autocast (CPU and "
+        "CUDA) with float32 master weights, gradients and optimizer state; needs fast_path "
+        "true. A tensorized model that cannot use the fast path (recomputed blocks) fails "
+        "at start with a 'validation' error on this field."))  # fmt: skip
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description=(
+        "auto: CUDA when the worker has a GPU, else the CPU (decided by the worker); cuda: "
+        "the job fails ('validation', /training/device) on a worker without a GPU."))  # fmt: skip
+    cuda_graph: Literal["auto", "on", "off"] = Field(default="auto", description=(
+        "Capture the whole training step as a CUDA graph and replay it. auto: when the job "
+        "runs on CUDA with an AdamW optimizer (comera, dense), eager otherwise or if a "
+        "capture fails; on: required, so it needs device 'cuda' and a method other than "
+        "galore, and a step that cannot be captured fails the job ('validation', "
+        "/training/cuda_graph); off: never."))  # fmt: skip
     grad_clip: float | None = Field(default=None, gt=0, le=1e6)
     weight_decay: float = Field(default=0.0, ge=0, le=10)
     log_every: int = Field(default=10, ge=1, le=100_000)
     eval_batches: int | None = Field(default=None, ge=1, le=100_000)
+
+    @field_validator("precision")
+    @classmethod
+    def _bf16_needs_fast_path(cls, v: str, info: ValidationInfo) -> str:
+        if v == "bf16" and info.data.get("fast_path") is False:
+            raise ValueError("bf16 runs the TT layers through the fast path: set "
+                             "training.fast_path to true (or use fp32)")  # fmt: skip
+        return v
+
+    @field_validator("cuda_graph")
+    @classmethod
+    def _on_needs_cuda(cls, v: str, info: ValidationInfo) -> str:
+        device = info.data.get("device")
+        if v == "on" and device is not None and device != "cuda":
+            raise ValueError(f"'on' needs training.device 'cuda', got {device!r} (use 'auto' "
+                             "to capture graphs whenever the job runs on a GPU)")  # fmt: skip
+        return v
 
 
 class LimitsSpec(StrictModel):

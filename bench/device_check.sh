@@ -10,8 +10,9 @@
 #   gpu_tests     the tests marked gpu: CUDA-graph replay equals eager, gate updates persist
 #   ttm_lookup    TTM lookup, Triton vs torch (bench.ttm_embedding --triton-only)
 #   train_step    CoMERA vs dense vs GaLore (vs TensorLy-Torch) step time and peak memory
-#   cuda_graph    the batch-1 training step with CUDA graphs on vs off
-# then one summary table (bench.device_summary). JSON results go to $OUT too.
+#   cuda_graph    the batch-1 (and 8) training step with CUDA graphs on vs off
+# then one summary table (bench.device_summary). JSON results go to $OUT too. train_step and
+# cuda_graph exit 2 when CUDA is unavailable (nothing measured, no JSON): a failed step here.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/device}
@@ -37,6 +38,7 @@ step() {  # step NAME SECONDS CMD...
   echo "== $name (limit ${limit}s)"
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || rc=$?
   [ "$rc" -eq 0 ] || fail=1
+  [ "$rc" -eq 2 ] && grep -q "needs a CUDA device" "$OUT/$name.log" && echo "$name: no CUDA device"
   printf '%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - t0))" >> "$OUT/steps.tsv"
   tail -n 4 "$OUT/$name.log"
 }

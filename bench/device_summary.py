@@ -16,6 +16,9 @@ from typing import Any
 TARGETS = {"dense_over_comera_time": 3.0, "galore_over_comera_time": 2.0,
            "galore_over_comera_memory@1": 9.0, "lookup_vs_naive": 4.0,
            "cuda_graph_speedup@1": 2.0}  # fmt: skip
+# exit status of the CUDA-only benchmarks on a machine without CUDA (bench.train_step_cuda)
+NO_CUDA_EXIT = 2
+CUDA_BENCHES = ("train_step", "cuda_graph")
 
 
 def _load(folder: Path, name: str) -> dict[str, Any] | None:
@@ -43,31 +46,58 @@ def _verdict(value: float | None, target: float) -> str:
     return f"{value:.2f}x ({'met' if value >= target else 'MISSED'}, target {target:g}x)"
 
 
+def _num(value: Any, spec: str) -> str:
+    return "-" if not isinstance(value, int | float) else format(value, spec)
+
+
+def _cuda_graph(data: dict[str, Any]) -> list[str]:
+    """The CUDA-graph benchmark: off / on per batch size and the batch-1 verdict."""
+    key = "cuda_graph_speedup@1"
+    lines = ["", f"cuda_graph: target {key} >= {TARGETS[key]:g}x  (status: "
+             f"{data.get('status', '?')})"]  # fmt: skip
+    for r in data.get("results", []):
+        ms, mib = r.get("step_ms", {}), r.get("peak_mib", {})
+        lines.append(f"  batch {r.get('batch')}: off {_num(ms.get('off'), '.2f')} ms, on "
+                     f"{_num(ms.get('on'), '.2f')} ms, speed-up {_num(r.get('speedup'), '.2f')}x;"
+                     f" peak MiB off {_num(mib.get('off'), '.0f')}, on "
+                     f"{_num(mib.get('on'), '.0f')}")  # fmt: skip
+    got = (data.get("speedup") or {}).get("1")
+    lines.append(f"  {key}: {_verdict(got, TARGETS[key])}")
+    return lines
+
+
 def summary(folder: Path) -> list[str]:
     lines = ["step            exit  seconds"]
     steps = folder / "steps.tsv"
     if steps.exists():
         for row in steps.read_text().splitlines():
             name, rc, secs = row.split("\t")
-            lines.append(f"{name:<15} {rc:>4}  {secs:>7}")
-    train = _load(folder, "train_step")
+            note = "  (no CUDA device, or a usage error: see the log)" if (
+                rc == str(NO_CUDA_EXIT) and name in CUDA_BENCHES) else ""  # fmt: skip
+            lines.append(f"{name:<15} {rc:>4}  {secs:>7}{note}")
+    train = _load(folder, "train_step_cuda") or _load(folder, "train_step")
     if train:
         lines.append("")
-        lines.append("train step (ms / peak MiB)  " + "  ".join(
+        lines.append(f"{train.get('benchmark', 'train_step')} (ms / peak MiB)  " + "  ".join(
             f"batch {r['batch']}" for r in train.get("results", [])))  # fmt: skip
         for r in train.get("results", []):
-            cells = ", ".join(f"{k} {v:.1f}/{r.get('peak_mib', {}).get(k, float('nan')):.0f}"
+            peak = r.get("peak_mib", {})
+            cells = ", ".join(f"{k} {_num(v, '.1f')}/{_num(peak.get(k), '.0f')}"
                               for k, v in r.get("step_ms", {}).items())  # fmt: skip
             lines.append(f"  batch {r['batch']}: {cells}")
+            for name, why in (r.get("failed") or {}).items():
+                lines.append(f"    {name} not run: {why}")
             ratios = r.get("ratios", {})
             for key in ("dense_over_comera_time", "galore_over_comera_time"):
                 lines.append(f"    {key}: {_verdict(ratios.get(key), TARGETS[key])}")
             if r["batch"] == 1:
                 key = "galore_over_comera_memory"
                 lines.append(f"    {key}: {_verdict(ratios.get(key), TARGETS[key + '@1'])}")
+    graphs = _load(folder, "cuda_graph")
+    if graphs:
+        lines += _cuda_graph(graphs)
     for name, target_key in (("ttm_embedding_triton", "lookup_vs_naive"),
-                             ("ttm_embedding", "lookup_vs_naive"),
-                             ("cuda_graph", "cuda_graph_speedup@1")):  # fmt: skip
+                             ("ttm_embedding", "lookup_vs_naive")):  # fmt: skip
         data = _load(folder, name)
         if not data:
             continue

@@ -1,7 +1,12 @@
 """One training step of the six-encoder MNLI transformer: CoMERA vs dense AdamW vs GaLore
 vs TensorLy-Torch.
 
-    python -m bench.train_step [--batches 1,8,32] [--quick] [--repeats N]
+    python -m bench.train_step [--batches 1,8,32] [--quick] [--repeats N] [--device cpu|cuda]
+
+``--device cuda`` runs the same configurations (plus ``comera_graph``, CUDA graphs on) on one
+GPU, in this process, timed with CUDA events: see :mod:`bench.train_step_cuda` (it writes
+``train_step_cuda.json``; without CUDA it exits with code 2 and a message). The rest of this
+docstring is the CPU benchmark (the default).
 
 A step is ``zero_grad``, forward, loss, backward and the optimizer step, in training mode
 (dropout on), sequence length 128, random token ids / labels from a fixed seed, token types
@@ -125,13 +130,19 @@ class Worker:
         self.name = name
         self.err = tempfile.TemporaryFile(mode="w+")
         cmd = [sys.executable, "-m", "bench.train_step", "--worker", name, "--batch", str(batch)]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.err, text=True, env={**os.environ, **CHILD_ENV})
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.err,
+            text=True,
+            env={**os.environ, **CHILD_ENV},
+        )
 
     def read(self) -> dict:
         for line in self.proc.stdout:
             if line.startswith(PROTO):
-                return json.loads(line[len(PROTO):])
+                return json.loads(line[len(PROTO) :])
         self.err.seek(0)
         raise RuntimeError(f"worker {self.name} died:\n{self.err.read()[-4000:]}")
 
@@ -195,8 +206,10 @@ def measure_batch(batch: int, quick: bool, repeats: int | None, idle_kib: int) -
         "dense_over_comera_eager_time": step_ms["dense"] / step_ms["comera_eager"],
         "galore_over_comera_eager_time": step_ms["galore"] / step_ms["comera_eager"],
     }
-    checks = {key: None if step_ms[slow] is None else step_ms[slow] > step_ms[fast]
-              for key, (slow, fast) in CHECKS.items()}  # None: not run at this batch size
+    checks = {
+        key: None if step_ms[slow] is None else step_ms[slow] > step_ms[fast]
+        for key, (slow, fast) in CHECKS.items()
+    }  # None: not run at this batch size
     return {
         "batch": batch,
         "step_ms": step_ms,
@@ -208,9 +221,14 @@ def measure_batch(batch: int, quick: bool, repeats: int | None, idle_kib: int) -
         "optimizer_ms": opt,
         "galore_regular_ms": med["galore"] * 1e3,
         "galore_refresh_ms": med["galore_refresh"] * 1e3,
-        "rounds": {"warmup": warmup, "timed": repeats, "untimed_lead_steps": LEAD_STEPS,
-                   "galore_refresh": refreshes, "few_rounds": FEW_ROUNDS,
-                   "max_batch": MAX_BATCH},
+        "rounds": {
+            "warmup": warmup,
+            "timed": repeats,
+            "untimed_lead_steps": LEAD_STEPS,
+            "galore_refresh": refreshes,
+            "few_rounds": FEW_ROUNDS,
+            "max_batch": MAX_BATCH,
+        },
         "comera_config": comera_config(batch).to_dict(),
         "samples_ms": {k: [x["s"] * 1e3 for x in v] for k, v in samples.items()},
     }
@@ -223,8 +241,10 @@ def table(rows: list[dict]) -> str:
             if r["step_ms"][name] is None:
                 lines.append(f"{r['batch']:>5} {name:<12} {'not run':>9}")
                 continue
-            lines.append(f"{r['batch']:>5} {name:<12} {r['step_ms'][name]:>9.1f} "
-                         f"{r['optimizer_ms'][name]:>8.1f} {r['peak_mib'][name]:>9.1f}")
+            lines.append(
+                f"{r['batch']:>5} {name:<12} {r['step_ms'][name]:>9.1f} "
+                f"{r['optimizer_ms'][name]:>8.1f} {r['peak_mib'][name]:>9.1f}"
+            )
     lines.append("")
     lines.append(f"{'ratio':<27} {'batch':>5} {'got':>7} {'target':>7} {'authors':>8}")
     for key in TARGETS:
@@ -255,13 +275,28 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--quick", action="store_true", help="fewer rounds")
     ap.add_argument("--repeats", type=int, default=None, help="timed rounds per batch")
-    ap.add_argument("--allocator", choices=("jemalloc", "glibc"), default=None,
-                    help="workers' allocator (default: jemalloc when installed)")
+    ap.add_argument(
+        "--allocator",
+        choices=("jemalloc", "glibc"),
+        default=None,
+        help="workers' allocator (default: jemalloc when installed)",
+    )
+    ap.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: on one GPU, in process (bench.train_step_cuda)",
+    )
     ap.add_argument("--worker", choices=("idle", *CONFIGS), help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         worker(args.worker, args.batch)
+        return
+    if args.device == "cuda":
+        from bench.train_step_cuda import main_cuda
+
+        main_cuda([int(b) for b in args.batches.split(",")], args.quick, args.repeats)
         return
     if args.allocator is not None:
         global CHILD_ENV
@@ -283,24 +318,36 @@ def main() -> None:
         "quick": args.quick,
         "settings": {
             "model": "TransformerConfig.mnli() (six encoders, d 768, ff 3072, 12 heads)",
-            "seq_len": SEQ, "seed": SEED, "dtype": "float32", "dropout": "on (train mode)",
-            "comera": {"build": "tensorized=True, max_rank=30, shapes='mnli'",
-                       "optimizer": {"AdamW": COMERA_LR, "weight_decay": 0.0, **COMERA_ADAMW},
-                       "loss": f"CE + {PENALTY_WEIGHT} * GateIndex(cost_weighted).penalty()",
-                       "fast_path": "engine.train.fast_path.FastPath (the trainer default)"},
+            "seq_len": SEQ,
+            "seed": SEED,
+            "dtype": "float32",
+            "dropout": "on (train mode)",
+            "comera": {
+                "build": "tensorized=True, max_rank=30, shapes='mnli'",
+                "optimizer": {"AdamW": COMERA_LR, "weight_decay": 0.0, **COMERA_ADAMW},
+                "loss": f"CE + {PENALTY_WEIGHT} * GateIndex(cost_weighted).penalty()",
+                "fast_path": "engine.train.fast_path.FastPath (the trainer default)",
+            },
             "comera_eager": "comera without the fast path",
-            "tltorch": {"layers": "tltorch.FactorizedLinear(factorization='blocktt') with the "
-                                  "MNLI modes, FactorizedEmbedding (blocktt, MNLI modes)",
-                        "ranks": TLTORCH_RANK, "loss": "CE",
-                        "optimizer": {"AdamW": {"cores": COMERA_LR["cores"],
-                                                "others": COMERA_LR["others"]},
-                                      "weight_decay": 0.0, **COMERA_ADAMW}},
+            "tltorch": {
+                "layers": "tltorch.FactorizedLinear(factorization='blocktt') with the "
+                "MNLI modes, FactorizedEmbedding (blocktt, MNLI modes)",
+                "ranks": TLTORCH_RANK,
+                "loss": "CE",
+                "optimizer": {
+                    "AdamW": {"cores": COMERA_LR["cores"], "others": COMERA_LR["others"]},
+                    "weight_decay": 0.0,
+                    **COMERA_ADAMW,
+                },
+            },
             "dense": {"optimizer": {"AdamW": DENSE_LR, "settings": "torch defaults"}},
-            "galore": {"optimizer": {"GaLoreAdamW": DENSE_LR, **GALORE},
-                       "time": "(199 regular + 1 refresh) / 200"},
+            "galore": {
+                "optimizer": {"GaLoreAdamW": DENSE_LR, **GALORE},
+                "time": "(199 regular + 1 refresh) / 200",
+            },
             "child_env": CHILD_ENV,
             "memory": "VmHWM of the worker of each configuration minus an idle worker (same "
-                      "imports, inputs, warm-up)",
+            "imports, inputs, warm-up)",
         },  # fmt: skip
         "idle_vmhwm_kib": idle_kib,
         "targets": {k: {str(b): v for b, v in t.items()} for k, t in TARGETS.items()},

@@ -105,6 +105,7 @@ def compression_report(*, session: Session, settings: Settings, job: Job) -> Com
         engine_version=manifest.get("engine_version") or job.engine_version,
         spec_hash=job.spec_hash, fidelity=_fidelity(manifest),
         baseline=_baseline(session, settings, job, metrics),
+        execution=(manifest.get("extra") or {}).get("execution"),
     )  # fmt: skip
 
 

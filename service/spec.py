@@ -5,6 +5,12 @@ the worker to build the engine's ``JobConfig`` (which validates again, against t
 Options the engine does not implement yet are refused here with the failing field, never
 silently ignored.
 
+``training.fast_path``, ``precision`` and ``cuda_graph`` pass through to the engine's
+``TrainingConfig``; the combinations it refuses are refused here too, naming the field:
+``bf16`` without the fast path, ``cuda_graph: on`` on a device that is not CUDA (at submission
+the device is the spec's, ``auto`` counting as the CPU; the schema already asks ``on`` for
+``device: cuda``) or with ``galore`` (no capturable optimizer step).
+
 ``hf_bert``: the engine's ``model.config`` is the spec's ``model.config`` plus ``path`` (the
 model directory: the resolved ``hf_dir`` under the data root, see
 :mod:`service.model_source`, or ``pkg:<package>/model``), ``distill`` and
@@ -108,13 +114,18 @@ def to_engine(spec: JobCreate, *, train_path: str | None = None, valid_path: str
     the resolved model directory of an ``hf_bert`` source (``service.model_source``).
     """
     tr, comp = spec.training, spec.compression
-    if tr.precision != "fp32":
-        raise SpecError("/training/precision", "only 'fp32' is implemented by this engine")
-    if tr.cuda_graph == "on":
-        raise SpecError("/training/cuda_graph", "CUDA graphs are not implemented by this "
-                        "engine yet; use 'auto' or 'off'")  # fmt: skip
     if tr.device == "cuda" and device != "cuda":
         raise SpecError("/training/device", "'cuda' was asked for but this worker has no GPU")
+    if tr.precision == "bf16" and not tr.fast_path:  # also refused by TrainingSpec
+        raise SpecError("/training/precision", "bf16 runs the TT layers through the fast "
+                        "path: set training.fast_path to true")  # fmt: skip
+    if tr.cuda_graph == "on" and device != "cuda":
+        raise SpecError("/training/cuda_graph", f"'on' needs a CUDA device, this job runs on "
+                        f"{device!r} (use 'auto' or 'off')")  # fmt: skip
+    if tr.cuda_graph == "on" and comp.method == "galore":
+        raise SpecError("/training/cuda_graph", "'on' needs a capturable optimizer step "
+                        "(AdamW: methods comera and dense); galore's GaLoreAdamW has none, "
+                        "use 'auto' or 'off'")  # fmt: skip
     if spec.model.arch == "mlp" and spec.dataset.format not in (None, "npz"):
         raise SpecError("/dataset/format", "the mlp architecture reads 'npz' arrays")
     explicit = isinstance(comp.modes, dict)
@@ -129,7 +140,9 @@ def to_engine(spec: JobCreate, *, train_path: str | None = None, valid_path: str
     if comp.d is not None:
         compression["d"] = comp.d
     training = {"batch_size": tr.batch_size, "seed": tr.seed, "device": device,
-                "weight_decay": tr.weight_decay, "log_every": tr.log_every}  # fmt: skip
+                "weight_decay": tr.weight_decay, "log_every": tr.log_every,
+                "fast_path": tr.fast_path, "precision": tr.precision,
+                "cuda_graph": tr.cuda_graph}  # fmt: skip
     if tr.grad_clip is not None:
         training["grad_clip"] = tr.grad_clip
     if tr.eval_batches is not None:

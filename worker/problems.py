@@ -6,7 +6,8 @@ Failure classes (service-design c.2 step 5); the class is also the attempt's ``e
 class           status  retryable  raised by
 ==============  ======  =========  ===============================================
 ``validation``  422     no         SpecError, engine ConfigError, a stored spec that no
-                                   longer validates (``errors`` names the field)
+                                   longer validates, a step that ``training.cuda_graph``
+                                   ``on`` cannot capture (``errors`` names the field)
 ``data_error``  422     no         engine DataError (a malformed row: file and line)
 ``nan_loss``    500     no         a non-finite training loss
 ``oom``         507     no         ``torch.cuda.OutOfMemoryError``, ``MemoryError``
@@ -140,6 +141,11 @@ def _classify(exc: BaseException) -> tuple[str, str, list[dict[str, str]] | None
         message = str(exc).removeprefix(f"{exc.field}:").strip()
         errors = [{"pointer": engine_pointer(exc.field), "message": message, "code": "config"}]
         return "validation", f"{exc.field}: {message}", errors
+    graphs = sys.modules.get("engine.train.cuda_graphs")
+    if graphs is not None and isinstance(exc, graphs.CudaGraphUnavailableError):
+        # training.cuda_graph "on" and the step cannot be captured: the spec's choice
+        errors = [{"pointer": "/training/cuda_graph", "message": str(exc), "code": "config"}]
+        return "validation", f"training.cuda_graph: {exc}", errors
     if engine_data is not None and isinstance(exc, engine_data.DataError):
         return "data_error", str(exc), None
     return "error", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__, None

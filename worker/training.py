@@ -86,7 +86,8 @@ def export_model(trainer: Trainer, result: TrainResult, out: Path,
             model_config=trainer.model_config.to_dict(),
             options=config.compression.options.to_dict(), tensorized=config.tensorized,
             metrics=stages[-1]["metrics"] if stages else {},
-            extra={**extra, "method": config.method})  # fmt: skip
+            extra={**extra, "method": config.method,
+                   "execution": result.report.get("execution")})  # fmt: skip
         publish_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -97,6 +97,9 @@ def _run_job_and_check(client: httpx.Client, logs: list[Path], workdir: Path) ->
     report = client.get(f"/v1/jobs/{job_id}/report").json()
     assert report["file_bytes"] == len(content)
     assert report["params"] < report["params_dense"]
+    assert report["execution"]["precision"] == "fp32" and report["execution"]["fast_path"]
+    assert report["execution"]["cuda_graph"] == {"mode": "auto", "used": False, "captures": 0,
+                                                 "replays": 0, "failure": None}  # fmt: skip
     # the downloaded model, loaded by the engine, reproduces the reported validation metrics
     manifest = client.get(f"/v1/jobs/{job_id}/checkpoints/{export['id']}/manifest").json()
     folder = workdir / "download"

@@ -131,7 +131,6 @@ def test_a_duplicate_or_stale_message_is_a_no_op(db_url, tmp_path):
 @pytest.mark.parametrize(("section", "pointer", "words"), [
     ({"compression": {"layers": ["nothing.*"], "min_size": 16}}, "/compression/layers",
      "compression.layers"),
-    ({"training": {"precision": "bf16"}}, "/training/precision", "fp32"),
 ])  # fmt: skip
 def test_a_spec_the_engine_refuses_fails_naming_the_field(db_url, tmp_path, section, pointer,
                                                           words):  # fmt: skip
