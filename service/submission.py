@@ -22,6 +22,7 @@ from service.db.crud.datasets import get_dataset
 from service.db.crud.job_actions import mark_enqueued
 from service.db.crud.job_queries import count_jobs
 from service.db.crud.jobs import create_job
+from service.db.crud.tenants import one_at_a_time
 from service.db.models import Job
 from service.errors import FieldProblem
 from service.model_source import resolve_model_source
@@ -121,14 +122,19 @@ def dispatch(*, session: Session, job: Job, enqueue: Enqueue) -> Job:
 
 def submit(*, session: Session, settings: Settings, tenant_id: str, spec: JobCreate,
            engine_job: dict[str, Any], enqueue: Enqueue) -> Job:  # fmt: skip
-    """Store the QUEUED job and its attempt 1, commit, then enqueue (c.2 step 4)."""
-    queued = count_jobs(session=session, tenant_id=tenant_id, states=[JobState.QUEUED])
-    if queued >= settings.max_queued_jobs_per_tenant:
-        raise HTTPException(429, "Too many queued jobs for this tenant.",
-                            headers={"Retry-After": "60"})  # fmt: skip
-    job = create_job(session=session, tenant_id=tenant_id, name=spec.name,
-                     labels=dict(spec.labels), spec=spec.model_dump(mode="json"),
-                     spec_hash=spec_hash(spec), max_attempts=spec.limits.max_attempts)  # fmt: skip
-    job.engine_config = engine_job
-    session.commit()
+    """Store the QUEUED job and its attempt 1, commit, then enqueue (c.2 step 4). The quota
+    count and the insert run one request at a time per tenant, so concurrent submissions
+    cannot queue more than ``max_queued_jobs_per_tenant``."""
+    with one_at_a_time(session=session, tenant_id=tenant_id):
+        queued = count_jobs(session=session, tenant_id=tenant_id, states=[JobState.QUEUED])
+        if queued >= settings.max_queued_jobs_per_tenant:
+            session.rollback()  # releases the tenant lock
+            raise HTTPException(429, "Too many queued jobs for this tenant.",
+                                headers={"Retry-After": "60"})  # fmt: skip
+        job = create_job(session=session, tenant_id=tenant_id, name=spec.name,
+                         labels=dict(spec.labels), spec=spec.model_dump(mode="json"),
+                         spec_hash=spec_hash(spec),
+                         max_attempts=spec.limits.max_attempts)  # fmt: skip
+        job.engine_config = engine_job
+        session.commit()
     return dispatch(session=session, job=job, enqueue=enqueue)
