@@ -216,7 +216,7 @@ class CompressionSpec(StrictModel):
         default="auto", max_length=64
     )
     d: int | None = Field(default=None, ge=2, le=6)
-    min_size: int = Field(default=1024, ge=1)
+    min_size: int = Field(default=1024, ge=1, le=2**40)  # entries of a weight; larger: none
     gate_threshold: float = Field(default=1e-2, ge=0, lt=1)
     penalty: Literal["cost_weighted", "uniform"] = "cost_weighted"
     shrink_every: int = Field(default=50, ge=0, le=MAX_STEPS)

@@ -7,13 +7,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from api_schemas import JobState
-from service.db.models import Checkpoint, Job, JobEvent
+from service.db.models import Checkpoint, JobEvent
 
-__all__ = ["baseline_job", "get_checkpoint", "list_checkpoints", "newest_export",
+__all__ = ["get_checkpoint", "list_checkpoints", "newest_export",
            "stage_events"]  # fmt: skip
-
-BASELINE_SCAN = 500  # recent dense jobs compared for a baseline
 
 
 def list_checkpoints(*, session: Session, job_id: str) -> list[Checkpoint]:
@@ -31,21 +28,6 @@ def newest_export(*, session: Session, job_id: str) -> Checkpoint | None:
     q = select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.kind == "export",
                                  Checkpoint.state == "complete")  # fmt: skip
     return session.scalars(q.order_by(Checkpoint.created_at.desc(), Checkpoint.id.desc())).first()
-
-
-def baseline_job(*, session: Session, job: Job) -> Job | None:
-    """The newest SUCCEEDED ``dense`` job of the tenant with the same model and dataset."""
-    q = (select(Job).where(Job.tenant_id == job.tenant_id, Job.id != job.id,
-                           Job.state == JobState.SUCCEEDED.value,
-                           Job.spec[("compression", "method")].as_string() == "dense")
-         .order_by(Job.created_at.desc()).limit(BASELINE_SCAN))  # fmt: skip
-    for other in session.scalars(q):
-        spec: dict[str, Any] = other.spec
-        if spec.get("model") == job.spec.get("model") and (
-            spec.get("dataset") == job.spec.get("dataset")
-        ):
-            return other
-    return None
 
 
 def stage_events(*, session: Session, job_id: str) -> list[dict[str, Any]]:
