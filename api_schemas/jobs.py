@@ -112,8 +112,9 @@ class ModelSpec(StrictModel):
 
     ``hf_bert`` also takes the pretrained model's ``source`` (required) and ``distill``
     (default: ``cosine_embedding`` with weight 1); its ``config`` holds the remaining
-    engine fields (``tensorize_embeddings``, ``init``, ``calibration_sentences``,
-    ``dropout``, ``pooling``).
+    engine fields (``tensorize_embeddings``, ``train_embeddings``, ``init``,
+    ``calibration_sentences``, ``rank_allocation``, ``target_ratio``, ``probe_sentences``,
+    ``dropout``, ``pooling``), validated by the engine (``HFBertConfig``) in the worker.
     """
 
     arch: Literal["transformer", "dlrm", "mlm", "mlp", "hf_bert"]

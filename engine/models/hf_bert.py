@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.models.hf_bert_config import BertArchitecture, HFBertConfig
-from engine.models.hf_bert_init import balance_cores_, input_gram, whiten_tt_linears_
+from engine.models.hf_bert_init import balance_cores_
 from engine.models.tensorize import TensorizeOptions, TensorizeReport
 from engine.models.transformer import Embeddings, EncoderBlock
 from engine.nn.tt_linear import TTLinear
@@ -44,8 +44,7 @@ from engine.nn.ttm_embedding import TTMEmbedding
 from engine.summary import SkippedLayer
 
 __all__ = ["BertEncoder", "SentenceEncoder", "mean_pool", "hf_to_engine_name",
-           "load_pretrained", "tensorize_encoder_", "build_hf_bert", "prepare_student_",
-           "distill_loss",
+           "load_pretrained", "tensorize_encoder_", "build_hf_bert", "layer_row", "distill_loss",
            "ENCODER_LINEARS"]  # fmt: skip
 
 ENCODER_LINEARS = ("attn.q", "attn.k", "attn.v", "attn.out", "ffn.fc1", "ffn.fc2")
@@ -202,7 +201,8 @@ def _candidates(model: BertEncoder, embeddings: bool) -> list[tuple[str, nn.Modu
     return [(n, model.get_submodule(n)) for n in names]
 
 
-def _layer_row(name: str, layer: TTLinear | TTMEmbedding, dense_weight: Tensor) -> dict:
+def layer_row(name: str, layer: TTLinear | TTMEmbedding, dense_weight: Tensor) -> dict:
+    """The conversion report of one layer: modes, ranks, sizes, relative weight error."""
     with torch.no_grad():
         approx = layer.to_dense()  # (out, in) or (V, D)
         ref = dense_weight.to(approx.dtype)  # (out, in) or (V, D)
@@ -261,7 +261,7 @@ def tensorize_encoder_(
         if from_weights:
             if isinstance(layer, TTLinear):
                 balance_cores_(layer)  # same product; even core norms for one Adam lr
-            rows.append(_layer_row(name, layer, dense.weight.detach()))
+            rows.append(layer_row(name, layer, dense.weight.detach()))
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent), attr, layer)
         done.append(name)
@@ -300,6 +300,8 @@ def build_hf_bert(
         teacher = load_pretrained(directory, config.arch)
         model.load_state_dict(teacher.state_dict(), strict=True)  # copies: nothing shared
         model.set_teacher(teacher)
+    if not config.train_embeddings:
+        model.embeddings.requires_grad_(False)
     if not tensorized:
         model.tensorize_report = TensorizeReport()
         model.conversion = []
@@ -307,25 +309,6 @@ def build_hf_bert(
     tensorize_encoder_(model, options, embeddings=config.tensorize_embeddings,
                        from_weights=directory is not None)  # fmt: skip
     return model
-
-
-def prepare_student_(
-    model: SentenceEncoder, batches: Iterable[Mapping[str, Tensor]], *, device: torch.device
-) -> dict[str, Any] | None:
-    """Before training, with ``init="whitened"``: redo every TT linear's TT-SVD on the
-    teacher-whitened weight (:mod:`engine.models.hf_bert_init`) over the first
-    ``calibration_sentences`` sentences of ``batches`` (the training split); returns what was
-    done (also kept as ``model.preparation``), ``None`` when there is nothing to do."""
-    teacher = model.teacher
-    names = [n for n, m in model.named_modules() if isinstance(m, TTLinear)]
-    if model.config.init != "whitened" or teacher is None or not names:
-        return None
-    n = model.config.calibration_sentences
-    grams, seen = input_gram(teacher, names, batches, sentences=n, device=device)
-    rows = whiten_tt_linears_(model, teacher, grams)
-    info = {"init": "whitened", "calibration_sentences": seen, "layers": rows}
-    model.preparation = info
-    return info
 
 
 # -- the distillation loss ------------------------------------------------------------------

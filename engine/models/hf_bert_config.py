@@ -8,10 +8,18 @@ Two frozen dataclasses:
   position embeddings, no decoder / cross-attention, sizes within fixed bounds. Anything else
   raises an error that names the ``config.json`` field.
 * :class:`HFBertConfig`: the job's ``model.config``: ``path`` of the directory, whether the
-  word embedding becomes a TTM table, the distillation loss and its weight, the pooling, the
-  student's dropout, the initialization (``tt_svd``, or ``whitened``: activation-aware TT-SVD
-  on ``calibration_sentences`` training sentences before the first step, see
-  :mod:`engine.models.hf_bert_init`), and ``architecture`` (filled in from ``config.json``).
+  word embedding becomes a TTM table, whether the student's embeddings are trained
+  (``train_embeddings``; frozen they cost no optimizer time), the distillation loss and its
+  weight, the pooling, the student's dropout, the initialization (``tt_svd``; ``whitened``:
+  activation-aware TT-SVD on ``calibration_sentences`` training sentences before the first
+  step, see :mod:`engine.models.hf_bert_init`; ``sequential``: each layer fitted, block by
+  block, to the teacher's outputs on the already compressed student's inputs, see
+  :mod:`engine.models.hf_bert_calib`), the ``rank_allocation`` (``uniform``: every layer at
+  ``compression.max_rank``; ``energy`` / ``sensitivity``: one budget of TT entries, the dense
+  entries of the tensorized linears over ``target_ratio``, spread over the layers by
+  :mod:`engine.models.hf_bert_ranks`, ranks still capped at ``compression.max_rank``;
+  ``sensitivity`` probes each layer on ``probe_sentences`` training sentences that follow
+  the calibration ones), and ``architecture`` (filled in from ``config.json``).
   A model built with ``path = None`` is the bare architecture (random weights): what a
   compressed checkpoint is loaded into, so the manifest records ``architecture``, not the path
   of the original.
@@ -35,14 +43,15 @@ from typing import Any
 
 from engine.models.transformer import TransformerConfig
 
-__all__ = ["BertArchitecture", "HFBertConfig", "DISTILL_LOSSES", "POOLINGS", "INITS",
+__all__ = ["BertArchitecture", "HFBertConfig", "DISTILL_LOSSES", "POOLINGS", "INITS", "ALLOCATIONS",
            "REQUIRED_FILES", "resolve_model_dir", "check_model_dir",
            "read_architecture"]  # fmt: skip
 
 CONFIG_VERSION = 1
 DISTILL_LOSSES = ("none", "mse_hidden", "cosine_embedding")
 POOLINGS = ("mean",)
-INITS = ("tt_svd", "whitened")
+INITS = ("tt_svd", "whitened", "sequential")
+ALLOCATIONS = ("uniform", "energy", "sensitivity")
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 PKG_PREFIX = "pkg:"
 
@@ -203,12 +212,16 @@ class HFBertConfig:
 
     path: str | None = None
     tensorize_embeddings: bool = False
+    train_embeddings: bool = True  # False: the student's embedding tables stay the original's
     distill: str = "cosine_embedding"
     distill_weight: float = 1.0
     pooling: str = "mean"
     dropout: float = 0.0  # student dropout while training (the teacher never drops)
     init: str = "whitened"  # "tt_svd", or "whitened": activation-aware (before training)
     calibration_sentences: int = 256  # training sentences the whitened init looks at
+    rank_allocation: str = "uniform"  # "uniform", or one budget: "energy" / "sensitivity"
+    target_ratio: float | None = None  # with a budget: dense / TT entries of the linears
+    probe_sentences: int = 32  # training sentences for the sensitivity probes
     architecture: BertArchitecture | None = None  # None: read from path/config.json
     version: int = CONFIG_VERSION
 
@@ -219,6 +232,15 @@ class HFBertConfig:
             raise ValueError(
                 f"tensorize_embeddings must be true or false, got {self.tensorize_embeddings!r}"
             )
+        if not isinstance(self.train_embeddings, bool):
+            raise ValueError(
+                f"train_embeddings must be true or false, got {self.train_embeddings!r}"
+            )
+        if self.tensorize_embeddings and not self.train_embeddings:
+            raise ValueError(
+                "train_embeddings must be true with tensorize_embeddings (a TTM table starts "
+                "from a truncated TT-SVD and has to be trained)"
+            )
         if self.distill not in DISTILL_LOSSES:
             raise ValueError(f"distill must be one of {list(DISTILL_LOSSES)}, got {self.distill!r}")
         for name, high in (("distill_weight", 1e6), ("dropout", 0.999)):
@@ -228,6 +250,8 @@ class HFBertConfig:
         if self.init not in INITS:
             raise ValueError(f"init must be one of {list(INITS)}, got {self.init!r}")
         _int_in(self.calibration_sentences, "calibration_sentences", 1, 1_000_000)
+        _int_in(self.probe_sentences, "probe_sentences", 1, 100_000)
+        self._check_allocation()
         if self.pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {list(POOLINGS)}, got {self.pooling!r}")
         arch = self.architecture
@@ -254,6 +278,34 @@ class HFBertConfig:
                 "path is required (or, to rebuild a compressed checkpoint, architecture)"
             )
         object.__setattr__(self, "architecture", arch)
+
+    def _check_allocation(self) -> None:
+        if self.rank_allocation not in ALLOCATIONS:
+            raise ValueError(f"rank_allocation must be one of {list(ALLOCATIONS)}, got "
+                             f"{self.rank_allocation!r}")  # fmt: skip
+        ratio = self.target_ratio
+        if self.rank_allocation == "uniform":
+            if ratio is not None:
+                raise ValueError(
+                    "target_ratio needs a budgeted rank_allocation ('energy' or "
+                    "'sensitivity'); with 'uniform' the ranks come from compression.max_rank"
+                )
+            return
+        if (
+            isinstance(ratio, bool)
+            or not isinstance(ratio, numbers.Real)
+            or not (1.0 < ratio <= 10_000)
+        ):
+            raise ValueError(
+                f"target_ratio must be a number in (1, 10000] with "
+                f"rank_allocation={self.rank_allocation!r}, got {ratio!r}"
+            )
+        if self.init == "tt_svd":
+            raise ValueError(
+                f"init must be 'whitened' or 'sequential' with rank_allocation="
+                f"{self.rank_allocation!r} (the allocation needs calibration data)"
+            )
+        object.__setattr__(self, "target_ratio", float(ratio))
 
     @property
     def arch(self) -> BertArchitecture:

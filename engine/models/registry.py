@@ -38,8 +38,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.models.dlrm import DLRMConfig, build_dlrm
-from engine.models.hf_bert import build_hf_bert, distill_loss, prepare_student_
+from engine.models.hf_bert import build_hf_bert, distill_loss
 from engine.models.hf_bert_config import HFBertConfig
+from engine.models.hf_bert_prepare import prepare_student_
 from engine.models.mlm import IGNORE_INDEX, MLMConfig, build_mlm, masked_lm_loss
 from engine.models.mlp import MLPConfig, build_mlp
 from engine.models.tensorize import TensorizeOptions

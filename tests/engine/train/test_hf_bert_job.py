@@ -16,24 +16,26 @@ from engine.train.cli import run_job
 from engine.train.trainer import Trainer
 from tests.helpers.hf_bert import MINILM, write_tiny_bert
 
-# The CI configuration of the acceptance run (figures in examples/engine/README.md): d = 2
-# modes a side, TT-SVD at max_rank 48 (5.18x on the encoder linears), whitened on 256
-# training sentences, distillation on the last hidden states; a late stage that takes 1% more.
+# The CI configuration of the acceptance run (figures in bench/results/minilm_fidelity.json):
+# two cores per layer (d = 1), ranks spread over the 36 encoder linears by probed sensitivity
+# within dense / 5 TT entries, each layer fitted sequentially (residual targets, teacher rows
+# anchored) on all 4000 training sentences, then a short distillation on the pooled-embedding
+# cosine at a small learning rate, gates frozen (a late stage's pruning only costs fidelity
+# here: the budget already fixes the ratio).
 MINILM_JOB = {
     "version": 1, "name": "minilm-ci", "method": "comera",
-    "model": {"arch": "hf_bert", "config": {"path": MINILM, "distill": "mse_hidden"}},
-    "data": {"kind": "synthetic", "generator": "stdlib_text", "n_train": 2000, "n_valid": 128,
+    "model": {"arch": "hf_bert", "config": {
+        "path": MINILM, "distill": "cosine_embedding", "init": "sequential",
+        "calibration_sentences": 4000, "rank_allocation": "sensitivity", "target_ratio": 5.0,
+        "probe_sentences": 32, "train_embeddings": False}},
+    "data": {"kind": "synthetic", "generator": "stdlib_text", "n_train": 4000, "n_valid": 128,
              "max_len": 64},
-    "compression": {"max_rank": 48, "d": 2, "shrink_every": 10},
+    "compression": {"max_rank": 384, "d": 1, "shrink_every": 0},
     "schedule": [
-        {"kind": "early", "steps": 90, "gamma": 0.001, "warmup_steps": 10,
-         "lr": {"cores": 1e-3, "gates": 1e-3, "others": 1e-3}},
-        {"kind": "late", "steps": 10, "target_ratio": 0.99,
-         "lr": {"cores": 5e-4, "gates": 1e-3, "others": 5e-4}},
-        {"kind": "finetune", "steps": 20, "lr_schedule": "cosine",
-         "lr": {"cores": 5e-4, "gates": 0.0, "others": 5e-4}},
+        {"kind": "finetune", "steps": 40, "lr_schedule": "cosine", "warmup_steps": 5,
+         "lr": {"cores": 1e-4, "gates": 0.0, "others": 2e-5}},
     ],
-    "training": {"batch_size": 16, "seed": 0, "log_every": 10},
+    "training": {"batch_size": 32, "seed": 0, "log_every": 10},
 }  # fmt: skip
 
 
@@ -68,15 +70,15 @@ def test_minilm_job_compresses_the_encoder_linears_5x_and_keeps_the_embeddings(t
     cosine = stages[-1]["metrics"]["cosine"]
     print(
         f"\nminilm CI job: {seconds:.1f} s, encoder linears {ratio:.2f}x, whole encoder "
-        f"{report['compression']['model_ratio']:.2f}x, held-out cosine: whitened TT-SVD "
+        f"{report['compression']['model_ratio']:.2f}x, held-out cosine: sequential fit "
         f"{float(start.mean()):.4f}, after each stage "
         f"{[round(s['metrics']['cosine'], 4) for s in stages]}"
     )  # noqa: T201
-    assert trainer.model.preparation["calibration_sentences"] == 256
+    assert trainer.model.preparation["calibration_sentences"] == 4000
     assert ratio >= 5.0
-    assert stages[1]["size_end"] <= stages[1]["size_ref"]
-    # measured 0.72-0.73 on 2 cores in ~45 s; the 0.9 needs far more steps (bench)
-    assert cosine >= 0.70 and cosine > float(start.mean()) + 0.05
+    # measured 0.854 after the fit, 0.856 after 40 steps (~130 s on 2 cores); the 0.9
+    # at 5x is not reached (bench/minilm_fidelity.py, examples/engine/README.md)
+    assert cosine >= 0.85 and cosine >= float(start.mean())
     export(result, trainer, job, tmp_path / "model")
     manifest = json.loads((tmp_path / "model" / "manifest.json").read_text())
     assert manifest["model_config"]["path"] is None
