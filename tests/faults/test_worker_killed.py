@@ -50,6 +50,8 @@ def test_a_killed_worker_is_replaced_and_the_job_resumes_from_its_checkpoint(sta
         steps = [p["step"] for p in points]
         assert len(steps) == len(set(steps)), f"duplicate points of {key}"
         for p in points:  # attempt 2 rewrote only the steps after its checkpoint
+            if p["step"] == newest["step"] and p["stage"] != newest["stage"]:
+                continue  # the next stage's opening point at the checkpoint's step: either
             written = datetime.fromisoformat(p["t"])
             assert (written < killed_at) == (p["step"] <= newest["step"]), (key, p)
     ranks = client.get(f"/v1/jobs/{job_id}/ranks", params={"max_points": 5000}).json()["points"]
