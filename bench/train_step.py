@@ -51,7 +51,7 @@ from bench.train_step_configs import (
     GALORE,
     PENALTY_WEIGHT,
     SEED,
-    SEQ,
+    STEP_SETTINGS,
     TLTORCH_RANK,
     build,
     comera_config,
@@ -317,11 +317,7 @@ def main() -> None:
         "wall_s": time.time() - started,
         "quick": args.quick,
         "settings": {
-            "model": "TransformerConfig.mnli() (six encoders, d 768, ff 3072, 12 heads)",
-            "seq_len": SEQ,
-            "seed": SEED,
-            "dtype": "float32",
-            "dropout": "on (train mode)",
+            **STEP_SETTINGS,
             "comera": {
                 "build": "tensorized=True, max_rank=30, shapes='mnli'",
                 "optimizer": {"AdamW": COMERA_LR, "weight_decay": 0.0, **COMERA_ADAMW},

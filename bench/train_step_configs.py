@@ -48,6 +48,7 @@ __all__ = [
     "COMERA_LR",
     "DENSE_LR",
     "GALORE",
+    "STEP_SETTINGS",
     "TLTORCH_RANK",
     "Runner",
     "build",
@@ -63,6 +64,14 @@ COMERA_ADAMW: dict = {"fused": True}  # over three flat buffers (engine.nn.flat)
 DENSE_LR = 1e-4
 GALORE = {"rank": 128, "update_proj_gap": 200, "scale": 0.25, "proj_type": "std"}
 TLTORCH_RANK = {"linear": 30, "embedding": 32}  # CoMERA's max_rank and embedding ranks
+# what every configuration's step shares (the "settings" of the CPU and CUDA JSON)
+STEP_SETTINGS = {
+    "model": "TransformerConfig.mnli() (six encoders, d 768, ff 3072, 12 heads)",
+    "seq_len": SEQ,
+    "seed": SEED,
+    "dtype": "float32",
+    "dropout": "on (train mode)",
+}
 LOWRANK_FROM_BATCH = 16  # from here on activations dominate memory (train_step doc)
 
 

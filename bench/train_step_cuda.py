@@ -36,7 +36,7 @@ from bench.train_step_configs import (
     CONFIGS,
     GALORE,
     SEED,
-    SEQ,
+    STEP_SETTINGS,
     Runner,
     _model,
     _runner,
@@ -233,11 +233,7 @@ def main_cuda(batches: list[int], quick: bool, repeats: int | None) -> None:
         "wall_s": time.time() - started,
         "quick": quick,
         "settings": {
-            "model": "TransformerConfig.mnli() (six encoders, d 768, ff 3072, 12 heads)",
-            "seq_len": SEQ,
-            "seed": SEED,
-            "dtype": "float32",
-            "dropout": "on (train mode)",
+            **STEP_SETTINGS,
             "configs": "bench.train_step_configs, on the GPU; comera_graph: comera through "
             "StepExecution(cuda_graph='on', fast_path=True)",
             "timing": f"CUDA events over {INNER} steps per turn, turns round-robin, median",
