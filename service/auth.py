@@ -1,4 +1,4 @@
-"""API keys: format, hashing, scopes, the per-process cache and the per-key rate limit.
+"""API keys: format, hashing, scopes and the per-process cache (rate limit: service.ratelimit).
 
 A key reads ``cmr_<prefix>_<secret>``: ``prefix`` (8 characters) tells keys apart in listings,
 ``secret`` is 32 random bytes. The store keeps only ``sha256(key)`` (design b.6), so a key is
@@ -13,14 +13,12 @@ dependencies in ``service.api.deps`` stay thin.
 from __future__ import annotations
 
 import hashlib
-import math
 import secrets
-import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-__all__ = ["ALL_SCOPES", "DEFAULT_SCOPES", "KeyCache", "NewKey", "Principal", "RateLimiter",
+__all__ = ["ALL_SCOPES", "DEFAULT_SCOPES", "KeyCache", "NewKey", "Principal",
            "hash_key", "looks_like_key", "new_key", "required_scope",
            "validate_scopes"]  # fmt: skip
 
@@ -112,46 +110,3 @@ class KeyCache:
 
     def clear(self) -> None:
         self._items.clear()
-
-
-@dataclass
-class _Bucket:
-    tokens: float
-    stamp: float
-
-
-@dataclass
-class RateLimiter:
-    """A token bucket per key: ``per_minute`` requests a minute on average, bursts up to
-    ``burst``. ``take`` returns 0.0 when the request may pass, else the seconds to wait.
-
-    Per API process: with ``--workers N`` a key gets up to N times the rate (stated in the
-    README; a shared limit would need Redis on every request)."""
-
-    per_minute: int
-    burst: int
-    _buckets: dict[str, _Bucket] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def take(self, key: str, now: float | None = None) -> float:
-        if self.per_minute <= 0:
-            return 0.0
-        now = time.monotonic() if now is None else now
-        rate = self.per_minute / 60.0  # tokens per second
-        with self._lock:
-            b = self._buckets.get(key)
-            if b is None:
-                if len(self._buckets) >= 100_000:
-                    self._buckets.clear()
-                b = self._buckets[key] = _Bucket(tokens=float(self.burst), stamp=now)
-            b.tokens = min(float(self.burst), b.tokens + (now - b.stamp) * rate)
-            b.stamp = now
-            if b.tokens >= 1.0:
-                b.tokens -= 1.0
-                return 0.0
-            return (1.0 - b.tokens) / rate
-
-    @staticmethod
-    def retry_after(wait: float) -> str:
-        """``Retry-After`` in whole seconds, at least 1."""
-        return str(max(1, math.ceil(wait)))

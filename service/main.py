@@ -21,13 +21,14 @@ from api_schemas import Problem
 from service.api.router import api_router
 from service.api.routes.dashboard import router as dashboard_router
 from service.api.routes.health import metrics_router
-from service.auth import KeyCache, RateLimiter
+from service.auth import KeyCache
 from service.core.config import Settings, get_settings
 from service.db.migrate import current_revision, head_revision
 from service.db.session import make_engine, make_sessionmaker
 from service.errors import install_error_handlers
 from service.middleware import AdmissionMiddleware, BodyLimitMiddleware, long_transfer
 from service.planner import default_planner
+from service.ratelimit import make_rate_limiter
 from service.telemetry import RequestMetricsMiddleware, Telemetry
 
 __all__ = ["SchemaNotReady", "create_app"]
@@ -72,10 +73,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             app.state.engine = engine
             app.state.sessionmaker = make_sessionmaker(engine)
             app.state.key_cache = KeyCache(ttl=settings.key_cache_seconds)
-            app.state.rate_limiter = RateLimiter(settings.rate_limit_per_minute,
-                                                 settings.rate_limit_burst)  # fmt: skip
+            app.state.rate_limiter = make_rate_limiter(settings)
             yield
         finally:
+            limiter = getattr(app.state, "rate_limiter", None)
+            if limiter is not None:
+                await limiter.aclose()
             engine.dispose()
 
     app = FastAPI(title="CoMERA compression service", version="1.0.0", lifespan=lifespan,

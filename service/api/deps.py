@@ -23,12 +23,13 @@ from fastapi import Depends, HTTPException, Path, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from service.auth import KeyCache, Principal, RateLimiter, hash_key, looks_like_key, required_scope
+from service.auth import KeyCache, Principal, hash_key, looks_like_key, required_scope
 from service.core.config import Settings
 from service.db.crud.api_keys import principal_for_hash
 from service.db.crud.jobs import get_job
 from service.db.models import Job, Tenant
 from service.planner import Planner
+from service.ratelimit import retry_after
 from service.submission import Enqueue
 
 __all__ = ["ArtifactsDep", "EnqueueDep", "JobDep", "PlannerDep", "PrincipalDep", "RevokeDep",
@@ -95,10 +96,10 @@ async def get_principal(request: Request, credentials: Annotated[
         if principal is None:
             raise _unauthorized("The API key is unknown or revoked.")
         cache.put(key_hash, principal)
-    wait = request.app.state.rate_limiter.take(principal.key_id)
+    wait = await request.app.state.rate_limiter.take_async(principal.key_id)
     if wait > 0:
         raise HTTPException(429, "Too many requests for this API key; slow down.",
-                            headers={"Retry-After": RateLimiter.retry_after(wait)})  # fmt: skip
+                            headers={"Retry-After": retry_after(wait)})  # fmt: skip
     scope = required_scope(request.method)
     if not principal.allows(scope):
         raise HTTPException(403, f"This API key lacks the scope {scope!r}.")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -39,6 +40,9 @@ class Settings(BaseSettings):
     # API keys: per-key requests a minute (0: off) and burst; how long a key stays cached
     rate_limit_per_minute: int = Field(default=1200, ge=0, le=10**7)
     rate_limit_burst: int = Field(default=200, ge=1, le=10**6)
+    # where the buckets live (service.ratelimit): ``auto`` shares them through the broker's
+    # Redis when the broker is Redis (every API process draws from one bucket per key)
+    rate_limit_store: Literal["auto", "local", "redis"] = "auto"
     key_cache_seconds: float = Field(default=30.0, ge=0, le=3600)
     # leases (service-design c.2)
     lease_seconds: float = Field(default=180.0, gt=0)
@@ -81,6 +85,13 @@ class Settings(BaseSettings):
         if self.db_pool_size + self.db_max_overflow < self.api_threads:
             raise ValueError("COMERA_DB_POOL_SIZE + COMERA_DB_MAX_OVERFLOW must be at least "
                              "COMERA_API_THREADS")  # fmt: skip
+        return self
+
+    @model_validator(mode="after")
+    def _shared_limit_needs_redis(self) -> Settings:
+        if self.rate_limit_store == "redis" and not self.broker.startswith(("redis://",
+                                                                             "rediss://")):
+            raise ValueError("COMERA_RATE_LIMIT_STORE=redis needs a redis:// COMERA_BROKER_URL")
         return self
 
     @model_validator(mode="after")

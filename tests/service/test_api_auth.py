@@ -16,11 +16,12 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
-from service.auth import RateLimiter, hash_key, looks_like_key
+from service.auth import hash_key, looks_like_key
 from service.core.config import Settings
 from service.db.models import ApiKey, Checkpoint, utcnow
 from service.keys_cli import ensure_first_key
 from service.main import create_app
+from service.ratelimit import RateLimiter
 from tests.service.api_helpers import NO_KEY, Api, issue_key, job_body, make_job
 
 ROOT = Path(__file__).resolve().parents[2]
