@@ -17,6 +17,14 @@ columns, so ``L R`` is unchanged). :class:`GroupMergeFunction` returns both
 and its backward turns ``dL``, ``dR`` into every member's core and gate gradients with the
 batched merge backward: the same maths as :func:`engine.tt.chain.merge_backward` and
 :func:`engine.contract.execute.param_grads`, with a batch dimension in front.
+
+*Rank padding* (``GroupSpec.rank_to``): the products that follow write ``(B, r)`` outputs
+(``x L``, ``dy R^T``), and MKL's GEMM runs those at full speed only when ``r`` is a multiple
+of 16: at ``r = 30`` and 1024-4096 rows ``x L`` takes 1.5-1.8x the time of ``r = 32``
+(``python -m bench.skinny_gemm``). So the middle bond can be zero-padded to ``rank_to``: the
+last input core gains zero columns and the first output core zero rows, ``L`` and ``R`` come
+out ``(G, N, rank_to)`` and ``(G, rank_to, M)``, ``L R`` is unchanged, and the padded
+entries' gradients are dropped in backward.
 """
 
 from __future__ import annotations
@@ -29,7 +37,11 @@ from torch import Tensor
 
 from engine.contract.plan import Side
 
-__all__ = ["GroupSpec", "GroupMergeFunction", "merge_batched", "merge_batched_backward"]
+__all__ = ["GroupSpec", "GroupMergeFunction", "merge_batched", "merge_batched_backward",
+           "padded_rank"]
+
+PAD_MULTIPLE = 16  # MKL's fast skinny-output GEMMs (module doc)
+PAD_FROM_ROWS = 256  # below this the products use the transposed form, fast at any rank
 
 
 def merge_batched(cores: Sequence[Tensor], direction: Side) -> tuple[Tensor, list[Tensor]]:
@@ -90,6 +102,17 @@ class GroupSpec(NamedTuple):
     tau: float
     dirs: tuple[Side, Side]  # merge direction of the input and the output side
     members: int  # G
+    rank_to: int = 0  # middle bond zero-padded to this rank (0 or <= r: not padded)
+
+
+def padded_rank(r: int, rows: int) -> int:
+    """The rank to pad a middle bond ``r`` to for products over ``rows`` rows: the next
+    multiple of :data:`PAD_MULTIPLE` when that adds at most a quarter and ``rows`` is at least
+    :data:`PAD_FROM_ROWS` (where the direct GEMM form runs), else ``r`` (module doc)."""
+    up = -(-r // PAD_MULTIPLE) * PAD_MULTIPLE
+    if rows < PAD_FROM_ROWS or up == r or 4 * (up - r) > r:
+        return r
+    return up
 
 
 def _unstack(t: Tensor) -> tuple[Tensor, ...]:
@@ -122,9 +145,15 @@ class GroupMergeFunction(torch.autograd.Function):
         # fast broadcast) rather than the last index of core k; the chain is the same
         mus = [m[:, :, None, None] for m in mu_all.split(widths, dim=1)]  # (G, r_k, 1, 1) each
         gated = [cores[0], *torch._foreach_mul(cores[1:], mus)]  # (G, a, s, b) each
-        left, saved_l = merge_batched(gated[: spec.d], spec.dirs[0])  # (G, N', r)
-        right, saved_r = merge_batched(gated[spec.d :], spec.dirs[1])  # (G, r M', 1)
+        d, r = spec.d, cores[spec.d].shape[1]
+        pad = max(0, spec.rank_to - r)
+        if pad:  # zero columns on the last input core, zero rows on the first output core
+            gated[d - 1] = torch.nn.functional.pad(gated[d - 1], (0, pad))  # (G, a, s, r')
+            gated[d] = torch.nn.functional.pad(gated[d], (0, 0, 0, 0, 0, pad))  # (G, r', s, b)
+        left, saved_l = merge_batched(gated[:d], spec.dirs[0])  # (G, N', r')
+        right, saved_r = merge_batched(gated[d:], spec.dirs[1])  # (G, r' M', 1)
         r = left.shape[-1]
+        ctx.pad = pad
         ctx.spec, ctx.widths = spec, widths
         ctx.n_full = (left.shape[1], right.shape[1] // max(r, 1))
         ctx.parts = (cores, flat, mus, gated, saved_l, saved_r)
@@ -151,6 +180,9 @@ class GroupMergeFunction(torch.autograd.Function):
             d_right = torch.cat([d_right, pad], dim=2)
         d_gated = merge_batched_backward(gated[:d], saved_l, d_left, spec.dirs[0])
         d_gated += merge_batched_backward(gated[d:], saved_r, d_right, spec.dirs[1])
+        if ctx.pad:  # the padded entries are constants: their gradients are dropped
+            r0 = r - ctx.pad
+            d_gated[d - 1], d_gated[d] = d_gated[d - 1][..., :r0], d_gated[d][:, :r0]
         d_cores = [d_gated[0], *torch._foreach_mul(d_gated[1:], mus)]  # (G, a, s, b) each
         prods = torch._foreach_mul(d_gated[1:], cores[1:])
         d_mu = torch.cat([p.sum(dim=(2, 3)) for p in prods], dim=1)  # (G, sum r_k)

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from engine.contract.batched import GroupMergeFunction, GroupSpec
+from engine.contract.batched import GroupMergeFunction, GroupSpec, padded_rank
 from engine.contract.lowrank_saved import recomputing
 from engine.contract.plan import Plan, Side, plan_tt_linear
 from engine.contract.premerged import (
@@ -130,21 +130,26 @@ class PremergeSession:
             return None
         return plan.input_side, plan.output_side
 
-    def _entry(self, layer: Any, dirs: tuple[Side, Side]) -> tuple[_Merged, int] | None:
+    def _entry(self, layer: Any, dirs: tuple[Side, Side], rows: int
+               ) -> tuple[_Merged, int] | None:  # fmt: skip
         where = self.where.get(id(layer))
         if where is None:
             return None
         gi, pos = where
         entry = self.merged.get(gi)
         if entry is None:
-            entry = self.merged[gi] = self._merge(self.groups[gi], dirs)
+            entry = self.merged[gi] = self._merge(self.groups[gi], dirs, rows)
         return (entry, pos) if entry.dirs == dirs else None
 
     @staticmethod
-    def _merge(members: list[nn.Module], dirs: tuple[Side, Side]) -> _Merged:
+    def _merge(members: list[nn.Module], dirs: tuple[Side, Side], rows: int) -> _Merged:
+        """The group's halves, the middle bond zero-padded for products over ``rows`` rows
+        (:func:`engine.contract.batched.padded_rank`)."""
         first: Any = members[0]
-        spec = GroupSpec(len(first.in_modes), first.in_features, first.out_features,
-                         float(first.gate_threshold), dirs, len(members))  # fmt: skip
+        d = len(first.in_modes)
+        rank_to = padded_rank(first.cores[d].shape[0], rows)
+        spec = GroupSpec(d, first.in_features, first.out_features, float(first.gate_threshold),
+                         dirs, len(members), rank_to)  # fmt: skip
         params = [p for m in members for p in (*m.cores, *m.gates)]  # type: ignore[attr-defined]
         lefts, rights = GroupMergeFunction.apply(spec, *params)  # (G, N, r), (G, r, M)
         return _Merged(dirs, lefts.unbind(0), rights.unbind(0))
@@ -160,7 +165,7 @@ class PremergeSession:
             return hit[2]
         x2 = x.reshape(-1, layer.in_features)  # (B, N)
         dirs = self._dirs(layer, x2)
-        found = None if dirs is None else self._entry(layer, dirs)
+        found = None if dirs is None else self._entry(layer, dirs, x2.shape[0])
         if found is None:
             return None
         entry, pos = found
@@ -174,8 +179,9 @@ class PremergeSession:
 
     def ffn(self, x2: Tensor, fc1: Any, fc2: Any, plan1: Plan, plan2: Plan,
             block: int) -> Tensor | None:  # fmt: skip
-        e1 = self._entry(fc1, (plan1.input_side, plan1.output_side))
-        e2 = self._entry(fc2, (plan2.input_side, plan2.output_side))
+        rows = x2.shape[0]
+        e1 = self._entry(fc1, (plan1.input_side, plan1.output_side), rows)
+        e2 = self._entry(fc2, (plan2.input_side, plan2.output_side), rows)
         if e1 is None or e2 is None:
             return None
         (m1, p1), (m2, p2) = e1, e2

@@ -10,6 +10,7 @@ from engine.contract.batched import (
     GroupSpec,
     merge_batched,
     merge_batched_backward,
+    padded_rank,
 )
 from engine.contract.reference import tt_linear_weight
 from engine.nn.tt_linear import TTLinear
@@ -91,3 +92,34 @@ def test_group_merge_of_a_reference_member_equals_tt_linear_weight():
     for g, m in enumerate(layers):
         w = tt_linear_weight(list(m.cores), list(m.gates), 1e-2, 57, 40, 3)  # (out, in)
         assert_close_rel((left[g] @ right[g]).T, w, 1e-12, "weight")
+
+
+@pytest.mark.parametrize("dirs", [("ltr", "rtl"), ("rtl", "ltr")])
+def test_rank_padding_keeps_the_weight_and_every_gradient(dirs):
+    case = LAYERS[1]  # middle bond 5
+    layers = _members(case, 2)
+    params = [p for m in layers for p in (*m.cores, *m.gates)]
+    plain = GroupSpec(3, case[0], case[1], layers[0].gate_threshold, dirs, 2)
+    padded = plain._replace(rank_to=8)
+    upstream = torch.randn(2, case[0], case[1], dtype=torch.float64)
+    outs = {}
+    for name, spec in (("plain", plain), ("padded", padded)):
+        left, right = GroupMergeFunction.apply(spec, *params)
+        grads = torch.autograd.grad((left @ right * upstream).sum(), params)
+        outs[name] = (left, right, grads)
+    left, right, grads = outs["padded"]
+    assert left.shape == (2, case[0], 8) and right.shape == (2, 8, case[1])
+    assert torch.count_nonzero(left[..., 5:]) == 0 and torch.count_nonzero(right[:, 5:]) == 0
+    assert_close_rel(left[..., :5], outs["plain"][0], 1e-13, "left")
+    assert_close_rel(left @ right, outs["plain"][0] @ outs["plain"][1], 1e-13, "weight")
+    for i, (a, b) in enumerate(zip(grads, outs["plain"][2], strict=True)):
+        assert a.shape == b.shape
+        assert_close_rel(a, b, 1e-12, f"grad {i}")
+
+
+@pytest.mark.parametrize(("r", "rows", "want"), [
+    (30, 4096, 32), (31, 256, 32), (26, 1024, 32), (25, 1024, 25), (32, 4096, 32),
+    (12, 4096, 12), (13, 4096, 16), (4, 4096, 4), (30, 255, 30), (48, 512, 48), (60, 512, 64),
+])  # fmt: skip
+def test_padded_rank_rounds_up_to_16_within_a_quarter_from_256_rows(r, rows, want):
+    assert padded_rank(r, rows) == want

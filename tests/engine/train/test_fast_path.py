@@ -19,10 +19,10 @@ from engine.train.fast_path import FastPath, supports_fast_path
 from tests.engine.train.test_trainer import make_job
 
 
-def _model(dtype=torch.float64, **cfg):
+def _model(dtype=torch.float64, max_rank: int = 4, **cfg):
     base = {"max_len": 16, "dropout": 0.0, "attn_dropout": 0.0, **cfg}
-    model = build_transformer(TransformerConfig.tiny(**base), tensorized=True, max_rank=4,
-                              shapes="auto").to(dtype)  # fmt: skip
+    model = build_transformer(TransformerConfig.tiny(**base), tensorized=True,
+                              max_rank=max_rank, shapes="auto").to(dtype)  # fmt: skip
     with torch.no_grad():
         for mod in model.modules():
             for g in getattr(mod, "gates", []):
@@ -72,6 +72,21 @@ def test_loss_and_every_gradient_equal_eager_float64_with_siblings():
         model(ids).sum().backward()
     assert session.stats["sibling_runs"] == 2 and session.stats["ffn"] == 2
     assert [len(g) for g in session.groups] == [9, 2, 2]  # 8 attention + classifier, fc1s, fc2s
+
+
+def test_ranks_padded_for_many_rows_still_equal_eager():
+    model = _model(max_rank=13)  # middle bonds 13: padded to 16 from 256 rows on
+    ids, labels = torch.randint(0, 100, (20, 16)), torch.randint(0, 3, (20,))  # 320 rows
+    fast = FastPath(model)
+    fast.probe(lambda: model(ids))
+    _assert_same(_loss_and_grads(model, ids, labels, fast),
+                 _loss_and_grads(model, ids, labels, None), 1e-12)  # fmt: skip
+    with fast.session() as session:
+        model(ids)
+    ranks = {e.left[0].shape[-1] for e in session.merged.values()}
+    bonds = {m.cores[len(m.in_modes)].shape[0] for m in model.modules()
+             if isinstance(m, TTLinear)}  # fmt: skip
+    assert 13 in bonds and 16 in ranks and 13 not in ranks
 
 
 def test_training_mode_with_dropout_draws_the_same_masks():
