@@ -84,6 +84,9 @@ class TransformerConfig:
     # training: keep TT-linear outputs as rank-r factors, attention probabilities not at all
     # (both rebuilt in backward, engine.contract.lowrank_saved)
     recompute_tt_outputs: bool = False
+    # with recompute_tt_outputs: rebuild the attention probabilities too (False keeps them:
+    # one (B, H, S, S) float tensor per layer, for one q k^T and softmax less in backward)
+    recompute_attention: bool = True
     version: int = CONFIG_VERSION
 
     def __post_init__(self) -> None:
@@ -105,7 +108,7 @@ class TransformerConfig:
             not self.ln_eps > 0
         ):
             raise ValueError(f"ln_eps must be > 0, got {self.ln_eps!r}")
-        for name in ("recompute", "recompute_tt_outputs"):
+        for name in ("recompute", "recompute_tt_outputs", "recompute_attention"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
@@ -160,6 +163,7 @@ class SelfAttention(nn.Module):
         d = cfg.d_model
         self.n_heads = cfg.n_heads
         self.attn_dropout = cfg.attn_dropout
+        self.keep_probs = not cfg.recompute_attention
         self.q, self.k, self.v = (make_linear("attn", d, d) for _ in range(3))
         self.out = make_linear("attn", d, d)
         self.drop = nn.Dropout(cfg.dropout)
@@ -173,7 +177,7 @@ class SelfAttention(nn.Module):
 
         q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))  # each (B, H, S, D/H)
         p = self.attn_dropout if self.training else 0.0
-        y = scaled_dot_product_attention(q, k, v, keep, p)  # (B, H, S, D/H)
+        y = scaled_dot_product_attention(q, k, v, keep, p, self.keep_probs)  # (B, H, S, D/H)
         y = y.transpose(1, 2).reshape(b, s, d)  # (B, S, D)
         return dropout(self.out(y), self.drop.p, self.training)  # (B, S, D)
 

@@ -61,12 +61,15 @@ class AttentionFunction(torch.autograd.Function):
     """Attention with dropout that saves ``q, k, v``, ``P`` and a bool dropout mask.
 
     Inside :func:`engine.contract.lowrank_saved.recompute_tt_outputs` it saves ``q, k, v``
-    as given (TT-linear outputs, so kept as rank-r factors) and not ``P``: backward rebuilds
-    the operands and ``P`` (one more ``q k^T`` and softmax) and keeps only the bool mask.
+    as given (TT-linear outputs, so kept as rank-r factors) and, unless ``keep_probs``, not
+    ``P``: backward rebuilds the operands and ``P`` (one more ``q k^T`` and softmax) and keeps
+    only the bool mask. ``keep_probs`` trades one (B H, S, T) float tensor per layer for that
+    ``q k^T`` and softmax.
     """
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, p: float) -> Tensor:
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, p: float,
+                keep_probs: bool = False) -> Tensor:  # fmt: skip
         b, h, s, e = q.shape
         t = k.shape[2]
         q3, k3, v3 = _operands(q, k, v)  # (BH, S|T, E)
@@ -82,18 +85,21 @@ class AttentionFunction(torch.autograd.Function):
         ctx.shape, ctx.p = (b, h, s, t, e), p
         ctx.rebuild = recomputing()
         if ctx.rebuild:  # q, k, v: TT-linear outputs, kept as rank-r factors; P rebuilt
-            ctx.save_for_backward(q, k, v, keep, mask)
+            ctx.save_for_backward(q, k, v, keep, mask, prob if keep_probs else None)
         else:
-            ctx.save_for_backward(q3, k3, v3, prob, mask)
+            ctx.save_for_backward(q3, k3, v3, mask, prob)
         return y.view(b, h, s, e)  # (B, H, S, E)
 
     @staticmethod
     def backward(ctx, dy: Tensor):
-        q3, k3, v3, prob, mask = ctx.saved_tensors
         b, h, s, t, e = ctx.shape
         if ctx.rebuild:
-            q3, k3, v3 = _operands(q3, k3, v3)  # (BH, S|T, E)
-            prob = _probs(q3, k3, prob, (b, h, s, t))  # (BH, S, T)  (prob held keep)
+            q, k, v, keep, mask, prob = ctx.saved_tensors
+            q3, k3, v3 = _operands(q, k, v)  # (BH, S|T, E)
+            if prob is None:
+                prob = _probs(q3, k3, keep, (b, h, s, t))  # (BH, S, T)
+        else:
+            q3, k3, v3, mask, prob = ctx.saved_tensors
         g = dy.reshape(b * h, s, e)  # (BH, S, E)
         m01 = None
         if mask is not None:
@@ -112,16 +118,18 @@ class AttentionFunction(torch.autograd.Function):
         del dp, prob
         dq = torch.bmm(ds, k3).mul_(1.0 / math.sqrt(e))  # (BH, S, E)
         dk = torch.bmm(ds.transpose(1, 2), q3)  # (BH, T, E)  q3 holds q / sqrt(E)
-        return dq.view(b, h, s, e), dk.view(b, h, t, e), dv.view(b, h, t, e), None, None
+        return dq.view(b, h, s, e), dk.view(b, h, t, e), dv.view(b, h, t, e), None, None, None
 
 
 def scaled_dot_product_attention(
-    q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None = None, dropout_p: float = 0.0
+    q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None = None, dropout_p: float = 0.0,
+    keep_probs: bool = False,
 ) -> Tensor:
     """``F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p)``.
 
     ``keep`` is boolean (True = attend) or None. With dropout on a CPU tensor that needs
-    gradients, runs :class:`AttentionFunction`; otherwise torch's fused kernels.
+    gradients, runs :class:`AttentionFunction` (``keep_probs``: see there); otherwise torch's
+    fused kernels.
     """
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
@@ -129,4 +137,4 @@ def scaled_dot_product_attention(
         raise TypeError(f"keep must be a bool mask, got {keep.dtype}")
     if dropout_p == 0.0 or q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p)
-    return AttentionFunction.apply(q, k, v, keep, dropout_p)  # (B, H, S, E)
+    return AttentionFunction.apply(q, k, v, keep, dropout_p, keep_probs)  # (B, H, S, E)

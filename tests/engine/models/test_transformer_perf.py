@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -376,3 +377,36 @@ def test_attention_rebuilds_probabilities_when_recomputing():
     for a, c in zip(g, g_r, strict=True):
         assert_close_rel(c, a, 1e-13, "gradient")
     assert not [t for t in kept_r if t.dtype == q.dtype and t.shape[-2:] == (s, s)]
+
+
+def test_attention_can_keep_its_probabilities_when_recomputing():
+    torch.manual_seed(1)
+    b, h, s, e = 2, 3, 6, 4
+    q, k, v = (torch.randn(b, h, s, e, dtype=torch.float64, requires_grad=True)
+               for _ in range(3))  # fmt: skip
+    keep = keep_masks(b, s, s)[2]
+    dy = torch.randn(b, h, s, e, dtype=torch.float64)
+    outs = []
+    for keep_probs in (False, True):
+        torch.manual_seed(9)
+        with recompute_tt_outputs():
+            kept, y = saved_tensors(partial(AttentionFunction.apply, q, k, v, keep, 0.3,
+                                            keep_probs))  # fmt: skip
+        outs.append((y, grads(y, [q, k, v], dy), kept))
+    (y, g, _), (y_k, g_k, kept_k) = outs
+    assert torch.equal(y, y_k)
+    for a, c in zip(g, g_k, strict=True):
+        assert torch.equal(c, a)  # the same P, saved instead of rebuilt
+    probs = [t for t in kept_k if t.dtype == q.dtype and t.shape[-2:] == (s, s)]
+    assert len(probs) == 1 and probs[0].shape == (b * h, s, s)
+
+
+def test_recompute_attention_flag_in_the_model_gives_the_same_gradients():
+    cfg = TransformerConfig.tiny(recompute_tt_outputs=True)
+    logits, g = run_step(cfg, True)
+    logits_k, g_k = run_step(cfg.replace(recompute_attention=False), True)
+    assert torch.equal(logits, logits_k)
+    for name in g:
+        assert_close_rel(g_k[name], g[name], 1e-6, name)
+    with pytest.raises(ValueError, match="recompute_attention"):
+        TransformerConfig.tiny(recompute_attention=0)
