@@ -5,7 +5,9 @@ image is CPU-only and small; tests/service/test_import.py checks it). So one lon
 started with the ``spawn`` context (no fork of a process with threads and sockets), imports
 ``worker.plan`` by name and answers plan requests. The child is shared by every app in the
 process and started on first use; a request waits at most ``timeout_s``, after which the child
-is killed and replaced. When the worker package is not installed, or the child fails, the
+is killed and replaced. A child that dies (a signal to the process group) is not restarted
+behind the API's back: the next request starts a fresh one. The child exits when the API
+process does, however that ends. When the worker package is not installed, or the child fails, the
 planner is *unavailable*: job submission then accepts the job and lets the worker validate it,
 and the dry run answers 503.
 
@@ -21,9 +23,12 @@ from __future__ import annotations
 import atexit
 import importlib
 import multiprocessing as mp
+import os
 import re
 import threading
-from multiprocessing.pool import Pool
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from service.errors import json_pointer
@@ -68,6 +73,20 @@ def engine_field_to_pointer(field: str | None) -> str:
     return json_pointer(parts)
 
 
+def _exit_with_parent() -> None:
+    """Child initializer: the child exits as soon as the API process is gone (however it
+    ends: a SIGKILL runs no clean-up), instead of living on as an orphan."""
+    parent = mp.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()  # returns when the parent's sentinel closes: the parent has exited
+        os._exit(0)
+
+    threading.Thread(target=watch, name="planner-parent-watch", daemon=True).start()
+
+
 def _plan_in_child(job: dict[str, Any]) -> dict[str, Any]:
     """Runs in the child: never raises (exceptions do not always survive pickling)."""
     try:
@@ -87,34 +106,45 @@ def _plan_in_child(job: dict[str, Any]) -> dict[str, Any]:
 
 
 class Planner:
-    """A one-process spawn pool running :func:`_plan_in_child`; thread-safe."""
+    """A one-process spawned executor running :func:`_plan_in_child`; thread-safe."""
 
     def __init__(self, timeout_s: float = PLAN_TIMEOUT_S) -> None:
         self.timeout_s = timeout_s
-        self._pool: Pool | None = None
+        self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    def _get_pool(self) -> Pool:
+    def _get_pool(self) -> ProcessPoolExecutor:
         with self._lock:
             if self._pool is None:
-                self._pool = mp.get_context("spawn").Pool(processes=1)
+                self._pool = ProcessPoolExecutor(max_workers=1,
+                                                 mp_context=mp.get_context("spawn"),
+                                                 initializer=_exit_with_parent)  # fmt: skip
             return self._pool
 
     def close(self) -> None:
+        """Stop the child now (killed: it may be stuck in a plan); never waits on it long."""
         with self._lock:
             pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.terminate()
-            pool.join()
+        if pool is None:
+            return
+        children = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for child in children:
+            child.kill()
+            child.join(5)
 
     def plan(self, job: dict[str, Any]) -> dict[str, Any]:
         """The plan of an engine job dict; raises ``PlanFailed`` or ``PlannerUnavailable``."""
         try:
-            out = self._get_pool().apply_async(_plan_in_child, (job,)).get(self.timeout_s)
-        except mp.TimeoutError:
+            try:
+                out = self._get_pool().submit(_plan_in_child, job).result(self.timeout_s)
+            except BrokenProcessPool:  # the child died since the last request: a fresh one
+                self.close()
+                out = self._get_pool().submit(_plan_in_child, job).result(self.timeout_s)
+        except FutureTimeout:
             self.close()  # the child may be stuck: start a fresh one next time
             raise PlannerUnavailable(f"planning took longer than {self.timeout_s:g} s") from None
-        except Exception as err:  # noqa: BLE001 (pool start-up or transport failure)
+        except Exception as err:  # noqa: BLE001 (start-up failure, a child that died)
             self.close()
             raise PlannerUnavailable(f"the planner failed: {err!r}") from None
         if out["status"] == "invalid":

@@ -1,0 +1,91 @@
+"""The planner's spawned child never outlives the API process, and never holds up its exit.
+
+Each test runs a stand-in for an API process in its own session: it starts the planner's
+child through a real plan request, then is stopped the ways a deployment stops it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# like uvicorn: SIGTERM sets a flag, the main loop returns, the interpreter exits normally
+SCRIPT = """
+import os, signal, time
+from service.planner import default_planner
+planner = default_planner()
+try:
+    planner.plan({})  # a real request: starts the child, which refuses the empty job
+except Exception:
+    pass
+children = [p.pid for p in planner._pool._processes.values()]
+stop = []
+signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+print(" ".join(map(str, children)), flush=True)
+while not stop:
+    time.sleep(0.05)
+time.sleep(1.5)  # a graceful shutdown that takes a while (the child died meanwhile)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie waiting for its reaper counts as gone
+
+
+def _session_left(sid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-s", str(sid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split() if _alive(int(p))]
+
+
+@pytest.mark.parametrize("how", ["sigterm_to_the_group", "sigkill"])
+def test_the_planner_child_goes_when_the_api_process_goes(how: str):
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT], cwd=ROOT, stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+    try:
+        children = [int(p) for p in proc.stdout.readline().split()]
+        assert children and all(_alive(c) for c in children)
+        if how == "sigkill":
+            proc.send_signal(signal.SIGKILL)  # no atexit, no clean-up at all
+        else:
+            os.killpg(proc.pid, signal.SIGTERM)  # the API and its child together
+        assert proc.wait(20) is not None  # exits, never held up by the planner
+        deadline = time.monotonic() + 15
+        while _session_left(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _session_left(proc.pid) == []  # no child, no resource tracker left
+    finally:
+        for pid in _session_left(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.wait(10)
+
+
+def test_a_child_that_died_is_replaced_on_the_next_request():
+    from service.planner import PlanFailed, Planner
+
+    planner = Planner(timeout_s=60)
+    try:
+        with pytest.raises(PlanFailed):
+            planner.plan({})  # the engine refuses an empty job, naming no field
+        (first,) = planner._pool._processes.values()
+        os.kill(first.pid, signal.SIGKILL)
+        first.join(10)
+        with pytest.raises(PlanFailed):
+            planner.plan({})  # answered by a fresh child, not an error
+        (second,) = planner._pool._processes.values()
+        assert second.pid != first.pid and _alive(second.pid)
+    finally:
+        planner.close()
+    assert not _alive(second.pid)
