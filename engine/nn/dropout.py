@@ -5,13 +5,16 @@ On CPU ``F.dropout`` draws a float mask with ``bernoulli_`` (two Mersenne-twiste
 element, in one thread, ~6 ns each here), scales it, multiplies, and autograd keeps that
 4-byte mask until backward. Here:
 
-* :func:`dropout_mask` draws ``U < 1 - p`` with ``U`` a float32 uniform (24 random bits, so
-  the keep probability is exact to 2^-24) from numpy's PCG64, in fixed chunks of
-  :data:`CHUNK` entries, each chunk its own stream ``SeedSequence((seed, chunk))``, two
-  threads at a time (the fills release the GIL): ~1 ns per entry instead of ~4. ``seed`` is
-  one draw from torch's default generator, so masks follow ``torch.manual_seed`` and
-  ``torch.utils.checkpoint`` (which restores that generator) recomputes the same mask; they
-  do not depend on the thread count.
+* :func:`dropout_mask` draws from numpy's PCG64, in fixed chunks of :data:`CHUNK` entries,
+  each chunk its own stream ``SeedSequence((seed, chunk))``, two threads at a time (the fills
+  release the GIL). When ``1 - p`` is a multiple of 2^-16 to a relative 1e-4 (0.9 is 58982 /
+  65536, off by 7e-6 relative), the mask is ``V < round(65536 (1 - p))`` with ``V`` a
+  16-bit uniform, four per raw 64-bit draw (0.7 ns per entry here); otherwise ``U < 1 - p``
+  with ``U`` a float32 uniform (24 random bits, 2.3 ns per entry). ``F.dropout`` takes ~4 ns
+  (two Mersenne-twister draws per entry, one thread). ``seed`` is one draw from torch's
+  default generator, so masks follow ``torch.manual_seed`` and ``torch.utils.checkpoint``
+  (which restores that generator) recomputes the same mask; they do not depend on the
+  thread count.
 * :class:`DropoutFunction` applies it as one float multiply and saves it as ``bool``: a
   quarter of the memory; backward is ``dy * m / (1 - p)``.
 
@@ -28,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["CHUNK", "dropout", "dropout_mask", "DropoutFunction"]
+__all__ = ["CHUNK", "dropout", "dropout_mask", "DropoutFunction", "keep_threshold16"]
 
 CHUNK = 1 << 18  # entries per random stream
 _NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
@@ -44,15 +47,29 @@ def _helper() -> ThreadPoolExecutor:
         return _pool
 
 
+def keep_threshold16(keep: float) -> int | None:
+    """``round(65536 keep)`` when that is ``keep`` to a relative 1e-4 (a 16-bit draw then
+    keeps with probability ``threshold / 65536``), else ``None``."""
+    t = round(keep * 65536)
+    if 0 < t < 65536 and abs(t / 65536 - keep) <= 1e-4 * keep:
+        return t
+    return None
+
+
 def _fill(seed: int, chunks: range, keep: float, mask: np.ndarray,
           scaled: np.ndarray | None, scale: float) -> None:  # fmt: skip
     """Draw ``mask[c]`` (and ``scaled[c] = scale * mask[c]``) for every chunk ``c``."""
     n = mask.shape[0]
+    threshold = keep_threshold16(keep)
     for c in chunks:
         lo, hi = c * CHUNK, min(n, (c + 1) * CHUNK)
-        gen = np.random.Generator(np.random.PCG64(np.random.SeedSequence((seed, c))))
-        u = gen.random(hi - lo, dtype=np.float32)  # (hi - lo,) uniform [0, 1)
-        np.less(u, keep, out=mask[lo:hi])
+        bits = np.random.PCG64(np.random.SeedSequence((seed, c)))
+        if threshold is not None:  # four 16-bit uniforms per raw 64-bit draw
+            v = bits.random_raw(-(-(hi - lo) // 4)).view(np.uint16)[: hi - lo]  # (hi - lo,)
+            np.less(v, threshold, out=mask[lo:hi])
+        else:
+            u = np.random.Generator(bits).random(hi - lo, dtype=np.float32)  # uniform [0, 1)
+            np.less(u, keep, out=mask[lo:hi])
         if scaled is not None:
             np.multiply(mask[lo:hi], scaled.dtype.type(scale), out=scaled[lo:hi])
 

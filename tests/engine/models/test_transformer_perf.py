@@ -19,7 +19,7 @@ from engine.contract.lowrank_saved import recompute_tt_outputs
 from engine.contract.plan import candidate_plans
 from engine.models.transformer import TransformerConfig, build_transformer
 from engine.nn.attention import AttentionFunction, scaled_dot_product_attention
-from engine.nn.dropout import CHUNK, dropout, dropout_mask
+from engine.nn.dropout import CHUNK, dropout, dropout_mask, keep_threshold16
 from engine.nn.feed_forward import tt_feed_forward
 from engine.nn.flat import flatten_
 from engine.nn.functional import parse_plan
@@ -60,6 +60,28 @@ def test_dropout_keeps_the_stated_fraction():
     n, keep = 400_000, 0.9
     frac = float(dropout_mask((n,), keep, torch.device("cpu")).float().mean())
     assert abs(frac - keep) < 5 * math.sqrt(keep * (1 - keep) / n)
+
+
+@pytest.mark.parametrize(("keep", "threshold"), [
+    (0.9, 58982), (0.5, 32768), (0.8, 52429), (0.75, 49152),
+    (0.3333, 21843), (0.99999, 65535), (0.01, None), (0.001, None), (1e-6, None),
+])  # fmt: skip
+def test_sixteen_bit_masks_only_where_they_keep_the_stated_fraction(keep, threshold):
+    assert keep_threshold16(keep) == threshold
+    if threshold is not None:
+        assert abs(threshold / 65536 - keep) <= 1e-4 * keep
+
+
+@pytest.mark.parametrize("keep", [0.9, 0.01])  # the 16-bit draw and the float32 one
+def test_both_mask_draws_keep_their_fraction_and_follow_the_seed(keep):
+    n = CHUNK + 1000
+    torch.manual_seed(11)
+    a = dropout_mask((n,), keep)
+    torch.manual_seed(11)
+    assert torch.equal(a, dropout_mask((n,), keep))
+    want = keep_threshold16(keep) / 65536 if keep_threshold16(keep) else keep
+    frac = float(a.float().mean())
+    assert abs(frac - want) < 5 * math.sqrt(want * (1 - want) / n)
 
 
 def test_dropout_identity_cases_and_checks():
