@@ -63,7 +63,7 @@ def find_baseline(*, session: Session, job: Job) -> tuple[Job, Checkpoint] | Non
     for other in session.scalars(q):
         if baseline_key(other.spec) != key:
             continue
-        export = newest_export(session=session, job_id=other.id)
+        export = newest_export(session=session, tenant_id=job.tenant_id, job_id=other.id)
         if export is not None:
             return other, export
     return None

@@ -51,27 +51,28 @@ def wants_event_stream(accept: str | None) -> bool | None:
     return False if any(r in JSON_TYPES for r in ranges) else None
 
 
-def _poll(sessions: Callable[[], Session], job_id: str, after: int,
+def _poll(sessions: Callable[[], Session], tenant_id: str, job_id: str, after: int,
           kinds: Sequence[str] | None) -> tuple[list[dict[str, Any]], bool]:  # fmt: skip
     """(new events as SSE dicts, whether the job is finished or gone)."""
     with sessions() as session:  # the state first: a terminal state's event is then visible
-        job = get_job(session=session, job_id=job_id)
+        job = get_job(session=session, job_id=job_id, tenant_id=tenant_id)
         done = job is None or job.state in TERMINAL
-        events = events_after(session=session, job_id=job_id, after=after, limit=BATCH,
-                              kinds=kinds)  # fmt: skip
+        events = events_after(session=session, tenant_id=tenant_id, job_id=job_id, after=after,
+                              limit=BATCH, kinds=kinds)  # fmt: skip
         out = [{"seq": e.seq, "kind": e.kind, "terminal": e.kind == "state" and
                 e.data.get("state") in TERMINAL,
                 "json": event_public(e).model_dump_json()} for e in events]  # fmt: skip
     return out, done
 
 
-async def event_stream(sessions: Callable[[], Session], job_id: str, after: int,
+async def event_stream(sessions: Callable[[], Session], tenant_id: str, job_id: str, after: int,
                        kinds: Sequence[str] | None = None,
                        poll_s: float = POLL_S) -> AsyncIterator[dict[str, str]]:  # fmt: skip
     """The SSE messages (``id``, ``event``, ``data``) of one job from ``after`` on."""
     last = after
     while True:
-        events, done = await anyio.to_thread.run_sync(_poll, sessions, job_id, last, kinds)
+        events, done = await anyio.to_thread.run_sync(_poll, sessions, tenant_id, job_id, last,
+                                                      kinds)  # fmt: skip
         for e in events:
             last = e["seq"]
             yield {"id": str(e["seq"]), "event": e["kind"], "data": e["json"]}

@@ -20,6 +20,8 @@ duplicate message is a no-op at the worker's claim check.
 4. **Lost messages.** QUEUED jobs sent more than ``redeliver_after_seconds`` ago are sent
    again when the broker's queue holds fewer messages than there are such jobs waiting (a
    broker restarted without persistence loses its queue).
+5. **Expired idempotency keys** (kept 24 h) are deleted, at most ``PURGE_BATCH`` a pass, oldest
+   first; it runs first, so a broker outage (which ends a pass early) never holds it up.
 
 Nothing here imports torch or the worker package: the queue is reached by task name.
 """
@@ -42,6 +44,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api_schemas import JobState
 from service.core.config import Settings
+from service.db.crud.idempotency import purge_expired
 from service.db.crud.job_actions import end_attempt, mark_sent, requeue_job
 from service.db.crud.jobs import append_event, transition
 from service.db.crud.pagination import as_utc
@@ -49,8 +52,9 @@ from service.db.models import Job, JobEvent, utcnow
 from service.db.session import make_engine, make_sessionmaker, session_scope
 from service.queue import client_app, enqueue, task_id
 
-__all__ = ["PROBLEM_BASE", "CeleryControl", "LocalControl", "ReapReport", "ReaperThread",
-           "TaskControl", "backoff_seconds", "queue_length", "reap_once"]  # fmt: skip
+__all__ = ["PROBLEM_BASE", "PURGE_BATCH", "CeleryControl", "LocalControl", "ReapReport",
+           "ReaperThread", "TaskControl", "backoff_seconds", "queue_length",
+           "reap_once"]  # fmt: skip
 
 log = logging.getLogger(__name__)
 S = JobState
@@ -58,6 +62,7 @@ ACTIVE = (S.STARTING, S.RUNNING, S.CANCELLING)
 PROBLEM_BASE = "https://comera.dev/problems/"  # the same base as worker.problems
 DEFAULT_WALL_TIME_S = 6 * 3600
 SIGNAL_SCAN = 50  # recent log events of an attempt searched for the reaper's own SIGTERM
+PURGE_BATCH = 1000  # expired idempotency keys deleted per pass (a short transaction)
 
 Send = Callable[..., bool]  # (job_id=, attempt=, max_wall_time_s=) -> sent
 
@@ -82,10 +87,14 @@ class ReapReport:
     signalled: list[tuple[str, str]] = field(default_factory=list)  # (job id, signal)
     sent: list[str] = field(default_factory=list)
     resent: list[str] = field(default_factory=list)
+    purged_keys: int = 0  # expired idempotency keys deleted
 
     def __bool__(self) -> bool:
-        return any((self.requeued, self.failed, self.cancelled, self.signalled, self.sent,
-                    self.resent))  # fmt: skip
+        return any(self.counts().values())
+
+    def counts(self) -> dict[str, int]:
+        """What the pass did, counted (the beat task's result)."""
+        return {k: v if isinstance(v, int) else len(v) for k, v in vars(self).items()}
 
 
 def backoff_seconds(settings: Settings, attempt: int) -> float:
@@ -214,8 +223,8 @@ def _recover(s: Session, job: Job, now: datetime, settings: Settings, report: Re
 
 def _signal_sent(s: Session, job: Job) -> datetime | None:
     """When this reaper sent SIGTERM to the job's current attempt, if it did."""
-    q = (select(JobEvent).where(JobEvent.job_id == job.id, JobEvent.attempt == job.attempt,
-                                JobEvent.kind == "log")
+    q = (select(JobEvent).where(JobEvent.job_id == job.id, JobEvent.tenant_id == job.tenant_id,
+                                JobEvent.attempt == job.attempt, JobEvent.kind == "log")
          .order_by(JobEvent.seq.desc()).limit(SIGNAL_SCAN))  # fmt: skip
     for e in s.scalars(q):
         if (e.data or {}).get("signal") == "SIGTERM":
@@ -286,16 +295,19 @@ def _queued(s: Session, *conditions: Any) -> list[Job]:
 def reap_once(*, factory: sessionmaker[Session], settings: Settings,
               now: datetime | None = None, send: Send | None = None,
               control: TaskControl | None = None,
-              queue_size: Callable[[], int | None] | None = None) -> ReapReport:  # fmt: skip
-    """One pass of the four steps (see the module doc) as of ``now`` (default: the clock).
+              queue_size: Callable[[], int | None] | None = None,
+              purge_batch: int = PURGE_BATCH) -> ReapReport:  # fmt: skip
+    """One pass of the five steps (see the module doc) as of ``now`` (default: the clock).
 
     ``send``: how a message goes out (default ``service.queue.enqueue``); ``control``: the
     workers' remote control for forced cancellation (default :class:`CeleryControl`; None
     answers skip it); ``queue_size``: the broker queue's length (default
-    :func:`queue_length`)."""
+    :func:`queue_length`); ``purge_batch``: expired idempotency keys deleted at most."""
     now = now or utcnow()
     send = send or partial(enqueue, settings=settings)
     report = ReapReport()
+    with session_scope(factory) as s:
+        report.purged_keys = purge_expired(session=s, now=now, limit=purge_batch)
     with session_scope(factory) as s:
         expired = [j.id for j in s.scalars(select(Job).where(
             Job.state.in_([a.value for a in ACTIVE]), Job.lease_expires_at < now))]  # fmt: skip

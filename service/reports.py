@@ -82,7 +82,7 @@ def _baseline(session: Session, settings: Settings, job: Job,
 
 def compression_report(*, session: Session, settings: Settings, job: Job) -> CompressionReport:
     """409 until the job has a complete export checkpoint with a manifest."""
-    ckpt = newest_export(session=session, job_id=job.id)
+    ckpt = newest_export(session=session, tenant_id=job.tenant_id, job_id=job.id)
     manifest = _stored_manifest(settings, ckpt) if ckpt is not None else None
     if ckpt is None or manifest is None:
         raise HTTPException(409, "No compressed export yet: the report needs the job's export.")
@@ -92,7 +92,7 @@ def compression_report(*, session: Session, settings: Settings, job: Job) -> Com
     params_dense = int(totals.get("dense_equivalent_params", params))
     dense_bytes = int(weights.get("dense_equivalent_bytes") or 4 * params_dense)
     stages = (manifest.get("extra") or {}).get("stages") or stage_events(
-        session=session, job_id=job.id
+        session=session, tenant_id=job.tenant_id, job_id=job.id
     )
     metrics = _metrics(manifest, ckpt)
     return CompressionReport(

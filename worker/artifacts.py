@@ -75,10 +75,12 @@ def checkpoint_row(*, path: Path, artifacts: Path, job_id: str, tenant_id: str, 
                       manifest=manifest, created_at=utcnow())  # fmt: skip
 
 
-def mark_deleted(session: Session, *, job_id: str, artifacts: Path) -> list[str]:
+def mark_deleted(session: Session, *, job_id: str, tenant_id: str,
+                 artifacts: Path) -> list[str]:  # fmt: skip
     """Mark the job's complete training checkpoints whose files are gone as ``deleted``."""
     rows = session.scalars(select(Checkpoint).where(
-        Checkpoint.job_id == job_id, Checkpoint.state == "complete",
+        Checkpoint.job_id == job_id, Checkpoint.tenant_id == tenant_id,
+        Checkpoint.state == "complete",
         Checkpoint.kind.in_(RESUMABLE_KINDS))).all()  # fmt: skip
     gone = [r for r in rows if not (artifacts / r.path).is_file()]
     for r in gone:
@@ -86,17 +88,20 @@ def mark_deleted(session: Session, *, job_id: str, artifacts: Path) -> list[str]
     return [r.id for r in gone]
 
 
-def drop_partial(session: Session, *, job_id: str, attempt: int, artifacts: Path) -> list[str]:
+def drop_partial(session: Session, *, job_id: str, tenant_id: str, attempt: int,
+                 artifacts: Path) -> list[str]:  # fmt: skip
     """``save_partial: false``: delete this attempt's partial checkpoints (files and rows
     marked ``deleted``); returns their ids."""
     rows = session.scalars(select(Checkpoint).where(
-        Checkpoint.job_id == job_id, Checkpoint.attempt == attempt,
+        Checkpoint.job_id == job_id, Checkpoint.tenant_id == tenant_id,
+        Checkpoint.attempt == attempt,
         Checkpoint.kind == "partial", Checkpoint.state == "complete")).all()  # fmt: skip
     for r in rows:
         r.state = "deleted"
         shared = session.scalars(select(Checkpoint.id).where(  # a stop right at a periodic
             Checkpoint.job_id == job_id, Checkpoint.path == r.path,  # checkpoint rewrote it
-            Checkpoint.state == "complete", Checkpoint.id != r.id)).first()  # fmt: skip
+            Checkpoint.tenant_id == tenant_id, Checkpoint.state == "complete",
+            Checkpoint.id != r.id)).first()  # fmt: skip
         if shared is None:
             (artifacts / r.path).unlink(missing_ok=True)
     return [r.id for r in rows]
@@ -108,12 +113,13 @@ def _usable(row: Checkpoint, artifacts: Path) -> bool:
             and sha256_file(path) == row.sha256)  # fmt: skip
 
 
-def find_checkpoint(session: Session, *, job_id: str, artifacts: Path,
+def find_checkpoint(session: Session, *, job_id: str, tenant_id: str, artifacts: Path,
                     checkpoint_id: str | None = None) -> Checkpoint | None:  # fmt: skip
     """The checkpoint to resume from: ``checkpoint_id`` (None if it is not a complete,
     resumable checkpoint of this job whose file is intact), or else the newest complete
     ``latest``/``partial`` checkpoint of any attempt whose file is intact."""
-    q = select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.state == "complete")
+    q = select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.tenant_id == tenant_id,
+                                 Checkpoint.state == "complete")  # fmt: skip
     if checkpoint_id is not None:
         row = session.scalars(
             q.where(

@@ -148,7 +148,8 @@ class JobCallback:
                                       "sha256": row.sha256, "state": "complete"})  # fmt: skip
 
         def deleted(session: Any) -> None:
-            for cid in mark_deleted(session, job_id=self.rec.job_id, artifacts=self.artifacts):
+            for cid in mark_deleted(session, job_id=self.rec.job_id, tenant_id=self.tenant_id,
+                                    artifacts=self.artifacts):  # fmt: skip
                 append_event(session=session, job_id=self.rec.job_id, attempt=self.rec.attempt,
                              kind="checkpoint", data={"id": cid, "state": "deleted"})  # fmt: skip
 

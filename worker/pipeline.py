@@ -120,7 +120,8 @@ def claim(factory: sessionmaker[Session], *, job_id: str, attempt: int, owner: s
         q = (update(JobAttempt).where(JobAttempt.job_id == job_id, JobAttempt.attempt == attempt)
              .values(worker=owner, started_at=now, ended_at=None, exit_reason=None))  # fmt: skip
         if s.execute(q).rowcount == 0:
-            s.add(JobAttempt(job_id=job_id, attempt=attempt, worker=owner, started_at=now))
+            s.add(JobAttempt(job_id=job_id, tenant_id=job.tenant_id, attempt=attempt,
+                             worker=owner, started_at=now))  # fmt: skip
         return job
 
 
@@ -144,6 +145,7 @@ def run_job(*, job_id: str, attempt: int, settings: Settings, factory: sessionma
     recorder = Recorder(
         factory=factory,
         job_id=job_id,
+        tenant_id=job.tenant_id,
         attempt=attempt,
         flush_seconds=settings.flush_seconds,
         flush_points=settings.flush_points,
@@ -225,7 +227,8 @@ def _trainer(run: Attempt, job: Job, config: JobConfig,
     ckpt = None
     if job.resume_from != "scratch":
         with session_scope(run.factory) as s:
-            ckpt = find_checkpoint(s, job_id=run.job_id, artifacts=artifacts,
+            ckpt = find_checkpoint(s, job_id=run.job_id, tenant_id=job.tenant_id,
+                                   artifacts=artifacts,
                                    checkpoint_id=job.resume_from if explicit else None)  # fmt: skip
         if explicit and ckpt is None:
             raise SpecError("/from", f"{job.resume_from} is not an intact, resumable "
@@ -310,9 +313,10 @@ def _cancel(s: Session, run: Attempt, message: str) -> str:
     return "cancelled" if cancelled else "lost"
 
 
-def _wants_partial(s: Session, job_id: str) -> bool:
+def _wants_partial(s: Session, job_id: str, tenant_id: str) -> bool:
     """The ``save_partial`` of the job's latest cancel request (default true)."""
-    rows = s.scalars(select(JobEvent.data).where(JobEvent.job_id == job_id)
+    rows = s.scalars(select(JobEvent.data).where(JobEvent.job_id == job_id,
+                                                 JobEvent.tenant_id == tenant_id)
                      .order_by(JobEvent.seq.desc()).limit(50))  # fmt: skip
     for data in rows:
         if isinstance(data, dict) and data.get("reason") == "cancel requested":
@@ -329,8 +333,10 @@ def _interrupted(run: Attempt, reason: str) -> str:
         message = f"cancelled at step {step}" + (f"; partial checkpoint {ids[-1]}" if ids else "")
 
         def finish(s: Session) -> None:
-            if ids and not _wants_partial(s, run.job_id) and run.callback is not None:
-                dropped = drop_partial(s, job_id=run.job_id, attempt=run.attempt,
+            tenant_id = run.recorder.tenant_id
+            if ids and not _wants_partial(s, run.job_id, tenant_id) and run.callback is not None:
+                dropped = drop_partial(s, job_id=run.job_id, tenant_id=tenant_id,
+                                       attempt=run.attempt,
                                        artifacts=run.callback.artifacts)  # fmt: skip
                 for cid in dropped:
                     data = {"id": cid, "state": "deleted", "reason": "save_partial false"}

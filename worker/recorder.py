@@ -16,8 +16,9 @@ transaction:
   value of each key written in the batch;
 * extra rows (checkpoints) and an optional callback, in the same transaction.
 
-Values that are not finite (NaN, inf) are never written: JSON has no form for them and SQLite
-stores NaN as NULL. The recorder knows no torch and no Celery.
+Every row written carries the job's tenant (``tenant_id``, given by the pipeline from the job
+row it claimed). Values that are not finite (NaN, inf) are never written: JSON has no form for
+them and SQLite stores NaN as NULL. The recorder knows no torch and no Celery.
 """
 
 from __future__ import annotations
@@ -73,9 +74,10 @@ def upsert(session: Session, table: Table, rows: list[dict[str, Any]], keys: lis
 class Recorder:
     """Buffers one attempt's points and events and writes them in batches (see module doc)."""
 
-    def __init__(self, *, factory: sessionmaker[Session], job_id: str, attempt: int,
-                 flush_seconds: float, flush_points: int) -> None:  # fmt: skip
+    def __init__(self, *, factory: sessionmaker[Session], job_id: str, tenant_id: str,
+                 attempt: int, flush_seconds: float, flush_points: int) -> None:  # fmt: skip
         self.factory, self.job_id, self.attempt = factory, job_id, attempt
+        self.tenant_id = tenant_id
         self.flush_seconds, self.flush_points = flush_seconds, flush_points
         self._metrics: dict[tuple[str, int], dict[str, Any]] = {}
         self._ranks: dict[tuple[str, int], dict[str, Any]] = {}
@@ -95,16 +97,18 @@ class Recorder:
         if not finite(value):
             return
         self._metrics[(key, step)] = {
-            "job_id": self.job_id, "attempt": self.attempt, "key": key, "step": step,
-            "stage": stage, "epoch": epoch, "value": float(value), "t": utcnow()}  # fmt: skip
+            "job_id": self.job_id, "tenant_id": self.tenant_id, "attempt": self.attempt,
+            "key": key, "step": step, "stage": stage, "epoch": epoch, "value": float(value),
+            "t": utcnow()}  # fmt: skip
         self.latest[key] = float(value)
 
     def rank(self, tensor: str, step: int, *, stage: str | None, kind: str, ranks: list[int],
              params: int, dense: int, ratio: float) -> None:  # fmt: skip
-        self._ranks[(tensor, step)] = {"job_id": self.job_id, "attempt": self.attempt,
-                                       "tensor": tensor, "step": step, "stage": stage,
-                                       "kind": kind, "ranks": list(ranks), "params": params,
-                                       "dense": dense, "ratio": ratio, "t": utcnow()}  # fmt: skip
+        self._ranks[(tensor, step)] = {"job_id": self.job_id, "tenant_id": self.tenant_id,
+                                       "attempt": self.attempt, "tensor": tensor, "step": step,
+                                       "stage": stage, "kind": kind, "ranks": list(ranks),
+                                       "params": params, "dense": dense, "ratio": ratio,
+                                       "t": utcnow()}  # fmt: skip
 
     def event(self, kind: str, data: dict[str, Any]) -> None:
         self._events.append((kind, json_clean(data), utcnow()))
@@ -152,8 +156,9 @@ class Recorder:
                 if p["key"] not in newest or p["step"] >= newest[p["key"]]["step"]:
                     newest[p["key"]] = p
             upsert(s, LatestMetric.__table__,
-                   [{"job_id": self.job_id, "key": k, "step": p["step"], "value": p["value"],
-                     "t": p["t"]} for k, p in newest.items()],
+                   [{"job_id": self.job_id, "tenant_id": self.tenant_id, "key": k,
+                     "step": p["step"], "value": p["value"], "t": p["t"]}
+                    for k, p in newest.items()],
                    ["job_id", "key"], ["step", "value", "t"])  # fmt: skip
             if self._job_values:  # only while the job is still on our attempt
                 s.execute(update(Job).where(Job.id == self.job_id, Job.attempt == self.attempt)

@@ -44,4 +44,4 @@ def run_job(self: Any, job_id: str, attempt: int) -> str:
 def reap() -> dict[str, int]:
     """One reaper pass; what it did, counted (the worker logs it)."""
     report = reap_once(factory=session_factory(), settings=get_settings())
-    return {name: len(ids) for name, ids in vars(report).items()}
+    return report.counts()

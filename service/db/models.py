@@ -1,6 +1,8 @@
 """The schema: SQLAlchemy 2.0 typed models. ``migrations/`` creates it; nothing else does.
 
-Every tenant-owned row carries ``tenant_id`` and every query filters on it. Series tables
+Every tenant-owned row carries ``tenant_id`` and every query filters on it: the rows of a job
+(attempts, events, points, latest metrics, checkpoints) carry their job's tenant, indexed
+``(tenant_id, job_id)`` for the tenant-scoped reads and the tenant's cascade. Series tables
 have a unique key per (job, key or tensor, step) so a resumed attempt that replays steps
 never duplicates a point (the writer upserts: the latest attempt wins).
 """
@@ -107,31 +109,36 @@ class JobAttempt(Base):
     __tablename__ = "job_attempts"
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     attempt: Mapped[int] = mapped_column(Integer)
     worker: Mapped[str | None] = mapped_column(String(128))
     resume_from: Mapped[str | None] = mapped_column(String(64))
     started_at: Mapped[datetime | None] = mapped_column(TZ)
     ended_at: Mapped[datetime | None] = mapped_column(TZ)
     exit_reason: Mapped[str | None] = mapped_column(String(32))
-    __table_args__ = (UniqueConstraint("job_id", "attempt"),)
+    __table_args__ = (UniqueConstraint("job_id", "attempt"),
+                      Index("ix_job_attempts_tenant_job", "tenant_id", "job_id"))  # fmt: skip
 
 
 class JobEvent(Base):
     __tablename__ = "job_events"
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     seq: Mapped[int] = mapped_column(Integer)
     attempt: Mapped[int] = mapped_column(Integer)
     kind: Mapped[str] = mapped_column(String(16))
     data: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
     t: Mapped[datetime] = mapped_column(TZ, default=utcnow)
-    __table_args__ = (UniqueConstraint("job_id", "seq"),)
+    __table_args__ = (UniqueConstraint("job_id", "seq"),
+                      Index("ix_job_events_tenant_job", "tenant_id", "job_id"))  # fmt: skip
 
 
 class MetricPoint(Base):
     __tablename__ = "metric_points"
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     attempt: Mapped[int] = mapped_column(Integer)
     key: Mapped[str] = mapped_column(String(64))
     step: Mapped[int] = mapped_column(Integer)
@@ -139,7 +146,8 @@ class MetricPoint(Base):
     epoch: Mapped[float | None] = mapped_column(Float)
     value: Mapped[float] = mapped_column(Float)
     t: Mapped[datetime] = mapped_column(TZ, default=utcnow)
-    __table_args__ = (UniqueConstraint("job_id", "key", "step"),)
+    __table_args__ = (UniqueConstraint("job_id", "key", "step"),
+                      Index("ix_metric_points_tenant_job", "tenant_id", "job_id"))  # fmt: skip
 
 
 class LatestMetric(Base):
@@ -149,15 +157,18 @@ class LatestMetric(Base):
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"),
                                         primary_key=True)  # fmt: skip
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     step: Mapped[int] = mapped_column(Integer)
     value: Mapped[float] = mapped_column(Float)
     t: Mapped[datetime] = mapped_column(TZ, default=utcnow)
+    __table_args__ = (Index("ix_job_latest_metrics_tenant_job", "tenant_id", "job_id"),)
 
 
 class RankPoint(Base):
     __tablename__ = "rank_points"
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     attempt: Mapped[int] = mapped_column(Integer)
     tensor: Mapped[str] = mapped_column(String(256))
     step: Mapped[int] = mapped_column(Integer)
@@ -168,7 +179,8 @@ class RankPoint(Base):
     dense: Mapped[int] = mapped_column(BigInteger)
     ratio: Mapped[float] = mapped_column(Float)
     t: Mapped[datetime] = mapped_column(TZ, default=utcnow)
-    __table_args__ = (UniqueConstraint("job_id", "tensor", "step"),)
+    __table_args__ = (UniqueConstraint("job_id", "tensor", "step"),
+                      Index("ix_rank_points_tenant_job", "tenant_id", "job_id"))  # fmt: skip
 
 
 class Checkpoint(Base):

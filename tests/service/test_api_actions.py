@@ -110,8 +110,9 @@ def test_delete_removes_rows_and_artifacts_of_finished_jobs_only(api: Api):
     job_id = make_job(api, state="SUCCEEDED")
     path = _checkpoint(api, job_id, "ckpt_x")
     with api.sessions() as s, s.begin():
-        s.execute(insert(MetricPoint), [{"job_id": job_id, "attempt": 1, "key": "loss",
-                                         "step": 1, "value": 1.0, "t": utcnow()}])  # fmt: skip
+        s.execute(insert(MetricPoint), [{"job_id": job_id, "tenant_id": api.tenant_id(),
+                                         "attempt": 1, "key": "loss", "step": 1, "value": 1.0,
+                                         "t": utcnow()}])  # fmt: skip
     assert api.client.delete(f"/v1/jobs/{job_id}").status_code == 204
     assert not path.exists() and not path.parent.exists()
     assert api.client.get(f"/v1/jobs/{job_id}").status_code == 404

@@ -73,8 +73,8 @@ def test_bad_list_parameters(api_lite: Api):
 def test_get_has_etag_304_retry_after_and_latest_metrics(api: Api):
     job_id = make_job(api, state="RUNNING")
     with api.sessions() as s, s.begin():
-        s.execute(insert(LatestMetric), [{"job_id": job_id, "key": "loss", "step": 7,
-                                          "value": 0.25}])  # fmt: skip
+        s.execute(insert(LatestMetric), [{"job_id": job_id, "tenant_id": api.tenant_id(),
+                                          "key": "loss", "step": 7, "value": 0.25}])  # fmt: skip
     resp = api.client.get(f"/v1/jobs/{job_id}")
     etag = resp.headers["etag"]
     assert etag.startswith('W/"1.') and resp.headers["retry-after"] == "5"

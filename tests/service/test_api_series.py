@@ -23,9 +23,10 @@ def _expected_rows(n: int, m: int) -> list[int]:
 
 
 def _metric_points(api: Api, job_id: str, key: str, steps: list[int], stage: str = "s") -> None:
-    t0 = utcnow()
-    rows = [{"job_id": job_id, "attempt": 1, "key": key, "step": st, "stage": stage,
-             "epoch": st / 10, "value": float(st) * 0.5, "t": t0 + timedelta(seconds=st)}
+    t0, tenant = utcnow(), api.tenant_id()
+    rows = [{"job_id": job_id, "tenant_id": tenant, "attempt": 1, "key": key, "step": st,
+             "stage": stage, "epoch": st / 10, "value": float(st) * 0.5,
+             "t": t0 + timedelta(seconds=st)}
             for st in steps]  # fmt: skip
     with api.sessions() as s, s.begin():
         s.execute(insert(MetricPoint), rows)
@@ -68,9 +69,10 @@ def test_metric_filters_keys_stage_and_steps_on_both_backends(api: Api):
 
 def test_ranks_by_tensor_glob_and_downsampled(api: Api):
     job_id = make_job(api)
-    rows = [{"job_id": job_id, "attempt": 1, "tensor": name, "step": st, "stage": "late",
-             "kind": "tt_linear", "ranks": [1, 8 - st // 10, 1], "params": 100 - st,
-             "dense": 1000, "ratio": 1000 / (100 - st), "t": utcnow()}
+    tenant = api.tenant_id()
+    rows = [{"job_id": job_id, "tenant_id": tenant, "attempt": 1, "tensor": name, "step": st,
+             "stage": "late", "kind": "tt_linear", "ranks": [1, 8 - st // 10, 1],
+             "params": 100 - st, "dense": 1000, "ratio": 1000 / (100 - st), "t": utcnow()}
             for name in ("hidden.0", "hidden.1", "out_x") for st in range(0, 50, 5)]  # fmt: skip
     with api.sessions() as s, s.begin():
         s.execute(insert(RankPoint), rows)

@@ -12,6 +12,7 @@ from service.db.models import Base, JobEvent, Tenant
 from service.db.session import make_engine, make_sessionmaker, session_scope
 
 S = JobState
+JOB_TABLES = ("job_attempts", "job_events", "metric_points", "rank_points", "job_latest_metrics")
 
 
 def _tenant(factory) -> str:
@@ -73,4 +74,51 @@ def test_upgrade_downgrade_upgrade_and_models_agree_with_migrations(db_url):
         ctx = MigrationContext.configure(conn, opts={"compare_type": True})
         diff = compare_metadata(ctx, Base.metadata)
     assert diff == [], diff
+    engine.dispose()
+
+
+def test_the_tenant_migration_gives_existing_rows_their_jobs_tenant(db_url):
+    """Rows written at revision 0001 (no ``tenant_id`` on a job's rows) take their job's
+    tenant in 0002, and the column is then NOT NULL."""
+    import sqlalchemy as sa
+    from alembic import command
+
+    from service.db.migrate import alembic_config
+    from service.db.models import utcnow
+
+    cfg, engine, now = alembic_config(db_url), make_engine(db_url), utcnow()
+    command.downgrade(cfg, "0001")
+    names = ("tenants", "jobs", *JOB_TABLES)
+    with engine.begin() as conn:
+        t = {n: sa.Table(n, sa.MetaData(), autoload_with=conn) for n in names}
+        assert all("tenant_id" not in t[n].c for n in JOB_TABLES)
+        jobs = {"job_a": "ten_a", "job_b": "ten_b", "job_c": "ten_a"}
+        conn.execute(t["tenants"].insert(), [{"id": x, "name": x, "created_at": now}
+                                             for x in set(jobs.values())])  # fmt: skip
+        conn.execute(t["jobs"].insert(), [
+            {"id": j, "tenant_id": ten, "name": j, "labels": {}, "state": "RUNNING",
+             "version": 1, "attempt": 1, "max_attempts": 3, "spec": {}, "spec_hash": "h",
+             "progress": {}, "compression": {}, "enqueue_pending": False, "event_seq": 2,
+             "created_at": now, "updated_at": now} for j, ten in jobs.items()])  # fmt: skip
+        for j in jobs:
+            conn.execute(t["job_attempts"].insert(), [{"job_id": j, "attempt": a}
+                                                      for a in (1, 2)])  # fmt: skip
+            conn.execute(t["job_events"].insert(), [
+                {"job_id": j, "seq": q, "attempt": 1, "kind": "log", "data": {}, "t": now}
+                for q in (1, 2)])  # fmt: skip
+            conn.execute(t["metric_points"].insert(), [
+                {"job_id": j, "attempt": 1, "key": "loss", "step": st, "value": 1.0, "t": now}
+                for st in (1, 2)])  # fmt: skip
+            conn.execute(t["rank_points"].insert(), [
+                {"job_id": j, "attempt": 1, "tensor": "h", "step": st, "kind": "tt", "ranks": [1],
+                 "params": 1, "dense": 2, "ratio": 2.0, "t": now} for st in (1, 2)])  # fmt: skip
+            conn.execute(t["job_latest_metrics"].insert(), [
+                {"job_id": j, "key": k, "step": 2, "value": 1.0, "t": now} for k in ("a", "b")])
+    command.upgrade(cfg, "head")
+    with engine.connect() as conn:
+        for name in JOB_TABLES:
+            got = sorted(conn.execute(sa.text(f"SELECT job_id, tenant_id FROM {name}")).all())
+            assert got == sorted((j, ten) for j, ten in jobs.items() for _ in (1, 2)), name
+            column = next(c for c in inspect(conn).get_columns(name) if c["name"] == "tenant_id")
+            assert column["nullable"] is False, name
     engine.dispose()

@@ -12,12 +12,23 @@ from sqlalchemy.orm import Session, sessionmaker
 from api_schemas import JobCreate
 from service.core.config import Settings
 from service.db.crud.jobs import create_job
-from service.db.models import Checkpoint, Job, JobAttempt, JobEvent, MetricPoint, RankPoint, Tenant
+from service.db.models import (
+    Checkpoint,
+    Job,
+    JobAttempt,
+    JobEvent,
+    LatestMetric,
+    MetricPoint,
+    RankPoint,
+    Tenant,
+)
 from service.db.session import make_engine, make_sessionmaker, session_scope
 from service.spec import spec_hash
 
-__all__ = ["TENANT", "checkpoints", "events", "factory_for", "get", "make_job", "metric_series",
-           "settings_for", "tiny_spec"]  # fmt: skip
+__all__ = ["JOB_ROW_MODELS", "TENANT", "checkpoints", "events", "factory_for", "get", "make_job",
+           "metric_series", "row_tenants", "settings_for", "tiny_spec"]  # fmt: skip
+
+JOB_ROW_MODELS = (JobAttempt, JobEvent, MetricPoint, RankPoint, LatestMetric, Checkpoint)
 
 TENANT = "ten_worker"
 
@@ -95,6 +106,13 @@ def rank_series(factory: sessionmaker[Session], job_id: str) -> dict[tuple[str, 
         assert (r.tensor, r.step) not in out, f"duplicate rank point {r.tensor}@{r.step}"
         out[(r.tensor, r.step)] = list(r.ranks)
     return out
+
+
+def row_tenants(factory: sessionmaker[Session], job_id: str) -> dict[str, list[str]]:
+    """``{table: [tenant_id of each row of the job]}`` for every table of a job's rows."""
+    with session_scope(factory) as s:
+        return {m.__tablename__: list(s.scalars(select(m.tenant_id).where(m.job_id == job_id)))
+                for m in JOB_ROW_MODELS}  # fmt: skip
 
 
 def checkpoints(factory: sessionmaker[Session], job_id: str) -> list[Checkpoint]:

@@ -142,7 +142,7 @@ def _retry(factory, job_id: str, attempt: int, resume_from: str = "latest_checkp
         assert transition(session=s, job_id=job_id, from_states=[S.FAILED], to_state=S.QUEUED,
                           resume_from=resume_from)  # fmt: skip
         s.execute(update(Job).where(Job.id == job_id).values(attempt=attempt))
-        s.add(JobAttempt(job_id=job_id, attempt=attempt))
+        s.add(JobAttempt(job_id=job_id, tenant_id=s.get(Job, job_id).tenant_id, attempt=attempt))
 
 
 @pytest.mark.parametrize(("resume_from", "step"), [("latest_checkpoint", 20), ("step-10", 10)])

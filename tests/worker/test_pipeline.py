@@ -28,6 +28,7 @@ from tests.worker.jobs import (
     make_job,
     metric_series,
     rank_series,
+    row_tenants,
     settings_for,
     tiny_spec,
 )
@@ -109,6 +110,9 @@ def test_a_job_runs_records_its_series_and_exports_a_checked_model(db_url, tmp_p
         "QUEUED", "STARTING", "RUNNING", "SUCCEEDED"]  # fmt: skip
     assert {"stage", "metric", "rank", "checkpoint"} <= {e.kind for e in evs}
     assert [e.seq for e in evs] == list(range(1, len(evs) + 1))
+    # tenancy (b.6): every row the run wrote, in every table of a job's rows, is the tenant's
+    for table, tenants in row_tenants(factory, job_id).items():
+        assert tenants and set(tenants) == {TENANT}, table
 
 
 def test_a_duplicate_or_stale_message_is_a_no_op(db_url, tmp_path):

@@ -22,10 +22,11 @@ from sqlalchemy import select, update
 
 from api_schemas import JobState
 from service.core.config import Settings
+from service.db.crud.idempotency import KEEP
 from service.db.crud.job_actions import mark_enqueued
 from service.db.crud.jobs import transition
 from service.db.crud.pagination import as_utc
-from service.db.models import Checkpoint, Job, JobEvent, utcnow
+from service.db.models import Checkpoint, IdempotencyKey, Job, JobEvent, Tenant, utcnow
 from service.db.session import session_scope
 from service.queue import enqueue
 from service.reaper import LocalControl, backoff_seconds, reap_once
@@ -263,6 +264,33 @@ def test_an_immediate_cancel_is_forced_without_the_grace_period(db_url, tmp_path
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_expired_idempotency_keys_are_purged_in_bounded_batches_oldest_first(db_url, tmp_path):
+    settings, factory, now = _settings(tmp_path, db_url), factory_for(db_url), utcnow()
+    with session_scope(factory) as s:  # 3 expired (the oldest first), 2 still kept
+        s.add(Tenant(id="ten_keys", name="ten_keys"))
+        s.flush()
+        s.add_all([IdempotencyKey(tenant_id="ten_keys", key=f"k{i}", fingerprint="f",
+                                  state="done", created_at=now - KEEP + timedelta(hours=h),
+                                  expires_at=now + timedelta(hours=h))
+                   for i, h in enumerate((-3, -2, -1, 1, 2))])  # fmt: skip
+
+    def keys() -> list[str]:
+        with session_scope(factory) as s:
+            return sorted(s.scalars(select(IdempotencyKey.key)))
+
+    report = reap_once(factory=factory, settings=settings, now=now, purge_batch=2)
+    assert report.purged_keys == 2 and report and keys() == ["k2", "k3", "k4"]
+    assert report.counts() == {"requeued": 0, "failed": 0, "cancelled": 0, "signalled": 0,
+                               "sent": 0, "resent": 0, "purged_keys": 2}  # fmt: skip
+    report = reap_once(factory=factory, settings=settings, now=now, purge_batch=2)
+    assert report.purged_keys == 1 and keys() == ["k3", "k4"]
+    report = reap_once(factory=factory, settings=settings, now=now, purge_batch=2)
+    assert report.purged_keys == 0 and not report and keys() == ["k3", "k4"]
+    later = now + timedelta(hours=1)  # expires_at == now: expired
+    assert reap_once(factory=factory, settings=settings, now=later).purged_keys == 1
+    assert keys() == ["k4"]
 
 
 @pytest.mark.slow

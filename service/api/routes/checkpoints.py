@@ -26,7 +26,8 @@ CONTENT_RESPONSES = {
 
 
 def _checkpoint(session: SessionDep, job: JobDep, checkpoint_id: str) -> Checkpoint:
-    ckpt = get_checkpoint(session=session, job_id=job.id, checkpoint_id=checkpoint_id)
+    ckpt = get_checkpoint(session=session, tenant_id=job.tenant_id, job_id=job.id,
+                          checkpoint_id=checkpoint_id)  # fmt: skip
     if ckpt is None:
         raise HTTPException(404, "Checkpoint not found.")
     return ckpt
@@ -35,7 +36,7 @@ def _checkpoint(session: SessionDep, job: JobDep, checkpoint_id: str) -> Checkpo
 @router.get("/checkpoints", response_model=CheckpointsPublic, responses=problems(404))
 def list_checkpoints_route(job: JobDep, session: SessionDep) -> CheckpointsPublic:
     """Every checkpoint of the job, oldest first (``state``: writing, complete, deleted)."""
-    items = list_checkpoints(session=session, job_id=job.id)
+    items = list_checkpoints(session=session, tenant_id=job.tenant_id, job_id=job.id)
     return CheckpointsPublic(items=[checkpoint_public(c) for c in items])
 
 

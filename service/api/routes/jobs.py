@@ -80,7 +80,8 @@ class JobListParams(BaseModel):
 
 
 def _with_metrics(session: Any, job: Any) -> JobPublic:
-    return job_public(job, latest_metrics(session=session, job_ids=[job.id])[job.id])
+    latest = latest_metrics(session=session, tenant_id=job.tenant_id, job_ids=[job.id])
+    return job_public(job, latest[job.id])
 
 
 @router.post("", status_code=202, response_model=JobPublic,
@@ -150,7 +151,7 @@ def list_jobs_route(params: Annotated[JobListParams, Query()], session: SessionD
                                  cursor=params.cursor, limit=params.limit)  # fmt: skip
     except ValueError:
         raise HTTPException(400, "Invalid cursor.") from None
-    latest = latest_metrics(session=session, job_ids=[j.id for j in jobs])
+    latest = latest_metrics(session=session, tenant_id=tenant.id, job_ids=[j.id for j in jobs])
     return JobsPublic(items=[job_public(j, latest[j.id]) for j in jobs], next_cursor=cursor)
 
 
@@ -246,5 +247,5 @@ def delete_job_route(job: JobDep, session: SessionDep, settings: SettingsDep) ->
 @router.get("/{job_id}/attempts", response_model=AttemptsPublic, responses=problems(404))
 def list_attempts_route(job: JobDep, session: SessionDep) -> AttemptsPublic:
     """Every attempt: worker, start and end, exit reason."""
-    items = list_attempts(session=session, job_id=job.id)
+    items = list_attempts(session=session, tenant_id=job.tenant_id, job_id=job.id)
     return AttemptsPublic(items=[attempt_public(a) for a in items])

@@ -57,7 +57,8 @@ class EventsQuery(BaseModel):
 def read_metrics(job: JobDep, session: SessionDep,
                  params: Annotated[MetricsQuery, Query()]) -> MetricsPublic:  # fmt: skip
     """Metric series per key, downsampled by row to ``max_points`` (first and last kept)."""
-    found = metric_series(session=session, job_id=job.id, keys=_names(params.keys),
+    found = metric_series(session=session, tenant_id=job.tenant_id, job_id=job.id,
+                          keys=_names(params.keys),
                           stage=params.stage, from_step=params.from_step,
                           to_step=params.to_step, max_points=params.max_points)  # fmt: skip
     series = [MetricSeries(key=s.name, points=[metric_point(p) for p in s.rows],
@@ -70,8 +71,9 @@ def read_metrics(job: JobDep, session: SessionDep,
 def read_ranks(job: JobDep, session: SessionDep,
                params: Annotated[RanksQuery, Query()]) -> RanksPublic:  # fmt: skip
     """The rank trajectory: per tensor and step, the active ranks, size and ratio."""
-    found = rank_series(session=session, job_id=job.id, tensor=params.tensor, stage=params.stage,
-                        from_step=params.from_step, max_points=params.max_points)  # fmt: skip
+    found = rank_series(session=session, tenant_id=job.tenant_id, job_id=job.id,
+                        tensor=params.tensor, stage=params.stage, from_step=params.from_step,
+                        max_points=params.max_points)  # fmt: skip
     return RanksPublic(job_id=job.id, points=[rank_point(p) for s in found for p in s.rows])
 
 
@@ -92,10 +94,11 @@ def read_events(job: JobDep, session: SessionDep, request: Request,
     after = max(params.after, last_event_id or 0)
     if sse:
         session.close()  # the stream opens its own short sessions; hold no connection
-        stream = event_stream(request.app.state.sessionmaker, job.id, after, kinds)
+        stream = event_stream(request.app.state.sessionmaker, job.tenant_id, job.id, after,
+                              kinds)  # fmt: skip
         return EventSourceResponse(stream, ping=PING_S, headers={"Cache-Control": "no-cache"})
-    events = events_after(session=session, job_id=job.id, after=after, limit=params.limit + 1,
-                          kinds=kinds)  # fmt: skip
+    events = events_after(session=session, tenant_id=job.tenant_id, job_id=job.id, after=after,
+                          limit=params.limit + 1, kinds=kinds)  # fmt: skip
     page = events[: params.limit]
     cursor = str(page[-1].seq) if len(events) > params.limit else None
     return EventsPublic(items=[event_public(e) for e in page], next_cursor=cursor)

@@ -1,4 +1,7 @@
-"""Reading checkpoints (rows the worker writes) and what the compression report needs."""
+"""Reading checkpoints (rows the worker writes) and what the compression report needs.
+
+Every read filters on the tenant as well as the job: a checkpoint of another tenant's job is
+not found even given its job id (b.6)."""
 
 from __future__ import annotations
 
@@ -13,24 +16,28 @@ __all__ = ["get_checkpoint", "list_checkpoints", "newest_export",
            "stage_events"]  # fmt: skip
 
 
-def list_checkpoints(*, session: Session, job_id: str) -> list[Checkpoint]:
-    q = select(Checkpoint).where(Checkpoint.job_id == job_id)
+def list_checkpoints(*, session: Session, tenant_id: str, job_id: str) -> list[Checkpoint]:
+    q = select(Checkpoint).where(Checkpoint.tenant_id == tenant_id, Checkpoint.job_id == job_id)
     return list(session.scalars(q.order_by(Checkpoint.created_at, Checkpoint.id)))
 
 
-def get_checkpoint(*, session: Session, job_id: str, checkpoint_id: str) -> Checkpoint | None:
-    q = select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.id == checkpoint_id)
+def get_checkpoint(*, session: Session, tenant_id: str, job_id: str,
+                   checkpoint_id: str) -> Checkpoint | None:  # fmt: skip
+    q = select(Checkpoint).where(Checkpoint.tenant_id == tenant_id, Checkpoint.job_id == job_id,
+                                 Checkpoint.id == checkpoint_id)  # fmt: skip
     return session.scalars(q).first()
 
 
-def newest_export(*, session: Session, job_id: str) -> Checkpoint | None:
+def newest_export(*, session: Session, tenant_id: str, job_id: str) -> Checkpoint | None:
     """The newest complete ``export`` checkpoint (the compressed model) of the job."""
-    q = select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.kind == "export",
+    q = select(Checkpoint).where(Checkpoint.tenant_id == tenant_id, Checkpoint.job_id == job_id,
+                                 Checkpoint.kind == "export",
                                  Checkpoint.state == "complete")  # fmt: skip
     return session.scalars(q.order_by(Checkpoint.created_at.desc(), Checkpoint.id.desc())).first()
 
 
-def stage_events(*, session: Session, job_id: str) -> list[dict[str, Any]]:
+def stage_events(*, session: Session, tenant_id: str, job_id: str) -> list[dict[str, Any]]:
     """The data of the job's ``stage`` events, in order (the per-stage summary)."""
-    q = select(JobEvent.data).where(JobEvent.job_id == job_id, JobEvent.kind == "stage")
+    q = select(JobEvent.data).where(JobEvent.tenant_id == tenant_id, JobEvent.job_id == job_id,
+                                    JobEvent.kind == "stage")  # fmt: skip
     return [dict(d) for d in session.scalars(q.order_by(JobEvent.seq))]

@@ -4,6 +4,8 @@ The store keeps (tenant, key) -> the sha256 of the normalized body and the first
 for 24 hours. A repeat with the same body replays that response; with another body it is a
 422; while the first request is still being processed it is a 409. A first request that
 fails (any error answer) forgets its key, so the client may try again with the same one.
+Expired rows are removed by the reaper (:func:`purge_expired`, a bounded batch per pass), or
+replaced when their key is used again.
 """
 
 from __future__ import annotations
@@ -12,13 +14,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.db.models import IdempotencyKey, utcnow
 
-__all__ = ["KEEP", "Claim", "claim_key", "finish_key", "forget_key"]
+__all__ = ["KEEP", "Claim", "claim_key", "finish_key", "forget_key", "purge_expired"]
 
 KEEP = timedelta(hours=24)
 
@@ -72,6 +74,17 @@ def forget_key(*, session: Session, tenant_id: str, key: str) -> None:
     in_flight = IdempotencyKey.state == "in_flight"
     session.execute(delete(IdempotencyKey).where(*_match(tenant_id, key), in_flight))
     session.commit()
+
+
+def purge_expired(*, session: Session, now: datetime, limit: int) -> int:
+    """Delete up to ``limit`` keys expired at ``now`` (oldest first); returns how many. The
+    outer ``expires_at`` test keeps a key claimed again meanwhile (a fresh row) alive."""
+    expired = IdempotencyKey.expires_at <= now
+    oldest = (select(IdempotencyKey.tenant_id, IdempotencyKey.key).where(expired)
+              .order_by(IdempotencyKey.expires_at).limit(limit))  # fmt: skip
+    pk = tuple_(IdempotencyKey.tenant_id, IdempotencyKey.key)
+    q = delete(IdempotencyKey).where(pk.in_(oldest), expired)
+    return session.execute(q.execution_options(synchronize_session=False)).rowcount
 
 
 def _match(tenant_id: str, key: str) -> tuple[Any, Any]:

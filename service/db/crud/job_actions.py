@@ -85,7 +85,8 @@ def resolve_resume(*, session: Session, job: Job, choice: str) -> str:
     there is none) or a given checkpoint id of this job (``ValueError`` if not usable)."""
     if choice == "scratch":
         return "scratch"
-    q = select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.state == "complete",
+    q = select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.tenant_id == job.tenant_id,
+                                 Checkpoint.state == "complete",
                                  Checkpoint.kind.in_(RESUMABLE_KINDS))  # fmt: skip
     if choice == "latest_checkpoint":
         newest = session.scalars(q.order_by(Checkpoint.step.desc(),
@@ -115,16 +116,19 @@ def retry_job(*, session: Session, job: Job, resume_from: str) -> Job | None:
                        message="queued for a retry")  # fmt: skip
     if moved is None:
         return None
-    session.add(JobAttempt(job_id=job.id, attempt=moved.attempt, resume_from=resume_from))
+    session.add(JobAttempt(job_id=job.id, tenant_id=moved.tenant_id, attempt=moved.attempt,
+                           resume_from=resume_from))  # fmt: skip
     session.flush()
     return moved
 
 
 def delete_job(*, session: Session, job: Job) -> list[str]:
     """Delete the job and every row of it; returns the artifact paths (relative) to remove."""
-    paths = list(session.scalars(select(Checkpoint.path).where(Checkpoint.job_id == job.id)))
+    paths = list(session.scalars(select(Checkpoint.path).where(
+        Checkpoint.job_id == job.id, Checkpoint.tenant_id == job.tenant_id)))  # fmt: skip
     for table in (MetricPoint, RankPoint, LatestMetric, JobEvent, Checkpoint, JobAttempt):
-        session.execute(delete(table).where(table.job_id == job.id))
+        session.execute(delete(table).where(table.job_id == job.id,
+                                            table.tenant_id == job.tenant_id))  # fmt: skip
     session.execute(delete(Job).where(Job.id == job.id))
     session.expunge(job)
     return paths
@@ -161,8 +165,9 @@ def requeue_job(*, session: Session, job: Job, from_states: Iterable[JobState], 
     from the newest complete checkpoint when attempt n wrote one (else as attempt n was
     told), and its message goes out at ``send_at`` (``enqueue_pending``: the reaper sends it,
     or the caller does and calls :func:`mark_sent`). Attempt n is closed as ``reason``."""
-    job_id, n = job.id, job.attempt  # ``job`` expires once the state changes
-    q = select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.attempt == n,
+    job_id, n, tenant_id = job.id, job.attempt, job.tenant_id  # ``job`` expires below
+    q = select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.tenant_id == tenant_id,
+                                 Checkpoint.attempt == n,
                                  Checkpoint.state == "complete",
                                  Checkpoint.kind.in_(("latest", "partial")))  # fmt: skip
     ckpt = session.scalars(q.order_by(Checkpoint.created_at.desc(), Checkpoint.id.desc())).first()
@@ -184,7 +189,7 @@ def requeue_job(*, session: Session, job: Job, from_states: Iterable[JobState], 
     if moved is None:
         return None
     end_attempt(session=session, job_id=job_id, attempt=n, reason=reason)
-    session.add(JobAttempt(job_id=job_id, attempt=moved.attempt,
+    session.add(JobAttempt(job_id=job_id, tenant_id=tenant_id, attempt=moved.attempt,
                            resume_from=ckpt.id if ckpt is not None else resume))  # fmt: skip
     session.flush()
     return moved

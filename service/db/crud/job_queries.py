@@ -57,16 +57,19 @@ def count_jobs(*, session: Session, tenant_id: str, states: Iterable[JobState]) 
     return int(session.scalar(q) or 0)
 
 
-def latest_metrics(*, session: Session, job_ids: Sequence[str]) -> dict[str, dict[str, float]]:
+def latest_metrics(*, session: Session, tenant_id: str,
+                   job_ids: Sequence[str]) -> dict[str, dict[str, float]]:  # fmt: skip
     """``{job_id: {key: value}}`` from the summary table (never the series, c.4)."""
     out: dict[str, dict[str, float]] = {j: {} for j in job_ids}
     if job_ids:
-        rows = session.scalars(select(LatestMetric).where(LatestMetric.job_id.in_(job_ids)))
+        rows = session.scalars(select(LatestMetric).where(LatestMetric.tenant_id == tenant_id,
+                                                          LatestMetric.job_id.in_(job_ids)))
         for row in rows:
             out[row.job_id][row.key] = row.value
     return out
 
 
-def list_attempts(*, session: Session, job_id: str) -> list[JobAttempt]:
-    q = select(JobAttempt).where(JobAttempt.job_id == job_id).order_by(JobAttempt.attempt)
+def list_attempts(*, session: Session, tenant_id: str, job_id: str) -> list[JobAttempt]:
+    q = select(JobAttempt).where(JobAttempt.tenant_id == tenant_id, JobAttempt.job_id == job_id)
+    q = q.order_by(JobAttempt.attempt)
     return list(session.scalars(q))

@@ -42,7 +42,7 @@ def create_job(*, session: Session, tenant_id: str, name: str, labels: dict[str,
               spec_hash=spec_hash, progress={}, compression={}, event_seq=0, created_at=now,
               updated_at=now, message="queued")  # fmt: skip
     session.add(job)
-    session.add(JobAttempt(job_id=job.id, attempt=1))
+    session.add(JobAttempt(job_id=job.id, tenant_id=tenant_id, attempt=1))
     session.flush()
     append_event(session=session, job_id=job.id, attempt=1, kind="state",
                  data={"state": S.QUEUED.value, "attempt": 1})  # fmt: skip
@@ -62,13 +62,14 @@ def get_job(*, session: Session, job_id: str, tenant_id: str | None = None,
 
 def append_event(*, session: Session, job_id: str, attempt: int, kind: str,
                  data: dict[str, Any], t: datetime | None = None) -> int:  # fmt: skip
-    """Append one event; returns its sequence number (per job, from 1, gap-free)."""
-    seq = session.execute(
+    """Append one event (with its job's tenant); returns its sequence number (per job, from
+    1, gap-free)."""
+    seq, tenant_id = session.execute(
         update(Job).where(Job.id == job_id).values(event_seq=Job.event_seq + 1)
-        .returning(Job.event_seq)
-    ).scalar_one()  # fmt: skip
-    session.add(JobEvent(job_id=job_id, seq=seq, attempt=attempt, kind=kind, data=data,
-                         t=t or utcnow()))  # fmt: skip
+        .returning(Job.event_seq, Job.tenant_id)
+    ).one()  # fmt: skip
+    session.add(JobEvent(job_id=job_id, tenant_id=tenant_id, seq=seq, attempt=attempt, kind=kind,
+                         data=data, t=t or utcnow()))  # fmt: skip
     return seq
 
 

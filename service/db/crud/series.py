@@ -5,6 +5,9 @@ Downsampling is done in SQL, by row number (NTILE style, MLflow #24169): for a s
 for ``i = 0 .. m - 1``: exactly ``m`` rows, evenly spaced, the first and the last always
 among them. Row ``r`` is one of those iff ``(-r * (m - 1)) mod (n - 1) < m - 1``, which is
 what the ``WHERE`` clause tests, so a million-point series never leaves the database whole.
+
+Every read filters on the tenant as well as the job (b.6): given another tenant's job id it
+finds nothing.
 """
 
 from __future__ import annotations
@@ -54,11 +57,12 @@ def _downsampled(session: Session, model: Any, group: Any, filters: list[ColumnE
     return out
 
 
-def metric_series(*, session: Session, job_id: str, keys: Sequence[str] | None, stage: str | None,
-                  from_step: int | None, to_step: int | None,
+def metric_series(*, session: Session, tenant_id: str, job_id: str, keys: Sequence[str] | None,
+                  stage: str | None, from_step: int | None, to_step: int | None,
                   max_points: int) -> list[Series]:  # fmt: skip
     """One series per key (all keys of the job when ``keys`` is None), sorted by step."""
-    filters: list[ColumnElement[bool]] = [MetricPoint.job_id == job_id]
+    filters: list[ColumnElement[bool]] = [MetricPoint.tenant_id == tenant_id,
+                                          MetricPoint.job_id == job_id]  # fmt: skip
     if keys is not None:
         filters.append(MetricPoint.key.in_(keys))
     if stage is not None:
@@ -72,10 +76,12 @@ def metric_series(*, session: Session, job_id: str, keys: Sequence[str] | None, 
     return [found.get(k, Series(k, 0, [])) for k in names]
 
 
-def rank_series(*, session: Session, job_id: str, tensor: str | None, stage: str | None,
-                from_step: int | None, max_points: int) -> list[Series]:  # fmt: skip
+def rank_series(*, session: Session, tenant_id: str, job_id: str, tensor: str | None,
+                stage: str | None, from_step: int | None,
+                max_points: int) -> list[Series]:  # fmt: skip
     """Rank points per tensor (``tensor``: a glob with ``*`` and ``?``), sorted by step."""
-    filters: list[ColumnElement[bool]] = [RankPoint.job_id == job_id]
+    filters: list[ColumnElement[bool]] = [RankPoint.tenant_id == tenant_id,
+                                          RankPoint.job_id == job_id]  # fmt: skip
     if tensor is not None:
         filters.append(RankPoint.tensor.like(glob_to_like(tensor), escape="\\"))
     if stage is not None:
@@ -86,10 +92,11 @@ def rank_series(*, session: Session, job_id: str, tensor: str | None, stage: str
     return [found[k] for k in sorted(found)]
 
 
-def events_after(*, session: Session, job_id: str, after: int, limit: int,
+def events_after(*, session: Session, tenant_id: str, job_id: str, after: int, limit: int,
                  kinds: Sequence[str] | None = None) -> list[JobEvent]:  # fmt: skip
     """Events with ``seq > after`` in order, at most ``limit``."""
-    q = select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.seq > after)
+    q = select(JobEvent).where(JobEvent.tenant_id == tenant_id, JobEvent.job_id == job_id,
+                               JobEvent.seq > after)  # fmt: skip
     if kinds:
         q = q.where(JobEvent.kind.in_(kinds))
     return list(session.scalars(q.order_by(JobEvent.seq).limit(limit)))
