@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from api_schemas.common import Problem, StrictModel
+from api_schemas.model_limits import check_config
 
 __all__ = [
     "ARCHS", "CancelRequest", "CheckpointingSpec", "CompressionSpec", "DatasetSpec",
@@ -115,6 +116,8 @@ class ModelSpec(StrictModel):
     engine fields (``tensorize_embeddings``, ``train_embeddings``, ``init``,
     ``calibration_sentences``, ``rank_allocation``, ``target_ratio``, ``probe_sentences``,
     ``dropout``, ``pooling``), validated by the engine (``HFBertConfig``) in the worker.
+    Every size in ``config`` has an upper bound per architecture, and the dense model it
+    describes at most ``MAX_DENSE_PARAMS`` parameters (:mod:`api_schemas.model_limits`).
     """
 
     arch: Literal["transformer", "dlrm", "mlm", "mlp", "hf_bert"]
@@ -132,6 +135,12 @@ class ModelSpec(StrictModel):
                 f"{taken} are not model.config fields of 'hf_bert': the model comes from "
                 "model.source, distillation from model.distill"
             )
+        return v
+
+    @field_validator("config")
+    @classmethod
+    def _sizes(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        check_config(info.data.get("arch", ""), v)  # errors located inside config
         return v
 
     @model_validator(mode="after")

@@ -11,6 +11,8 @@ class           status  retryable  raised by
 ``data_error``  422     no         engine DataError (a malformed row: file and line)
 ``nan_loss``    500     no         a non-finite training loss
 ``oom``         507     no         ``torch.cuda.OutOfMemoryError``, ``MemoryError``
+                                   (numpy's too), a failed torch CPU allocation
+                                   (a ``RuntimeError`` from ``DefaultCPUAllocator``)
 ``timeout``     504     no         the wall-time limit (``limits.max_wall_time_s``)
 ``storage``     507     yes        a file could not be written (disk full, file size limit,
                                    read-only or failing disk): ``OSError`` with such an
@@ -63,6 +65,10 @@ TITLES = {
 # errnos of a store that cannot take a write: EIO, ENOSPC, EROFS, EFBIG, EDQUOT
 STORAGE_ERRNOS = frozenset({errno.EIO, errno.ENOSPC, errno.EROFS, errno.EFBIG, errno.EDQUOT})
 OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how Rust writers (safetensors) report errno
+# torch's CPU allocator reports a failed allocation as a plain RuntimeError (not
+# OutOfMemoryError): "[enforce fail at alloc_cpu.cpp:..] ... DefaultCPUAllocator: can't
+# allocate memory: you tried to allocate N bytes" ("not enough memory" in older versions)
+CPU_ALLOC_FAILED = re.compile(r"DefaultCPUAllocator: (?:can't allocate|not enough) memory")
 # engine config paths -> spec JSON Pointers (sections and the few renamed fields)
 SECTIONS = {"data": "dataset", "checkpoint": "checkpointing", "method": "compression/method"}
 FIELDS = {"compression/shapes": "compression/modes", "dataset/kind": "dataset/format",
@@ -92,8 +98,9 @@ def engine_pointer(field: str) -> str:
 
 def _is_oom(exc: BaseException) -> bool:
     torch = sys.modules.get("torch")  # never import torch just to classify an error
-    return isinstance(exc, MemoryError) or (
-        torch is not None and isinstance(exc, torch.cuda.OutOfMemoryError))  # fmt: skip
+    return (isinstance(exc, MemoryError)
+            or (torch is not None and isinstance(exc, torch.cuda.OutOfMemoryError))
+            or (isinstance(exc, RuntimeError) and CPU_ALLOC_FAILED.search(str(exc)) is not None))
 
 
 def _storage_errno(exc: BaseException) -> int | None:

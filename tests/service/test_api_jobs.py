@@ -186,3 +186,54 @@ def test_explicit_modes_reach_the_plan_and_bad_ones_name_the_field(api_lite: Api
     )
     assert _pointers(api_lite.client.post("/v1/jobs:validate", json=small)) == [
         "/compression/modes"]  # fmt: skip
+
+
+UPPER_LIMITS = [  # (changes to job_body, pointer, code): one past each upper bound
+    ({"schedule": [{"kind": "early", "steps": 1_000_001}]}, "/schedule/0/steps", "less_than_equal"),
+    ({"schedule": [{"kind": "early", "epochs": 1001}]}, "/schedule/0/epochs", "less_than_equal"),
+    ({"schedule": [{"kind": "early", "steps": 5, "warmup_steps": 1_000_001}]},
+     "/schedule/0/warmup_steps", "less_than_equal"),
+    ({"schedule": [{"kind": "early", "steps": 5, "eval_every": 1_000_001}]},
+     "/schedule/0/eval_every", "less_than_equal"),
+    ({"schedule": [{"kind": "early", "steps": 5}] * 17}, "/schedule", "too_long"),
+    ({"training": {"batch_size": 4097}}, "/training/batch_size", "less_than_equal"),
+    ({"training": {"log_every": 100_001}}, "/training/log_every", "less_than_equal"),
+    ({"training": {"eval_batches": 100_001}}, "/training/eval_batches", "less_than_equal"),
+    ({"training": {"grad_clip": 1e6 + 1}}, "/training/grad_clip", "less_than_equal"),
+    ({"compression": {"max_rank": 257}}, "/compression/max_rank", "less_than_equal"),
+    ({"compression": {"embedding_max_rank": 257}}, "/compression/embedding_max_rank",
+     "less_than_equal"),
+    ({"compression": {"d": 7}}, "/compression/d", "less_than_equal"),
+    ({"compression": {"min_size": 2**40 + 1}}, "/compression/min_size", "less_than_equal"),
+    ({"compression": {"shrink_every": 1_000_001}}, "/compression/shrink_every",
+     "less_than_equal"),
+    ({"compression": {"layers": ["a"] * 65}}, "/compression/layers", "too_long"),
+    ({"compression": {"modes": {"hidden.0": {"in": [65537], "out": [2]}}}},
+     "/compression/modes/hidden.0/in/0", "less_than_equal"),
+    ({"dataset": {"max_len": 2049}}, "/dataset/max_len", "less_than_equal"),
+    ({"dataset": {"vocab_size": 250_001}}, "/dataset/vocab_size", "less_than_equal"),
+    ({"dataset": {"n_train": 10_000_001}}, "/dataset/n_train", "less_than_equal"),
+    ({"dataset": {"n_valid": 1_000_001}}, "/dataset/n_valid", "less_than_equal"),
+    ({"dataset": {"num_rows": 50_000_001}}, "/dataset/num_rows", "less_than_equal"),
+    ({"dataset": {"valid_every": 1001}}, "/dataset/valid_every", "less_than_equal"),
+    ({"limits": {"max_wall_time_s": 7 * 24 * 3600 + 1}}, "/limits/max_wall_time_s",
+     "less_than_equal"),
+    ({"limits": {"max_attempts": 11}}, "/limits/max_attempts", "less_than_equal"),
+    ({"checkpointing": {"keep": 21}}, "/checkpointing/keep", "less_than_equal"),
+    ({"checkpointing": {"every_n_steps": 1_000_001}}, "/checkpointing/every_n_steps",
+     "less_than_equal"),
+    ({"labels": {f"k{i}": "v" for i in range(33)}}, "/labels", "too_long"),
+    ({"name": "n" * 129}, "/name", "string_too_long"),
+    ({"model": {"arch": "mlp", "config": {f"k{i}": 1 for i in range(65)}}}, "/model/config",
+     "too_long"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("changes", "pointer", "code"), UPPER_LIMITS,
+                         ids=[p for _, p, _ in UPPER_LIMITS])  # fmt: skip
+def test_422_one_past_each_upper_limit(api_lite: Api, changes: dict, pointer: str, code: str):
+    errors = {e["pointer"]: e for e in api_lite.client.post(
+        "/v1/jobs", json=job_body(**changes)).json().get("errors", [])}  # fmt: skip
+    assert pointer in errors and errors[pointer]["code"] == code, errors
+    assert all(pointer.startswith(p) for p in errors), errors  # (union: also the parent)
+    assert api_lite.enqueued == []
