@@ -1,10 +1,15 @@
-"""Schemathesis against the app's own OpenAPI document: every operation, with an API key,
-a bounded number of generated requests each (``COMERA_FUZZ_EXAMPLES``, default 15), on a
-real PostgreSQL store.
+"""Schemathesis against the app's own OpenAPI document: every operation, with an API key, on a
+real PostgreSQL store, in two passes: schema-valid requests (``COMERA_FUZZ_EXAMPLES`` per
+operation, default 15) and schema-violating ones (GenerationMode.NEGATIVE,
+``COMERA_FUZZ_NEGATIVE_EXAMPLES``, default 8).
 
 Every response must: not be a 5xx, have a documented status code, content type and headers,
-and match the documented schema. A few jobs, a checkpoint file and a dataset exist first, so
-every other generated case that names a job or dataset id is pointed at a real one.
+and match the documented schema; a negative request must be refused (4xx); every 4xx is a
+problem+json document carrying its status. A queued job, a dataset and a SUCCEEDED job with
+a complete export (real safetensors weights and manifest, written by the engine's exporter and
+catalogued as the worker does) exist first, so every other generated case that names a job,
+dataset or checkpoint id is pointed at a real one, and the checkpoint content, manifest and
+report endpoints answer 200 under the fuzz.
 """
 
 from __future__ import annotations
@@ -12,22 +17,29 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import hypothesis
 import pytest
 import schemathesis
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from schemathesis import checks
+from schemathesis import GenerationMode, checks
+from schemathesis.core.parameters import ParameterLocation
+from sqlalchemy import update
 
 from service.api.deps import get_enqueue, get_revoke
 from service.core.config import Settings
+from service.db.models import Job
 from service.main import create_app
 from tests.service.api_helpers import issue_key
 
-EXAMPLES = int(os.environ.get("COMERA_FUZZ_EXAMPLES", "15"))
-STATE: dict[str, object] = {}
-CASES = {"run": 0, "by_status": {}}
+EXAMPLES = {"positive": int(os.environ.get("COMERA_FUZZ_EXAMPLES", "15")),
+            "negative": int(os.environ.get("COMERA_FUZZ_NEGATIVE_EXAMPLES", "8"))}  # fmt: skip
+MODES = {"positive": GenerationMode.POSITIVE, "negative": GenerationMode.NEGATIVE}
+STATE: dict[str, Any] = {}
+CASES: dict[str, dict[str, Any]] = {m: {"run": 0, "by_status": {}, "by_label": {}}
+                                    for m in MODES}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -47,21 +59,65 @@ def fuzz_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FastAPI]:
         with TestClient(app) as client:  # runs the lifespan (engine, caches)
             STATE["key"] = issue_key(app)
             client.headers["Authorization"] = f"Bearer {STATE['key']}"
-            _seed(client)
+            _seed(client, app, settings)
             yield app
 
 
-def _seed(client: TestClient) -> None:
-    """Rows for generated requests to find: a (queued) job and a dataset."""
+def _seed(client: TestClient, app: FastAPI, settings: Settings) -> None:
+    """Rows for generated requests to find: a (queued) job, a dataset and a finished job with
+    a complete export; its checkpoint answers 200 here before any fuzzing."""
     from tests.service.api_helpers import job_body
 
-    r = client.post("/v1/jobs", json=job_body(), headers={"Idempotency-Key": "fuzz-seed"})
-    assert r.status_code == 202, r.text
-    STATE["job_id"] = r.json()["id"]
+    for name, key in (("job_id", "fuzz-seed"), ("done_job_id", "fuzz-seed-done")):
+        r = client.post("/v1/jobs", json=job_body(), headers={"Idempotency-Key": key})
+        assert r.status_code == 202, r.text
+        STATE[name] = r.json()["id"]
     r = client.post("/v1/datasets?name=seed&format=text", content=b"a\nb\n",
                     headers={"content-type": "application/octet-stream"})  # fmt: skip
     assert r.status_code == 201, r.text
     STATE["dataset_id"] = r.json()["id"]
+    STATE["checkpoint_id"] = _seed_export(app, settings, STATE["done_job_id"])
+    base = f"/v1/jobs/{STATE['done_job_id']}"
+    for url in (f"{base}/checkpoints/{STATE['checkpoint_id']}/content",
+                f"{base}/checkpoints/{STATE['checkpoint_id']}/manifest", f"{base}/report"):
+        assert client.get(url).status_code == 200, url
+
+
+def _seed_export(app: FastAPI, settings: Settings, job_id: str) -> str:
+    """The export the worker writes when ``job_id`` succeeds (``worker.pipeline._succeed``):
+    the engine's exporter on a small tensorized MLP (untrained), the catalogue row with its
+    file hashes and compression report, and the job SUCCEEDED. Returns the checkpoint id."""
+    import torch
+
+    from engine.export.save import export_compressed
+    from engine.models.registry import get_workload
+    from engine.models.tensorize import TensorizeOptions
+    from worker.artifacts import checkpoint_row, sha256_file, workdir
+    from worker.report import compression_report
+
+    config = {"in_features": 48, "hidden": [64, 64], "num_classes": 5}
+    options = TensorizeOptions(max_rank=4, min_size=256)
+    torch.manual_seed(0)
+    model = get_workload("mlp").build(config, tensorized=True, options=options)
+    out = workdir(settings.artifacts, job_id, 1) / "export"
+    info = export_compressed(model, out, arch="mlp", model_config=model.config.to_dict(),
+                             options=options.to_dict(), tensorized=True,
+                             metrics={"loss": 1.5})  # fmt: skip
+    with app.state.sessionmaker() as s, s.begin():
+        job = s.get(Job, job_id)
+        row = checkpoint_row(path=info.weights_path, artifacts=settings.artifacts, job_id=job_id,
+                             tenant_id=job.tenant_id, attempt=1, kind="export", step=10,
+                             stage="late", metrics={"val_loss": 1.5})  # fmt: skip
+        assert row.sha256 == info.sha256
+        report = compression_report(job_id=job_id, checkpoint_id=row.id, manifest=info.manifest,
+                                    stages=[], metrics={"val_loss": 1.5},
+                                    spec_hash=job.spec_hash)  # fmt: skip
+        files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+                 for p in (info.weights_path, info.manifest_path)}  # fmt: skip
+        row.manifest = {**info.manifest, "files": files, "report": report}
+        s.add(row)
+        s.execute(update(Job).where(Job.id == job_id).values(state="SUCCEEDED"))
+        return row.id
 
 
 @pytest.fixture(scope="module")
@@ -84,36 +140,85 @@ LABELS = _labels()
 EXCLUDED = [checks.positive_data_acceptance]
 
 
+ARTIFACT_OPS = ("/checkpoints", "/report")  # operations pointed at the finished job
+
+
+def _real_rows(case: schemathesis.Case) -> None:
+    """Name real rows in the path: the finished job and its export for checkpoint and report
+    operations, the queued job (and the dataset) for the others. A path generated to violate
+    the schema is left as it is."""
+    if case.meta is not None and case.meta.is_negative_at(ParameterLocation.PATH):
+        return
+    params = case.path_parameters or {}
+    artifact = any(part in case.operation.path for part in ARTIFACT_OPS)
+    real = {"job_id": STATE["done_job_id" if artifact else "job_id"],
+            "dataset_id": STATE["dataset_id"], "checkpoint_id": STATE["checkpoint_id"]}
+    for name in params.keys() & real.keys():
+        params[name] = real[name]
+
+
+def _headers(case: schemathesis.Case) -> dict[str, str]:
+    """The API key, unless the case's headers were generated to violate the schema (the
+    ``Authorization`` header is one of them: a missing or malformed one must be refused)."""
+    if case.meta is not None and case.meta.is_negative_at(ParameterLocation.HEADER):
+        return {}
+    return {"Authorization": f"Bearer {STATE['key']}"}
+
+
+def _problem_document(case: schemathesis.Case, response: Any) -> None:
+    """A 4xx is ``application/problem+json`` carrying its own status (HEAD: no body)."""
+    if 400 <= response.status_code < 500:
+        assert response.headers["content-type"][0].startswith("application/problem+json")
+        if case.method.upper() != "HEAD":
+            assert response.json()["status"] == response.status_code
+
+
 # schemathesis' own pytest plugin does not run under pytest 9 here ('Function' object has no
 # attribute '_nodeid'), so each operation is one parametrized test driving hypothesis itself
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("label", LABELS)
-def test_every_operation_conforms_and_never_5xx(fuzz_schema, label: str) -> None:
+def test_every_operation_conforms_and_never_5xx(fuzz_schema, label: str, mode: str) -> None:
     ops = {op.label: op for op in (r.ok() for r in fuzz_schema.get_all_operations())}
     operation = ops[label]
-    headers = {"Authorization": f"Bearer {STATE['key']}"}
+    tally = CASES[mode]
 
-    @hypothesis.given(case=operation.as_strategy())
-    @hypothesis.settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+    @hypothesis.given(case=operation.as_strategy(generation_mode=MODES[mode]))
+    @hypothesis.settings(max_examples=EXAMPLES[mode], deadline=None, derandomize=True,
+                         database=None,
                          suppress_health_check=list(hypothesis.HealthCheck))  # fmt: skip
     def run(case: schemathesis.Case) -> None:
-        CASES["run"] += 1
-        if CASES["run"] % 2 and case.path_parameters:  # every other case names a real row
-            for name in ("job_id", "dataset_id"):
-                if name in case.path_parameters:
-                    case.path_parameters[name] = STATE[name]
-        response = case.call_and_validate(headers=headers, excluded_checks=EXCLUDED)
-        by = CASES["by_status"]
-        by[response.status_code] = by.get(response.status_code, 0) + 1
+        tally["run"] += 1
+        if tally["run"] % 2:  # every other case names real rows
+            _real_rows(case)
+        headers = _headers(case)
+        response = case.call(headers=headers)
+        case.validate_response(response, headers=headers, excluded_checks=EXCLUDED)
+        _problem_document(case, response)
+        for by in (tally["by_status"], tally["by_label"].setdefault(label, {})):
+            by[response.status_code] = by.get(response.status_code, 0) + 1
 
-    run()
+    try:
+        run()
+    except hypothesis.errors.Unsatisfiable:
+        if mode == "positive" or operation.definition.raw.get("parameters"):
+            raise
+        pytest.skip(f"{label} takes no parameters: nothing to violate")
 
 
 def test_fuzz_ran_every_operation(fuzz_schema, tmp_path: Path) -> None:
     """Runs after the fuzz cases (file order): they ran, and they reached the handlers (not
-    only 401/422), so the figures in the closing note are real."""
+    only 401/422), so the figures in the closing note are real; the artifact downloads
+    answered 200 under the positive pass."""
     ops = LABELS
     assert len(ops) >= 20
-    assert CASES["run"] >= len(ops)
-    ok = sum(n for code, n in CASES["by_status"].items() if code < 400)
-    assert ok > 0, CASES
-    print(f"fuzz: {CASES['run']} cases over {len(ops)} operations, statuses {CASES['by_status']}")
+    for mode, tally in CASES.items():
+        assert tally["run"] >= len(ops), mode
+        print(f"fuzz {mode}: {tally['run']} cases over {len(ops)} operations, statuses "
+              f"{dict(sorted(tally['by_status'].items()))}")  # fmt: skip
+    positive, negative = CASES["positive"], CASES["negative"]
+    assert sum(n for code, n in positive["by_status"].items() if code < 400) > 0, positive
+    assert not any(code >= 500 for code in negative["by_status"]), negative
+    for label in ops:
+        if any(part in label for part in ("/content", "/manifest", "/report")):
+            print(f"fuzz positive {label}: {positive['by_label'][label]}")
+            assert positive["by_label"][label].get(200, 0) > 0, (label, positive["by_label"])

@@ -172,7 +172,8 @@ def read_job(job: JobDep, session: SessionDep, response: Response,
     return _with_metrics(session, job)
 
 
-@router.patch("/{job_id}", response_model=JobPublic, responses=problems(404, 412, 422, 428))
+@router.patch("/{job_id}", response_model=JobPublic,
+              responses=problems(400, 404, 412, 413, 422, 428))  # fmt: skip
 def update_job_route(job: JobDep, body: JobUpdate, session: SessionDep, response: Response,
                      if_match: Annotated[str | None, Header()] = None) -> JobPublic:  # fmt: skip
     """Change the name and/or labels; requires ``If-Match`` with the job's ETag."""
@@ -192,7 +193,7 @@ def update_job_route(job: JobDep, body: JobUpdate, session: SessionDep, response
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic,
              responses={200: {"model": JobPublic, "description": "Cancelled (or already)"},
-                        **problems(404, 409, 422)})  # fmt: skip
+                        **problems(400, 404, 409, 413, 422)})  # fmt: skip
 def cancel_job_route(job: JobDep, session: SessionDep, revoke: RevokeDep, response: Response,
                      body: CancelRequest | None = None) -> JobPublic:  # fmt: skip
     """QUEUED: cancelled at once (200). STARTING / RUNNING: CANCELLING, the worker checkpoints
@@ -210,7 +211,7 @@ def cancel_job_route(job: JobDep, session: SessionDep, revoke: RevokeDep, respon
 
 
 @router.post("/{job_id}/retry", status_code=202, response_model=JobPublic,
-             responses=problems(404, 409, 422))  # fmt: skip
+             responses=problems(400, 404, 409, 413, 422))  # fmt: skip
 def retry_job_route(job: JobDep, session: SessionDep, enqueue: EnqueueDep, response: Response,
                     body: RetryRequest | None = None) -> JobPublic:  # fmt: skip
     """FAILED / CANCELLED -> QUEUED as attempt n+1, resuming ``from`` the latest complete
