@@ -143,3 +143,18 @@ def test_a_file_that_does_not_match_its_etag_raises(server, client, finished_job
         stored.write_bytes(original)
     assert err.value.expected == ckpt.sha256 and "sha256" in str(err.value)
     assert not (tmp_path / "ckpt").exists()  # a bad file is not left behind
+
+
+def test_up_prints_its_first_key_once_and_its_logs_never_show_it(server, client, finished_job,
+                                                                  tmp_path: Path):  # fmt: skip
+    """The embedded service prints the key it made on first start exactly once; after a job
+    ran, was downloaded and a bad key was refused, neither the API nor the worker (same log)
+    wrote the key again, whole or its secret part."""
+    client.download(finished_job.final.id, tmp_path / "m.safetensors")
+    with ComeraClient(server.url, api_key=server.key[:-4] + "AAAA") as bad:
+        with pytest.raises(ComeraError):
+            bad.get(finished_job.final.id)
+    log = server.log.read_text()
+    secret = server.key.split("_", 2)[2]
+    assert log.count(server.key) == 1, server.tail()
+    assert log.count(secret) == 1
