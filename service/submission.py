@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from api_schemas import JobCreate, JobState, ValidationReport
 from service.core.config import Settings
 from service.db.crud.datasets import get_dataset
+from service.db.crud.idempotency import link_job
 from service.db.crud.job_actions import mark_enqueued
 from service.db.crud.job_queries import count_jobs
 from service.db.crud.jobs import create_job
@@ -121,10 +122,12 @@ def dispatch(*, session: Session, job: Job, enqueue: Enqueue) -> Job:
 
 
 def submit(*, session: Session, settings: Settings, tenant_id: str, spec: JobCreate,
-           engine_job: dict[str, Any], enqueue: Enqueue) -> Job:  # fmt: skip
+           engine_job: dict[str, Any], enqueue: Enqueue,
+           idempotency_key: str | None = None) -> Job:  # fmt: skip
     """Store the QUEUED job and its attempt 1, commit, then enqueue (c.2 step 4). The quota
     count and the insert run one request at a time per tenant, so concurrent submissions
-    cannot queue more than ``max_queued_jobs_per_tenant``."""
+    cannot queue more than ``max_queued_jobs_per_tenant``. The job id goes onto the
+    in-flight ``idempotency_key`` in the same transaction (:func:`link_job`)."""
     with one_at_a_time(session=session, tenant_id=tenant_id):
         queued = count_jobs(session=session, tenant_id=tenant_id, states=[JobState.QUEUED])
         if queued >= settings.max_queued_jobs_per_tenant:
@@ -136,5 +139,7 @@ def submit(*, session: Session, settings: Settings, tenant_id: str, spec: JobCre
                          spec_hash=spec_hash(spec),
                          max_attempts=spec.limits.max_attempts)  # fmt: skip
         job.engine_config = engine_job
+        if idempotency_key is not None:
+            link_job(session=session, tenant_id=tenant_id, key=idempotency_key, job_id=job.id)
         session.commit()
     return dispatch(session=session, job=job, enqueue=enqueue)

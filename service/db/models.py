@@ -227,5 +227,7 @@ class IdempotencyKey(Base):
     status_code: Mapped[int | None] = mapped_column(Integer)
     response: Mapped[dict[str, Any] | None] = mapped_column(Json)
     headers: Mapped[dict[str, str] | None] = mapped_column(Json)
+    # the job the submission created, set in the job's own transaction (crud.idempotency)
+    job_id: Mapped[str | None] = mapped_column(String(40))
     created_at: Mapped[datetime] = mapped_column(TZ, default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(TZ, index=True)

@@ -44,6 +44,7 @@ from service.db.crud.job_actions import (
     update_job,
 )
 from service.db.crud.job_queries import JobFilter, latest_metrics, list_attempts, list_jobs
+from service.db.crud.jobs import get_job
 from service.errors import FieldProblem, problems
 from service.spec import spec_hash
 from service.storage import remove_artifacts
@@ -113,15 +114,22 @@ def submit_job(
         raise HTTPException(422, "This Idempotency-Key was used with a different body.")
     if claim.outcome == "conflict":
         raise HTTPException(409, "A request with this Idempotency-Key is still running.")
-    try:
-        engine_job = prepare(session=session, settings=settings, tenant_id=tenant_id, spec=spec)
-        session.rollback()  # hand the connection back to the pool while the planner works
-        plan(planner, engine_job, required=False)
-        job = submit(session=session, settings=settings, tenant_id=tenant_id, spec=spec,
-                     engine_job=engine_job, enqueue=enqueue)  # fmt: skip
-    except Exception:
-        forget_key(session=session, tenant_id=tenant_id, key=key)  # a failed request forgets it
-        raise
+    if claim.outcome == "created":  # the first request stored its job, then its process died
+        job = get_job(session=session, tenant_id=tenant_id, job_id=claim.job_id or "")
+        if job is None:
+            raise HTTPException(409, "This Idempotency-Key's job was created and deleted since.")
+        response.headers["Idempotent-Replayed"] = "true"
+    else:
+        try:
+            engine_job = prepare(session=session, settings=settings, tenant_id=tenant_id,
+                                 spec=spec)  # fmt: skip
+            session.rollback()  # hand the connection back to the pool while the planner works
+            plan(planner, engine_job, required=False)
+            job = submit(session=session, settings=settings, tenant_id=tenant_id, spec=spec,
+                         engine_job=engine_job, enqueue=enqueue, idempotency_key=key)  # fmt: skip
+        except Exception:
+            forget_key(session=session, tenant_id=tenant_id, key=key)  # a failed one forgets it
+            raise
     headers = {"Location": f"/v1/jobs/{job.id}", "ETag": job_etag(job.version, job.updated_at)}
     public = job_public(job)
     finish_key(session=session, tenant_id=tenant_id, key=key, status_code=202,

@@ -6,6 +6,11 @@ for 24 hours. A repeat with the same body replays that response; with another bo
 fails (any error answer) forgets its key, so the client may try again with the same one.
 Expired rows are removed by the reaper (:func:`purge_expired`, a bounded batch per pass), or
 replaced when their key is used again.
+
+A key left in flight longer than :data:`STALE_IN_FLIGHT` belongs to a request whose API
+process died. The job id, written in the transaction that inserts the job
+(:func:`link_job`), tells what happened: with a job, a retry replays it (``created``); without
+one, nothing was stored and the retry takes the key over (``new``), one retry winning a race.
 """
 
 from __future__ import annotations
@@ -20,20 +25,25 @@ from sqlalchemy.orm import Session
 
 from service.db.models import IdempotencyKey, utcnow
 
-__all__ = ["KEEP", "Claim", "claim_key", "finish_key", "forget_key", "purge_expired"]
+__all__ = ["KEEP", "STALE_IN_FLIGHT", "Claim", "claim_key", "finish_key", "forget_key", "link_job",
+           "purge_expired"]
 
 KEEP = timedelta(hours=24)
+# longer than any submission can take (the planner gives up after 60 s)
+STALE_IN_FLIGHT = timedelta(minutes=5)
 
 
 @dataclass(frozen=True)
 class Claim:
     """``new``: go ahead (the key is now in flight); ``replay``: the stored first response;
-    ``conflict``: the first request is still running; ``mismatch``: another body."""
+    ``created``: the first request created ``job_id`` and died before answering (answer with
+    that job); ``conflict``: the first request is still running; ``mismatch``: another body."""
 
     outcome: str
     status_code: int | None = None
     response: dict[str, Any] | None = None
     headers: dict[str, str] | None = None
+    job_id: str | None = None
 
 
 def claim_key(*, session: Session, tenant_id: str, key: str, fingerprint: str) -> Claim:
@@ -57,9 +67,29 @@ def claim_key(*, session: Session, tenant_id: str, key: str, fingerprint: str) -
     session.commit()
     if row.fingerprint != fingerprint:
         return Claim("mismatch")
-    if row.state != "done":
+    if row.state == "done":
+        return Claim("replay", row.status_code, row.response, row.headers)
+    if _aware(row.created_at) > now - STALE_IN_FLIGHT:
         return Claim("conflict")
-    return Claim("replay", row.status_code, row.response, row.headers)
+    if row.job_id is not None:
+        return Claim("created", job_id=row.job_id)
+    # abandoned before a job was stored: take the key over (compare-and-set on created_at)
+    taken = session.execute(
+        update(IdempotencyKey)
+        .where(*_match(tenant_id, key), IdempotencyKey.state == "in_flight",
+               IdempotencyKey.job_id.is_(None), IdempotencyKey.created_at == row.created_at)
+        .values(created_at=now, expires_at=now + KEEP)
+        .execution_options(synchronize_session=False)
+    ).rowcount  # fmt: skip
+    session.commit()
+    return Claim("new") if taken == 1 else Claim("conflict")
+
+
+def link_job(*, session: Session, tenant_id: str, key: str, job_id: str) -> None:
+    """Record ``job_id`` on the in-flight key, in the caller's transaction (the one that
+    inserts the job): no commit here."""
+    q = update(IdempotencyKey).where(*_match(tenant_id, key)).values(job_id=job_id)
+    session.execute(q.execution_options(synchronize_session=False))
 
 
 def finish_key(*, session: Session, tenant_id: str, key: str, status_code: int,
