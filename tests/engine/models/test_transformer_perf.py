@@ -381,13 +381,18 @@ def test_recompute_tt_outputs_in_the_model_gives_the_same_gradients(tensorized):
         assert_close_rel(g_r[name], g[name], 1e-5, name)
 
 
-def test_attention_rebuilds_probabilities_when_recomputing():
+def _attention_case():
+    """q, k, v (leaves), a key mask and an upstream gradient, float64, B 2, H 3, S 6, E 4."""
     torch.manual_seed(1)
     b, h, s, e = 2, 3, 6, 4
     q, k, v = (torch.randn(b, h, s, e, dtype=torch.float64, requires_grad=True)
                for _ in range(3))  # fmt: skip
-    keep = keep_masks(b, s, s)[2]
-    dy = torch.randn(b, h, s, e, dtype=torch.float64)
+    return q, k, v, keep_masks(b, s, s)[2], torch.randn(b, h, s, e, dtype=torch.float64)
+
+
+def test_attention_rebuilds_probabilities_when_recomputing():
+    q, k, v, keep, dy = _attention_case()
+    s = q.shape[2]
     outs = []
     for ctx in (contextlib.nullcontext(), recompute_tt_outputs()):
         torch.manual_seed(9)
@@ -402,12 +407,8 @@ def test_attention_rebuilds_probabilities_when_recomputing():
 
 
 def test_attention_can_keep_its_probabilities_when_recomputing():
-    torch.manual_seed(1)
-    b, h, s, e = 2, 3, 6, 4
-    q, k, v = (torch.randn(b, h, s, e, dtype=torch.float64, requires_grad=True)
-               for _ in range(3))  # fmt: skip
-    keep = keep_masks(b, s, s)[2]
-    dy = torch.randn(b, h, s, e, dtype=torch.float64)
+    q, k, v, keep, dy = _attention_case()
+    b, h, s, _ = q.shape
     outs = []
     for keep_probs in (False, True):
         torch.manual_seed(9)
