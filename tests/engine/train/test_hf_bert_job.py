@@ -20,8 +20,11 @@ from tests.helpers.hf_bert import MINILM, write_tiny_bert
 # two cores per layer (d = 1), ranks spread over the 36 encoder linears by probed sensitivity
 # within dense / 5 TT entries, each layer fitted sequentially (residual targets, teacher rows
 # anchored) on all 4000 training sentences, then a short distillation on the pooled-embedding
-# cosine at a small learning rate, gates frozen (a late stage's pruning only costs fidelity
-# here: the budget already fixes the ratio).
+# cosine, gates frozen (a late stage's pruning only costs fidelity here: the budget already
+# fixes the ratio). Distillation from the fit (held-out cosine 0.854): 40 steps at cores lr
+# 1e-4 reach 0.856, 100 steps 0.861; at 2e-4 100 steps 0.863, 160 steps 0.867 (this recipe),
+# 300 steps 0.874; 3e-4 and 1e-3 first lose fidelity (0.853 / 0.827 after 40 steps); adding a
+# per-layer hidden-state MSE to the loss changes nothing (0.8745 vs 0.8737 after 300 steps).
 MINILM_JOB = {
     "version": 1, "name": "minilm-ci", "method": "comera",
     "model": {"arch": "hf_bert", "config": {
@@ -32,8 +35,8 @@ MINILM_JOB = {
              "max_len": 64},
     "compression": {"max_rank": 384, "d": 1, "shrink_every": 0},
     "schedule": [
-        {"kind": "finetune", "steps": 40, "lr_schedule": "cosine", "warmup_steps": 5,
-         "lr": {"cores": 1e-4, "gates": 0.0, "others": 2e-5}},
+        {"kind": "finetune", "steps": 160, "lr_schedule": "cosine", "warmup_steps": 5,
+         "lr": {"cores": 2e-4, "gates": 0.0, "others": 2e-5}},
     ],
     "training": {"batch_size": 32, "seed": 0, "log_every": 10},
 }  # fmt: skip
@@ -76,9 +79,9 @@ def test_minilm_job_compresses_the_encoder_linears_5x_and_keeps_the_embeddings(t
     )  # noqa: T201
     assert trainer.model.preparation["calibration_sentences"] == 4000
     assert ratio >= 5.0
-    # measured 0.854 after the fit, 0.856 after 40 steps (~130 s on 2 cores); the 0.9
-    # at 5x is not reached (bench/minilm_fidelity.py, examples/engine/README.md)
-    assert cosine >= 0.85 and cosine >= float(start.mean())
+    # measured 0.854 after the fit, ~0.867 after 160 steps (~175 s on 2 cores); the
+    # issue's 0.9 at 5x is not reached (bench/minilm_fidelity.py, examples/engine/README.md)
+    assert cosine >= 0.86 and cosine >= float(start.mean()) + 0.005
     export(result, trainer, job, tmp_path / "model")
     manifest = json.loads((tmp_path / "model" / "manifest.json").read_text())
     assert manifest["model_config"]["path"] is None
