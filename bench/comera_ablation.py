@@ -194,12 +194,18 @@ def run(cfg: dict[str, Any], workdir: Path, resume: Path | None = None) -> dict[
             "final_size": out["size"],
         }  # fmt: skip
     print(f"  {cfg['name']:<14} {wall:7.1f} s  acc {_pct(out['valid_accuracy'])}  "
-          f"S {out['size']:>9,}  x{out['tensorized_ratio']:.1f}  load {load0}", flush=True)
+          f"S {out['size']:>9,}  x{_num(out['tensorized_ratio'], '.1f')}  load {load0}",
+          flush=True)  # fmt: skip
     return out
 
 
 def _pct(x: float | None) -> str:
     return "   -  " if x is None else f"{100 * x:6.2f}"
+
+
+def _num(x: float | None, fmt: str) -> str:
+    """``x`` formatted, or ``-`` (a ratio of a model whose every layer was cut is undefined)."""
+    return "-" if x is None else format(x, fmt)
 
 
 # -- NLI tokenizer ----------------------------------------------------------------------------
@@ -229,8 +235,9 @@ def table(rows: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
         out.append(row)
         star = "" if row["size_target"] is None else f"{row['size_target']:,.0f}"
         pr = "" if row["pruned_size"] is None else f"{row['pruned_size']:,}"
-        print(f"{label:<12} {_pct(row['accuracy']):>7} {row['loss']:8.4f} {row['size']:>10,} "
-              f"{row['tensorized_ratio']:8.1f} {row['model_ratio']:8.2f} {star:>9} {pr:>7} "
+        print(f"{label:<12} {_pct(row['accuracy']):>7} {_num(row['loss'], '8.4f'):>8} "
+              f"{row['size']:>10,} {_num(row['tensorized_ratio'], '8.1f'):>8} "
+              f"{_num(row['model_ratio'], '8.2f'):>8} {star:>9} {pr:>7} "
               f"{row['wall_seconds']:7.1f}")
     return out
 
