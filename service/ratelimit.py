@@ -53,8 +53,6 @@ class RateLimiter:
     _buckets: dict[str, _Bucket] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    shared = False
-
     def take(self, key: str, now: float | None = None) -> float:
         if self.per_minute <= 0:
             return 0.0
@@ -110,8 +108,6 @@ class RedisRateLimiter:
     seconds.
     """
 
-    shared = True
-
     def __init__(self, url: str, per_minute: int, burst: int,
                  prefix: str = "comera:ratelimit:", timeout: float = 0.25) -> None:  # fmt: skip
         from redis import asyncio as aioredis
@@ -126,11 +122,6 @@ class RedisRateLimiter:
     @property
     def _idle_ttl(self) -> int:
         return max(1, math.ceil(self.burst * 60.0 / self.per_minute)) + 1
-
-    def take(self, key: str, now: float | None = None) -> float:
-        """The local bucket's answer (the synchronous interface; the API awaits
-        :meth:`take_async`)."""
-        return self.local.take(key, now)
 
     async def take_async(self, key: str) -> float:
         if self.per_minute <= 0:
