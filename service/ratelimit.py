@@ -25,7 +25,10 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from service.core.config import Settings
 
 __all__ = ["RateLimiter", "RedisRateLimiter", "make_rate_limiter", "retry_after"]
 
@@ -147,15 +150,12 @@ class RedisRateLimiter:
     retry_after = staticmethod(retry_after)
 
 
-def make_rate_limiter(settings: Any) -> RateLimiter | RedisRateLimiter:
+def make_rate_limiter(settings: Settings) -> RateLimiter | RedisRateLimiter:
     """The limiter ``settings`` ask for: ``rate_limit_store`` ``local``, ``redis`` (the
     broker's Redis) or ``auto`` (Redis when the broker is Redis, else local)."""
     per_minute, burst = settings.rate_limit_per_minute, settings.rate_limit_burst
     store, broker = settings.rate_limit_store, settings.broker
     redis_broker = broker.startswith(("redis://", "rediss://"))
-    if store == "redis" or (store == "auto" and redis_broker):
-        if not redis_broker:
-            raise ValueError("COMERA_RATE_LIMIT_STORE=redis needs a redis:// broker "
-                             "(COMERA_BROKER_URL)")  # fmt: skip
+    if store == "redis" or (store == "auto" and redis_broker):  # Settings: redis => redis://
         return RedisRateLimiter(broker, per_minute, burst)
     return RateLimiter(per_minute, burst)
