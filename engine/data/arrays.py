@@ -188,7 +188,7 @@ def build_array_data(
     tr, va = train_valid_sources(
         train, valid, collate=lambda ex, _seed: collate_arrays(ex), batch_size=batch_size,
         seed=seed, shuffle_buffer=buffer, drop_last=cfg.drop_last, valid_every=cfg.valid_every,
-        counts=(n_train, n_valid),
+        counts=(n_train, n_valid), length_buckets=cfg.length_buckets,  # refused: no length
     )  # fmt: skip
     info: dict[str, Any] = {"train_examples": n_train, "valid_examples": n_valid}
     return DataBundle(tr, va, {"in_features": in_features, "num_classes": num_classes}, {}, info)

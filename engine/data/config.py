@@ -32,6 +32,7 @@ CONFIG_VERSION = 1
 FILE_KINDS = ("jsonl", "csv", "criteo", "text", "npz")
 KINDS = ("synthetic", *FILE_KINDS)
 GENERATORS = ("nli", "criteo", "mlm", "mlp", "stdlib_text")
+MAX_LENGTH_BUCKETS = 1024  # batches per length-sorted window
 N_CATEGORICAL = 26  # Criteo: 26 hashed categorical features (and 13 integer ones)
 
 
@@ -87,6 +88,7 @@ class DataConfig:
     valid_every: int = 0  # 0: no split; k >= 2: every k-th training row is validation
     shuffle_buffer: int = 10_000  # rows held for shuffling; 0 = file order
     drop_last: bool = False  # drop the last partial batch of an epoch
+    length_buckets: int = 0  # k >= 2: sort windows of k training batches by length (0: off)
     # sentence(-pair) classification: JSONL keys / CSV header names
     text_a: str = "premise"
     text_b: str | None = "hypothesis"  # None: single-sentence classification
@@ -137,6 +139,14 @@ class DataConfig:
         if self.valid_every and self.valid is not None:
             raise ValueError("data.valid_every must be 0 when data.valid is given")
         _check_int("shuffle_buffer", self.shuffle_buffer, 0)
+        _check_int("length_buckets", self.length_buckets, 0)
+        if self.length_buckets > MAX_LENGTH_BUCKETS:
+            raise ValueError(f"data.length_buckets must be <= {MAX_LENGTH_BUCKETS}, "
+                             f"got {self.length_buckets}")  # fmt: skip
+        if self.length_buckets > 1 and (self.kind in ("criteo", "npz")
+                                        or self.generator in ("criteo", "mlp")):  # fmt: skip
+            raise ValueError("data.length_buckets: only sentence and text data can be bucketed "
+                             "by length; use 0")  # fmt: skip
         for name in ("drop_last", "lowercase", "pad_to_max_len", "mlm_pack"):
             _check_bool(name, getattr(self, name))
         _check_name("text_a", self.text_a)

@@ -124,6 +124,7 @@ def build_criteo_data(cfg: DataConfig, *, batch_size: int, seed: int) -> DataBun
         lambda: read_criteo(train_path, rows), valid_ex,
         collate=lambda ex, _seed: collate_criteo(ex), batch_size=batch_size, seed=seed,
         shuffle_buffer=cfg.shuffle_buffer, drop_last=cfg.drop_last, valid_every=cfg.valid_every,
+        length_buckets=cfg.length_buckets,  # refused: rows have no length
     )  # fmt: skip
     info = {"missing_row": "index num_rows[t] of each table", "num_rows": list(rows),
             "train_examples": None, "valid_examples": None}  # fmt: skip

@@ -165,6 +165,7 @@ def build_mlm_data(
         train_ex, valid_ex, collate=collate, batch_size=batch_size, seed=seed,
         drop_last=cfg.drop_last, valid_every=cfg.valid_every, counts=counts,
         shuffle_buffer=(counts[0] or 0) if cfg.shuffle_buffer and in_memory else cfg.shuffle_buffer,
+        length_buckets=cfg.length_buckets, length=len,  # tokens of a (packed) sequence
     )  # fmt: skip
     artifacts = {"tokenizer": tok_path} if tok_path else {}
     info = {"tokenizer": origin, "vocab_size": vocab, "train_examples": counts[0],

@@ -90,6 +90,7 @@ def build_sentence_data(
         batch_size=batch_size, seed=seed, drop_last=cfg.drop_last,
         valid_every=cfg.valid_every, counts=counts,
         shuffle_buffer=(counts[0] or 0) if cfg.shuffle_buffer and in_memory else cfg.shuffle_buffer,
+        length_buckets=cfg.length_buckets, length=len,  # characters: a proxy of tokens
     )  # fmt: skip
     info = {"tokenizer": str(tokenizer), "vocab_size": tok.get_vocab_size(),
             "train_examples": counts[0], "valid_examples": counts[1]}  # fmt: skip

@@ -14,6 +14,13 @@ file from the start on every call) into batches:
   ``(seed, name, epoch)``, so epoch ``e`` is a pure function of ``(seed, e)``: the trainer
   resumes mid-epoch by calling ``batches(e)`` again and skipping ``k`` batches (or passing
   ``start=k``, which skips the collation of those batches but still reads them).
+* **Length buckets** (``bucket_batches = K``, with a ``length`` of an example): the shuffled
+  stream is cut into windows of ``K * B`` examples; each window is sorted by length (stable)
+  and cut into ``K`` batches, emitted in an order shuffled from ``(seed, name, epoch,
+  window)``. Batches of similar lengths waste little on padding (sentences padded to the
+  longest of a random batch are ~40% tokens here) while every example still comes once per
+  epoch; the last ``N mod B`` examples of an epoch form the partial batch in stream order, so
+  ``drop_last`` drops no particular lengths. Order stays a pure function of ``(seed, epoch)``.
 * **Collate** receives the examples of one batch and a batch seed derived from
   ``(seed, name, epoch, batch_index)`` (random masking draws from it, so it replays exactly);
   a source built with ``epoch_seeds=False`` (validation) uses epoch 0 for every epoch.
@@ -133,9 +140,13 @@ class StreamSource(BatchSource):
         name: str = "train",
         num_examples: int | None = None,
         epoch_seeds: bool = True,
+        bucket_batches: int = 0,
+        length: Callable[[Any], int] | None = None,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        if bucket_batches > 1 and length is None:
+            raise ValueError("length buckets need the length of an example")
         if split is not None and split[0] < 2:
             raise ValueError(f"split period must be >= 2, got {split[0]}")
         self._examples = examples
@@ -148,6 +159,8 @@ class StreamSource(BatchSource):
         self.name = name
         self.epoch_seeds = epoch_seeds
         self._num_examples = num_examples
+        self.bucket_batches = bucket_batches
+        self._length = length
 
     def num_examples(self) -> int | None:
         return self._num_examples
@@ -182,17 +195,49 @@ class StreamSource(BatchSource):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
         seed_epoch = epoch if self.epoch_seeds else 0
-        count, index, batch = 0, 0, []
+        index = 0
+        groups = self._groups(epoch)
+        for batch in groups:
+            if len(batch) < self.batch_size and self.drop_last:
+                continue
+            if index >= start:
+                yield self._collate(batch, self._batch_seed(seed_epoch, index))
+            index += 1
+
+    def _groups(self, epoch: int) -> Iterator[list[Any]]:
+        """The examples of epoch ``epoch`` in batches (length-bucketed when configured); the
+        last one may be partial. Counts the examples when the stream ends."""
+        count, batch = 0, []
+        window, size, w_index = [], self.batch_size * max(self.bucket_batches, 1), 0
+        bucketed = self.bucket_batches > 1
         for ex in self.examples(epoch):
             count += 1
-            batch.append(ex)
-            if len(batch) == self.batch_size:
-                if index >= start:
-                    yield self._collate(batch, self._batch_seed(seed_epoch, index))
-                index, batch = index + 1, []
-        if batch and not self.drop_last and index >= start:
-            yield self._collate(batch, self._batch_seed(seed_epoch, index))
+            if not bucketed:
+                batch.append(ex)
+                if len(batch) == self.batch_size:
+                    yield batch
+                    batch = []
+                continue
+            window.append(ex)
+            if len(window) == size:
+                yield from self._bucket(window, epoch, w_index)
+                window, w_index = [], w_index + 1
+        if bucketed:
+            full = len(window) - len(window) % self.batch_size
+            batch = window[full:]  # the partial batch, in stream order
+            if full:
+                yield from self._bucket(window[:full], epoch, w_index)
+        if batch:
+            yield batch
         self._num_examples = count
+
+    def _bucket(self, window: list[Any], epoch: int, w_index: int) -> list[list[Any]]:
+        """``window`` (a multiple of B examples) sorted by length, in batches, shuffled."""
+        assert self._length is not None
+        ordered = sorted(window, key=self._length)  # stable: ties keep the stream order
+        out = [ordered[i : i + self.batch_size] for i in range(0, len(ordered), self.batch_size)]
+        random.Random(derive_seed("bucket", self.seed, self.name, epoch, w_index)).shuffle(out)
+        return out
 
     def _batch_seed(self, epoch: int, index: int) -> int:
         return derive_seed("batch", self.seed, self.name, epoch, index)
@@ -230,12 +275,18 @@ def train_valid_sources(
     drop_last: bool,
     valid_every: int,
     counts: tuple[int | None, int | None] = (None, None),
+    length_buckets: int = 0,
+    length: Callable[[Any], int] | None = None,
 ) -> tuple[StreamSource, StreamSource | None]:
     """The training source and the validation source (explicit stream, split, or none).
 
-    Validation is read in order (no shuffle), keeps its last partial batch and uses the same
-    batch seeds every epoch, so its metrics are comparable across epochs.
+    Validation is read in order (no shuffle, no length buckets), keeps its last partial batch
+    and uses the same batch seeds every epoch, so its metrics are comparable across epochs.
+    ``length_buckets`` > 1 buckets the training batches by ``length`` (module docstring).
     """
+    if length_buckets > 1 and length is None:
+        raise ValueError("data.length_buckets: only sentence and text data can be bucketed "
+                         "by length; use 0")  # fmt: skip
     common = {"collate": collate, "batch_size": batch_size, "seed": seed}
     if valid_examples is None and valid_every:
         split_t, split_v = (valid_every, False), (valid_every, True)
@@ -243,7 +294,8 @@ def train_valid_sources(
     else:
         split_t = split_v = None
     train = StreamSource(train_examples, shuffle_buffer=shuffle_buffer, drop_last=drop_last,
-                         split=split_t, num_examples=counts[0], **common)  # fmt: skip
+                         split=split_t, num_examples=counts[0], bucket_batches=length_buckets,
+                         length=length, **common)  # fmt: skip
     if valid_examples is None:
         return train, None
     valid = StreamSource(valid_examples, shuffle_buffer=0, split=split_v, name="valid",

@@ -118,7 +118,8 @@ def build_synthetic_data(cfg: DataConfig, *, arch: str, batch_size: int, seed: i
             lambda: tr_c, (lambda: va_c) if va_c else None,
             collate=lambda ex, _seed: collate_criteo(ex),
             shuffle_buffer=nt if cfg.shuffle_buffer else 0, drop_last=cfg.drop_last,
-            valid_every=0, counts=(nt, len(va_c) or None), **common,
+            valid_every=0, counts=(nt, len(va_c) or None), length_buckets=cfg.length_buckets,
+            **common,
         )  # fmt: skip
         bundle = DataBundle(train, valid, dlrm_overrides(rows_per_table), {},
                             {"num_rows": list(rows_per_table)})  # fmt: skip

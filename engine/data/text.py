@@ -240,6 +240,7 @@ def build_pair_data(
         batch_size=batch_size, seed=seed, drop_last=cfg.drop_last, valid_every=every,
         shuffle_buffer=(len(train_ex()) if cfg.shuffle_buffer and in_memory
                         else cfg.shuffle_buffer), counts=counts,
+        length_buckets=cfg.length_buckets, length=lambda e: len(e[0]),  # tokens of the pair
     )  # fmt: skip
     artifacts = {k: v for k, v in (("tokenizer", tok_path), ("labels", labels_path)) if v}
     info = {"labels": list(labels), "tokenizer": origin, "vocab_size": tok.get_vocab_size(),

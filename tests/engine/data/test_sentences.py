@@ -117,3 +117,26 @@ def test_hf_bert_data_needs_a_tokenizer_and_a_text_kind(tmp_path):
     with pytest.raises(ValueError, match="data.kind 'jsonl' feeds model.arch 'transformer'"):
         build_data(DataConfig(kind="jsonl", train=str(tmp_path / "t.jsonl")), arch="hf_bert",
                    batch_size=4, seed=0, model_config=MODEL)  # fmt: skip
+
+
+def test_stdlib_text_length_buckets_pad_less_and_keep_every_sentence():
+    common = {"kind": "synthetic", "generator": "stdlib_text", "n_train": 96, "n_valid": 8,
+              "max_len": 64, "synthetic_seed": 1}  # fmt: skip
+    plain, bucketed = (build_data(DataConfig(**common, length_buckets=k), arch="hf_bert",
+                                  batch_size=8, seed=0, model_config=MODEL) for k in (0, 6))
+    tok = tokenizer()
+    tok.enable_truncation(64)
+
+    def rows(bundle):  # (sentence ids, padded positions) of epoch 0
+        seen, padded = [], 0
+        for b in bundle.train.batches(0):
+            mask = b["attention_mask"]
+            padded += int((~mask).sum())
+            seen += [tuple(b["input_ids"][i, : int(m.sum())].tolist()) for i, m in enumerate(mask)]
+        return seen, padded
+
+    (a, pad_a), (b, pad_b) = rows(plain), rows(bucketed)
+    assert sorted(a) == sorted(b) and len(b) == 96  # the same sentences, each once
+    assert pad_b < 0.5 * pad_a
+    sentences, _ = generate_stdlib_text(104, 1, StdlibTextParams())
+    assert {tuple(tok.encode(t).ids) for t in sentences[:96]} == set(b)

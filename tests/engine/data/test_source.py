@@ -137,3 +137,66 @@ def test_count_makes_num_batches_known_before_training():
     )  # fmt: skip
     assert (train.count(), valid.count()) == split_counts(23, 3) == (16, 7)
     assert (train.num_batches(), valid.num_batches()) == (4, 2)  # validation keeps its last
+
+
+def _bucket_reference(stream, batch, k, seed, epoch):
+    """Brute force: windows of k * batch stream items, each sorted by value (the length here),
+    cut into batches, shuffled by the documented seed; the tail in stream order."""
+    out, size = [], batch * k
+    full = len(stream) - len(stream) % batch
+    for w, start in enumerate(range(0, full, size)):
+        window = sorted(stream[start : min(start + size, full)])
+        cut = [window[i : i + batch] for i in range(0, len(window), batch)]
+        random.Random(derive_seed("bucket", seed, "train", epoch, w)).shuffle(cut)
+        out += cut
+    return out + ([stream[full:]] if full < len(stream) else [])
+
+
+@pytest.mark.parametrize(("n", "k"), [(23, 2), (23, 3), (40, 2), (7, 4), (64, 1)])
+def test_length_buckets_sort_windows_and_keep_every_example_once(n, k):
+    plain = _source(n=n, shuffle_buffer=50)
+    bucketed = _source(n=n, shuffle_buffer=50, bucket_batches=k, length=lambda x: x)
+    for epoch in (0, 1):
+        stream = _rows(plain, epoch)  # the shuffled stream both read
+        got = [[int(v) for v in b["x"]] for b in bucketed.batches(epoch)]
+        want = _bucket_reference(stream, 4, k, 3, epoch) if k > 1 else [
+            stream[i : i + 4] for i in range(0, n, 4)]  # fmt: skip
+        assert got == want
+        assert sorted(v for b in got for v in b) == list(range(n))
+    assert bucketed.num_examples() == n
+
+
+def test_length_buckets_cut_padding_replay_and_resume():
+    lengths = [random.Random(i).randrange(1, 60) for i in range(256)]
+    s = StreamSource(lambda: iter(lengths), lambda ex, seed: {"x": torch.tensor(ex)},
+                     batch_size=16, seed=0, shuffle_buffer=256, bucket_batches=8,
+                     length=lambda x: x)  # fmt: skip
+    plain = StreamSource(lambda: iter(lengths), lambda ex, seed: {"x": torch.tensor(ex)},
+                         batch_size=16, seed=0, shuffle_buffer=256)  # fmt: skip
+
+    def padded(src):  # tokens computed when every batch is padded to its longest row
+        return sum(len(b["x"]) * int(b["x"].max()) for b in src.batches(0))
+
+    assert padded(s) < 0.75 * padded(plain)
+    full = list(s.batches(2))
+    for start in (0, 3, 15):
+        tail = list(s.batches(2, start=start))
+        assert all(torch.equal(a["x"], b["x"]) for a, b in zip(full[start:], tail, strict=True))
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_length_buckets_drop_only_the_stream_tail(drop_last):
+    s = _source(n=23, shuffle_buffer=0, drop_last=drop_last, bucket_batches=2,
+                length=lambda x: -x)  # fmt: skip
+    got = [[int(v) for v in b["x"]] for b in s.batches(0)]
+    assert [len(b) for b in got[:5]] == [4] * 5
+    assert got[5:] == ([] if drop_last else [[20, 21, 22]])  # the last 3 of the stream
+
+
+def test_length_buckets_need_a_length():
+    with pytest.raises(ValueError, match="length"):
+        _source(bucket_batches=2)
+    with pytest.raises(ValueError, match="data.length_buckets"):
+        train_valid_sources(lambda: [], None, collate=_collate, batch_size=2, seed=0,
+                            shuffle_buffer=0, drop_last=False, valid_every=0,
+                            length_buckets=4)  # fmt: skip
