@@ -26,7 +26,9 @@ from tests.helpers.hf_bert import MINILM, write_tiny_bert
 # 0.867, 300 steps 0.874. A longer warm-up lets a higher rate pay: with 30 warm-up steps, 160
 # steps at 5e-4 (this recipe) beat 2e-4 by ~0.0035 and 1e-3 by ~0.003 on 256 other held-out
 # sentences; others' lr 1e-4 or trainable embeddings add <= 0.0015; adding a per-layer
-# hidden-state MSE to the loss changes nothing (0.8745 vs 0.8737 after 300 steps).
+# hidden-state MSE to the loss changes nothing (0.8745 vs 0.8737 after 300 steps). Random
+# batches of these sentences are ~43% tokens; length buckets (8 batches a window) make a step
+# ~2x cheaper, so this recipe runs 320 steps (0.879) in about the time 160 took (0.871).
 MINILM_JOB = {
     "version": 1, "name": "minilm-ci", "method": "comera",
     "model": {"arch": "hf_bert", "config": {
@@ -34,10 +36,10 @@ MINILM_JOB = {
         "calibration_sentences": 4000, "rank_allocation": "sensitivity", "target_ratio": 5.0,
         "probe_sentences": 32, "train_embeddings": False}},
     "data": {"kind": "synthetic", "generator": "stdlib_text", "n_train": 4000, "n_valid": 128,
-             "max_len": 64},
+             "max_len": 64, "length_buckets": 8},
     "compression": {"max_rank": 384, "d": 1, "shrink_every": 0},
     "schedule": [
-        {"kind": "finetune", "steps": 160, "lr_schedule": "cosine", "warmup_steps": 30,
+        {"kind": "finetune", "steps": 320, "lr_schedule": "cosine", "warmup_steps": 30,
          "lr": {"cores": 5e-4, "gates": 0.0, "others": 2e-5}},
     ],
     "training": {"batch_size": 32, "seed": 0, "log_every": 10},
@@ -81,9 +83,9 @@ def test_minilm_job_compresses_the_encoder_linears_5x_and_keeps_the_embeddings(t
     )  # noqa: T201
     assert trainer.model.preparation["calibration_sentences"] == 4000
     assert ratio >= 5.0
-    # measured 0.854 after the fit, ~0.871 after 160 steps (~150 s on 2 cores); the
+    # measured 0.852 after the fit, ~0.879 after 320 steps (~180 s on 2 cores); the
     # issue's 0.9 at 5x is not reached (bench/minilm_fidelity.py, examples/engine/README.md)
-    assert cosine >= 0.86 and cosine >= float(start.mean()) + 0.005
+    assert cosine >= 0.87 and cosine >= float(start.mean()) + 0.015
     export(result, trainer, job, tmp_path / "model")
     manifest = json.loads((tmp_path / "model" / "manifest.json").read_text())
     assert manifest["model_config"]["path"] is None
