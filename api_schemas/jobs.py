@@ -159,7 +159,9 @@ class DatasetSpec(StrictModel):
     ``format`` says how to read a file (``jsonl``/``csv`` sentence pairs, ``criteo`` TSV,
     ``text`` lines for MLM and ``hf_bert`` sentences, ``npz`` arrays); for ``synthetic`` the
     generator follows the architecture unless ``generator`` names one (``hf_bert``:
-    ``stdlib_text``, sentences from the standard library's docstrings).
+    ``stdlib_text``, sentences from the standard library's docstrings). ``length_buckets = k``
+    (sentence, pair and text data) sorts each window of ``k`` training batches by length, so
+    batches waste little on padding.
     """
 
     source: Literal["upload", "path", "synthetic"] = "synthetic"
@@ -180,9 +182,13 @@ class DatasetSpec(StrictModel):
     vocab_size: int = Field(default=8000, ge=64, le=250_000)
     max_len: int = Field(default=128, ge=4, le=2048)
     num_rows: int = Field(default=100_000, ge=2, le=50_000_000)
+    length_buckets: int = Field(default=0, ge=0, le=1024)  # k >= 2: length-sorted windows
 
     @model_validator(mode="after")
     def _source_fields(self) -> DatasetSpec:
+        if self.length_buckets > 1 and (self.format in ("criteo", "npz")
+                                        or self.generator in ("criteo", "mlp")):  # fmt: skip
+            raise ValueError("length_buckets: only sentence and text data have lengths; use 0")
         if self.source == "upload" and self.dataset_id is None:
             raise ValueError("dataset_id is required when source is 'upload'")
         if self.source == "path" and self.path is None:
@@ -342,6 +348,11 @@ class JobCreate(StrictModel):
 
     @model_validator(mode="after")
     def _schedule_fits_method(self) -> JobCreate:
+        ds = self.dataset
+        if ds.length_buckets > 1 and ds.source == "synthetic" and ds.generator is None and (
+                self.model.arch in ("dlrm", "mlp")):  # fmt: skip
+            raise ValueError(f"dataset.length_buckets: {self.model.arch!r} data have no "
+                             "lengths; use 0")  # fmt: skip
         if self.compression.method != "comera":
             for stage in self.schedule:
                 if stage.kind != "early":

@@ -59,7 +59,8 @@ def _data(spec: JobCreate, train_path: str | None, valid_path: str | None) -> di
                            "valid_every": ds.valid_every, "text_a": ds.text_a,
                            "text_b": ds.text_b, "label_field": ds.label_field,
                            "vocab_size": ds.vocab_size, "max_len": ds.max_len,
-                           "num_rows": ds.num_rows}  # fmt: skip
+                           "num_rows": ds.num_rows,
+                           "length_buckets": ds.length_buckets}  # fmt: skip
     if ds.source == "synthetic":
         out.update(kind="synthetic", generator=ds.generator)
     else:

@@ -125,3 +125,34 @@ def test_to_engine_passes_the_options_or_names_the_field(training, device, point
     built = TrainingConfig.from_dict(engine, "training")
     want = {k: getattr(spec.training, k) for k in OPTIONS}
     assert {k: getattr(built, k) for k in OPTIONS} == want and built.device == device
+
+
+TINY_TRANSFORMER = {"arch": "transformer", "config": {
+    "vocab_size": 1000, "d_model": 64, "n_heads": 4, "d_ff": 128, "n_layers": 1, "max_len": 64,
+    "num_classes": 3}}  # fmt: skip
+
+
+def test_length_buckets_reach_the_engine_data_config(api: Api):
+    from engine.data.config import DataConfig
+
+    body = job_body(model=TINY_TRANSFORMER, dataset={"length_buckets": 8, "max_len": 64})
+    resp = api.client.post("/v1/jobs", json=body)
+    assert resp.status_code == 202, resp.text
+    assert api.client.get(resp.headers["location"]).json()["spec"]["dataset"]["length_buckets"] == 8
+    with api.sessions() as s:
+        engine = s.get(Job, resp.json()["id"]).engine_config["data"]
+    assert engine["length_buckets"] == 8
+    assert DataConfig(**engine).length_buckets == 8  # the worker's config validates
+
+
+@pytest.mark.parametrize(("changes", "pointer", "text"), [
+    ({"dataset": {"length_buckets": 1025}}, "/dataset/length_buckets", "less than or equal"),
+    ({"dataset": {"length_buckets": -1}}, "/dataset/length_buckets", "greater than or equal"),
+    ({"dataset": {"length_buckets": 4, "generator": "criteo"},
+      "model": {"arch": "dlrm", "config": {}}}, "/dataset", "length_buckets"),
+    ({"dataset": {"length_buckets": 4}}, "", "dataset.length_buckets: 'mlp'"),
+])  # fmt: skip
+def test_length_buckets_without_lengths_are_422(api: Api, changes, pointer, text):
+    errors = _problem(api.client.post("/v1/jobs", json=job_body(**changes)))
+    assert pointer in errors and text in errors[pointer]["message"], errors
+    _nothing_stored(api)
