@@ -18,14 +18,13 @@ from api_schemas.artifacts import (
     ValidationReport,
 )
 from api_schemas.common import FieldError, HealthPublic, Page, Problem
+from api_schemas.job_public import JobPublic, JobsPublic
 from api_schemas.jobs import (
     TERMINAL_STATES,
     CancelRequest,
     CompressionSpec,
     DatasetSpec,
     JobCreate,
-    JobPublic,
-    JobsPublic,
     JobState,
     JobUpdate,
     ModelSpec,

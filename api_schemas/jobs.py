@@ -1,4 +1,5 @@
-"""The job resource: what a user submits (``JobCreate``) and what the API returns (``JobPublic``).
+"""The job resource: what a user submits (``JobCreate``); what the API returns is in
+:mod:`api_schemas.job_public`.
 
 The spec is declarative: a built-in architecture (or, for ``hf_bert``, a pretrained Hugging
 Face BERT encoder named by its ``source``), a dataset reference, the compression settings, a
@@ -11,20 +12,19 @@ checks that need the model (a stage that does not fit it) run in the dry run
 
 from __future__ import annotations
 
-from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from api_schemas.common import Problem, StrictModel
+from api_schemas.common import StrictModel
 from api_schemas.model_limits import check_config
 
 __all__ = [
     "ARCHS", "CancelRequest", "CheckpointingSpec", "CompressionSpec", "DatasetSpec",
-    "DistillSpec", "HF_PACKAGES", "HFDirSource", "JobCreate", "JobPublic", "JobState",
-    "JobUpdate", "JobsPublic", "LearningRatesSpec", "LimitsSpec", "ModelSource", "ModelSpec",
-    "ModesSpec", "PackageSource", "ProgressPublic", "RetryRequest", "StageSpec",
+    "DistillSpec", "HF_PACKAGES", "HFDirSource", "JobCreate", "JobState",
+    "JobUpdate", "LearningRatesSpec", "LimitsSpec", "ModelSource", "ModelSpec",
+    "ModesSpec", "PackageSource", "RetryRequest", "StageSpec",
     "TERMINAL_STATES", "TrainingSpec",
 ]  # fmt: skip
 
@@ -379,42 +379,3 @@ class RetryRequest(StrictModel):
     from_: Literal["latest_checkpoint", "scratch"] | str = Field(
         default="latest_checkpoint", alias="from", max_length=64)  # fmt: skip
 
-
-# -- responses --------------------------------------------------------------------------------
-class ProgressPublic(BaseModel):
-    step: int = 0
-    total_steps: int | None = None
-    fraction: float | None = None
-    stage_index: int | None = None
-    stage_name: str | None = None
-    stage_count: int | None = None
-
-
-class JobPublic(BaseModel):
-    id: str
-    name: str
-    labels: dict[str, str]
-    state: JobState
-    message: str | None = None
-    attempt: int
-    max_attempts: int
-    version: int
-    progress: ProgressPublic
-    latest_metrics: dict[str, float] = Field(default_factory=dict)
-    compression: dict[str, Any] = Field(default_factory=dict)
-    error: Problem | None = None
-    enqueue_pending: bool = False
-    cancel_requested_at: datetime | None = None
-    created_at: datetime
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-    updated_at: datetime
-    spec: dict[str, Any]
-    spec_hash: str
-    engine_version: str | None = None
-    links: dict[str, str] = Field(default_factory=dict)
-
-
-class JobsPublic(BaseModel):
-    items: list[JobPublic]
-    next_cursor: str | None = None

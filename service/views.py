@@ -22,7 +22,7 @@ from api_schemas import (
     Problem,
     RankPoint,
 )
-from api_schemas.jobs import ProgressPublic
+from api_schemas.job_public import ProgressPublic
 from service.db.crud.pagination import as_utc
 from service.db.models import Checkpoint, Dataset, Job, JobAttempt, JobEvent
 
