@@ -11,9 +11,10 @@ the recipe of the CI test (``tests/engine/train/test_hf_bert_job.py``): two core
 each layer fitted sequentially (residual targets) on all 4,000 training sentences, then
 ``--steps`` distillation steps on the pooled-embedding cosine (``finetune``: gates frozen,
 cores lr 5e-4 after 30 warm-up steps, others 2e-5, cosine schedule, batch 32 from
-length-sorted windows of 8 batches; embeddings frozen). At 5x, from the fit's 0.852: 320
-steps (the default, as CI) give 0.879; 160 steps of random batches gave 0.871 in about the
-same time, and at lr 2e-4 (5 warm-up steps) 0.867 (100 steps 0.863, 300 steps 0.874).
+length-sorted windows of 8 batches; embeddings frozen). At 5x, from the fit's 0.871: 320
+steps (the default, as CI) give 0.891. Before the allocation's depth gain (``depth_gain: 1``):
+fit 0.852, 320 steps 0.879; 160 steps of random batches gave 0.871 in about the same time,
+and at lr 2e-4 (5 warm-up steps) 0.867 (100 steps 0.863, 300 steps 0.874).
 
 Per ratio the JSON records the compression of the encoder linears (dense weights / TT core
 entries) and of the whole encoder (all parameters, embeddings included, as exported), the

@@ -19,7 +19,8 @@ Two frozen dataclasses:
   entries of the tensorized linears over ``target_ratio``, spread over the layers by
   :mod:`engine.models.hf_bert_ranks`, ranks still capped at ``compression.max_rank``;
   ``sensitivity`` probes each layer on ``probe_sentences`` training sentences that follow
-  the calibration ones), and ``architecture`` (filled in from ``config.json``).
+  the calibration ones and scales block ``i``'s weights by ``depth_gain ** i``), and
+  ``architecture`` (filled in from ``config.json``).
   A model built with ``path = None`` is the bare architecture (random weights): what a
   compressed checkpoint is loaded into, so the manifest records ``architecture``, not the path
   of the original.
@@ -222,6 +223,7 @@ class HFBertConfig:
     rank_allocation: str = "uniform"  # "uniform", or one budget: "energy" / "sensitivity"
     target_ratio: float | None = None  # with a budget: dense / TT entries of the linears
     probe_sentences: int = 32  # training sentences for the sensitivity probes
+    depth_gain: float = 2.0  # sensitivity: block i's probed weight times depth_gain ** i
     architecture: BertArchitecture | None = None  # None: read from path/config.json
     version: int = CONFIG_VERSION
 
@@ -251,6 +253,9 @@ class HFBertConfig:
             raise ValueError(f"init must be one of {list(INITS)}, got {self.init!r}")
         _int_in(self.calibration_sentences, "calibration_sentences", 1, 1_000_000)
         _int_in(self.probe_sentences, "probe_sentences", 1, 100_000)
+        g = self.depth_gain
+        if isinstance(g, bool) or not isinstance(g, numbers.Real) or not 0.1 <= g <= 10:
+            raise ValueError(f"depth_gain must be a number in [0.1, 10], got {g!r}")
         self._check_allocation()
         if self.pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {list(POOLINGS)}, got {self.pooling!r}")

@@ -125,7 +125,7 @@ def prepare_student_(
             info["probes_from"] = "calibration"  # the training split had no more sentences
         ranks, alloc = plan_ranks(model, teacher, calib, by_length(probes),
                                   mode=cfg.rank_allocation, budget=dense / cfg.target_ratio,
-                                  caps=caps)  # fmt: skip
+                                  caps=caps, depth_gain=cfg.depth_gain)  # fmt: skip
         info.update(alloc)
     t1 = time.perf_counter()
     if cfg.init == "sequential":

@@ -81,6 +81,9 @@ def test_workload_fields_are_validated():
                          ({"pooling": "cls"}, "model.config.pooling: must be one of"),
                          ({"init": "random"}, "model.config.init: must be one of"),
                          ({"distill_weight": -1}, "model.config.distill_weight: must be"),
+                         ({"depth_gain": 0}, "model.config.depth_gain: must be a number in"),
+                         ({"depth_gain": 11}, "model.config.depth_gain: must be a number in"),
+                         ({"depth_gain": True}, "model.config.depth_gain: must be a number"),
                          ({"tensorize_embeddings": 1}, "model.config.tensorize_embeddings"),
                          ({"teacher": "x"}, "model.config.teacher: unknown field")]:  # fmt: skip
         with pytest.raises(ConfigError, match=message):

@@ -28,7 +28,9 @@ from tests.helpers.hf_bert import MINILM, write_tiny_bert
 # sentences; others' lr 1e-4 or trainable embeddings add <= 0.0015; adding a per-layer
 # hidden-state MSE to the loss changes nothing (0.8745 vs 0.8737 after 300 steps). Random
 # batches of these sentences are ~43% tokens; length buckets (8 batches a window) make a step
-# ~2x cheaper, so this recipe runs 320 steps (0.879) in about the time 160 took (0.871).
+# ~2x cheaper, so this recipe runs 320 steps (0.879) in about the time 160 took (0.871). The
+# allocation's depth gain (default 2: block i's sensitivity times 2**i) then lifts the fit
+# from 0.852 to 0.871 and the end from 0.879 to 0.891 (examples/engine/README.md).
 MINILM_JOB = {
     "version": 1, "name": "minilm-ci", "method": "comera",
     "model": {"arch": "hf_bert", "config": {
@@ -83,9 +85,9 @@ def test_minilm_job_compresses_the_encoder_linears_5x_and_keeps_the_embeddings(t
     )  # noqa: T201
     assert trainer.model.preparation["calibration_sentences"] == 4000
     assert ratio >= 5.0
-    # measured 0.852 after the fit, ~0.879 after 320 steps (~180 s on 2 cores); the
+    # measured 0.871 after the fit, ~0.891 after 320 steps (~175 s on 2 cores); the
     # issue's 0.9 at 5x is not reached (bench/minilm_fidelity.py, examples/engine/README.md)
-    assert cosine >= 0.87 and cosine >= float(start.mean()) + 0.015
+    assert cosine >= 0.88 and cosine >= float(start.mean()) + 0.01
     export(result, trainer, job, tmp_path / "model")
     manifest = json.loads((tmp_path / "model" / "manifest.json").read_text())
     assert manifest["model_config"]["path"] is None
