@@ -192,15 +192,16 @@ def plan_ranks(
     r0 = uniform_rank(profiles, budget)
     info: dict = {"rank_allocation": mode, "budget": int(budget), "uniform_rank": r0}
     at = {p.name: min(r0, p.max_rank) for p in profiles}
+    scaled = profiles  # the weights the allocation uses (depth-scaled; probed ones unscaled)
     for _ in range(rounds if mode == "sensitivity" else 0):
         profiles, dcos = _reweight(profiles, stats, at, teacher, probes)
-        profiles = depth_weighted(profiles, depth_gain)
-        at = allocate_ranks(profiles, budget)
+        scaled = depth_weighted(profiles, depth_gain)
+        at = allocate_ranks(scaled, budget)
         info.setdefault("sensitivity", []).append({n: round(v, 6) for n, v in dcos.items()})
     if mode == "sensitivity":
         info["probe_sentences"] = sum(int(ids.shape[0]) for ids, _, _ in probes)
         info["depth_gain"] = depth_gain
-    ranks = allocate_ranks(profiles, budget)
+    ranks = allocate_ranks(scaled, budget)
     info["profile_sentences"] = sum(
         int(ids.shape[0]) for ids, _, _ in _first(calibration, PROFILE_SENTENCES)
     )
