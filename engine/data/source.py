@@ -196,8 +196,7 @@ class StreamSource(BatchSource):
                 raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
         seed_epoch = epoch if self.epoch_seeds else 0
         index = 0
-        groups = self._groups(epoch)
-        for batch in groups:
+        for batch in self._groups(epoch):
             if len(batch) < self.batch_size and self.drop_last:
                 continue
             if index >= start:
@@ -205,38 +204,32 @@ class StreamSource(BatchSource):
             index += 1
 
     def _groups(self, epoch: int) -> Iterator[list[Any]]:
-        """The examples of epoch ``epoch`` in batches (length-bucketed when configured); the
-        last one may be partial. Counts the examples when the stream ends."""
-        count, batch = 0, []
-        window, size, w_index = [], self.batch_size * max(self.bucket_batches, 1), 0
-        bucketed = self.bucket_batches > 1
+        """The examples of epoch ``epoch`` in batches, read a window of ``max(K, 1)`` batches
+        at a time (:meth:`_cut`); the last batch may be partial and keeps the stream order.
+        Counts the examples when the stream ends."""
+        count, window, w_index = 0, [], 0
+        size = self.batch_size * max(self.bucket_batches, 1)
         for ex in self.examples(epoch):
             count += 1
-            if not bucketed:
-                batch.append(ex)
-                if len(batch) == self.batch_size:
-                    yield batch
-                    batch = []
-                continue
             window.append(ex)
             if len(window) == size:
-                yield from self._bucket(window, epoch, w_index)
+                yield from self._cut(window, epoch, w_index)
                 window, w_index = [], w_index + 1
-        if bucketed:
-            full = len(window) - len(window) % self.batch_size
-            batch = window[full:]  # the partial batch, in stream order
-            if full:
-                yield from self._bucket(window[:full], epoch, w_index)
-        if batch:
-            yield batch
+        full = len(window) - len(window) % self.batch_size
+        yield from self._cut(window[:full], epoch, w_index)
+        if full < len(window):
+            yield window[full:]  # the partial batch, in stream order
         self._num_examples = count
 
-    def _bucket(self, window: list[Any], epoch: int, w_index: int) -> list[list[Any]]:
-        """``window`` (a multiple of B examples) sorted by length, in batches, shuffled."""
-        assert self._length is not None
-        ordered = sorted(window, key=self._length)  # stable: ties keep the stream order
-        out = [ordered[i : i + self.batch_size] for i in range(0, len(ordered), self.batch_size)]
-        random.Random(derive_seed("bucket", self.seed, self.name, epoch, w_index)).shuffle(out)
+    def _cut(self, window: list[Any], epoch: int, w_index: int) -> list[list[Any]]:
+        """``window`` (a multiple of B examples) in batches; with length buckets sorted by
+        length first (stable: ties keep the stream order) and the batches shuffled."""
+        if self.bucket_batches > 1:
+            assert self._length is not None
+            window = sorted(window, key=self._length)
+        out = [window[i : i + self.batch_size] for i in range(0, len(window), self.batch_size)]
+        if self.bucket_batches > 1:
+            random.Random(derive_seed("bucket", self.seed, self.name, epoch, w_index)).shuffle(out)
         return out
 
     def _batch_seed(self, epoch: int, index: int) -> int:
