@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine.models.hf_bert_cache import TeacherEmbeddings
 from engine.models.hf_bert_config import BertArchitecture, HFBertConfig
 from engine.models.hf_bert_init import balance_cores_
 from engine.models.tensorize import TensorizeOptions, TensorizeReport
@@ -121,6 +122,15 @@ class SentenceEncoder(BertEncoder):
         super().__init__(arch, config.dropout)
         self.config = config
         self.__dict__["teacher"] = None
+        self.__dict__["teacher_embeddings"] = None
+
+    @property
+    def teacher_embeddings(self) -> TeacherEmbeddings | None:
+        """The training split's teacher embeddings (:mod:`engine.models.hf_bert_cache`)."""
+        return self.__dict__["teacher_embeddings"]
+
+    def set_teacher_embeddings(self, table: TeacherEmbeddings | None) -> None:
+        self.__dict__["teacher_embeddings"] = table
 
     @property
     def teacher(self) -> BertEncoder | None:
@@ -318,6 +328,8 @@ def distill_loss(model: SentenceEncoder, batch: Mapping[str, Tensor]) -> tuple[T
     ``mse_hidden``: mean squared difference of the last hidden states over attended tokens;
     ``cosine_embedding``: mean ``1 - cos`` of the pooled sentence embeddings; ``none``: zero.
     ``cosine_sum`` is always the summed student/teacher cosine of the sentence embeddings.
+    With ``cosine_embedding`` the teacher's embeddings come from ``model.teacher_embeddings``
+    when it holds every sentence of the batch (the teacher runs otherwise).
     """
     teacher = model.teacher
     if teacher is None:
@@ -329,11 +341,14 @@ def distill_loss(model: SentenceEncoder, batch: Mapping[str, Tensor]) -> tuple[T
     types = batch.get("token_type_ids")
     hidden = model(ids, mask, types)  # (B, S, D)
     emb = mean_pool(hidden, mask)  # (B, D)
-    with torch.no_grad():
-        t_hidden = teacher(ids, mask, types)  # (B, S, D)
-        t_emb = mean_pool(t_hidden, mask)  # (B, D)
-    cos = F.cosine_similarity(emb, t_emb, dim=-1)  # (B,)
     kind = model.config.distill
+    table = model.teacher_embeddings if kind == "cosine_embedding" else None
+    t_emb = None if table is None else table.lookup(ids, mask, types)  # (B, D) or None
+    if t_emb is None:
+        with torch.no_grad():
+            t_hidden = teacher(ids, mask, types)  # (B, S, D)
+            t_emb = mean_pool(t_hidden, mask)  # (B, D)
+    cos = F.cosine_similarity(emb, t_emb.to(emb.dtype), dim=-1)  # (B,)
     if kind == "cosine_embedding":
         loss = (1.0 - cos).mean()  # ()
     elif kind == "mse_hidden":

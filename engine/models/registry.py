@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from engine.models.dlrm import DLRMConfig, build_dlrm
 from engine.models.hf_bert import build_hf_bert, distill_loss
+from engine.models.hf_bert_cache import attach_teacher_embeddings_
 from engine.models.hf_bert_config import HFBertConfig
 from engine.models.hf_bert_prepare import prepare_student_
 from engine.models.mlm import IGNORE_INDEX, MLMConfig, build_mlm, masked_lm_loss
@@ -187,6 +188,13 @@ class Workload:
                 device: torch.device) -> dict[str, Any] | None:  # fmt: skip
         """Data-dependent set-up of a freshly built model before its first step (the trainer
         passes the training batches of epoch 0; not called on resume). Default: nothing."""
+        return None
+
+    def setup(self, model: nn.Module, train: Any, job: Any, *,
+              device: torch.device) -> dict[str, Any] | None:  # fmt: skip
+        """Set-up outside the model's state before the first step, the same for a fresh and
+        a resumed run (``train``: the training source; ``job``: the job config); what it did,
+        for the report. Default: nothing."""
         return None
 
     def summarize(self, sums: Mapping[str, float]) -> dict[str, float]:
@@ -358,6 +366,11 @@ class HFBertWorkload(Workload):
     def prepare(self, model, batches, *, device):
         """``init="whitened"``: activation-aware TT-SVD on training sentences."""
         return prepare_student_(model, batches, device=device)
+
+    def setup(self, model, train, job, *, device):
+        """The teacher's embeddings of the training split, when they pay (``hf_bert_cache``)."""
+        return attach_teacher_embeddings_(model, train, job.schedule,
+                                          job.training.batch_size, device=device)  # fmt: skip
 
     def plan_config(self, config: Any) -> Any:
         """Without ``path``: the bare architecture (fresh TT layers of the same shapes and

@@ -134,6 +134,7 @@ class Trainer:
                               f"model matches {list(opts.layers)}: nothing to compress")
         if resume is None:  # data-dependent init (hf_bert: whitened TT-SVD); resume restores
             self.workload.prepare(self.model, self.data.train.batches(0), device=self.device)
+        self.setup = self.workload.setup(self.model, self.data.train, job, device=self.device)
         self.names = {p: n for n, p in self.model.named_parameters()}
         self.optimizer = build_optimizer(
             self.model, job.method, job.schedule[0].lr, options=opts,
@@ -399,4 +400,6 @@ class Trainer:
             out["compression"] = compression_summary(model)
             out["ranks"] = rank_snapshot(model)
         out["execution"] = self.execution.report()  # fast path, precision, CUDA graphs
+        if self.setup:
+            out["setup"] = self.setup
         return out

@@ -104,8 +104,8 @@ def test_minilm_job_compresses_the_encoder_linears_5x_and_keeps_the_embeddings(t
 def tiny_job(path: str, every: int | None = None) -> JobConfig:
     return JobConfig.from_dict({
         "name": "tiny", "model": {"arch": "hf_bert", "config": {"path": path}},
-        "data": {"kind": "synthetic", "generator": "stdlib_text", "n_train": 64, "n_valid": 16,
-                 "max_len": 24},
+        "data": {"kind": "synthetic", "generator": "stdlib_text", "n_train": 32, "n_valid": 16,
+                 "max_len": 24},  # 8 steps of 8: two passes, so the teacher table is used
         "compression": {"max_rank": 6, "d": 2, "shrink_every": 2},
         "schedule": [{"kind": "early", "steps": 4, "gamma": 0.05,
                       "lr": {"cores": 3e-3, "gates": 0.05, "others": 1e-3}},
@@ -121,6 +121,7 @@ def test_tiny_bert_job_resumes_exactly_and_exports(tmp_path):
     write_tiny_bert(tmp_path / "bert")
     job = tiny_job(str(tmp_path / "bert"), every=3)
     full = Trainer(job, workdir=tmp_path / "a").run()
+    assert full.report["setup"]["teacher_embeddings"] == 32  # resumed runs rebuild it alike
     assert full.report["stages"][1]["size_end"] <= full.report["stages"][1]["size_ref"]
     resumed = Trainer(
         job,
