@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine.data.errors import DataError
 from engine.train.callbacks import Callback, JsonlWriter
 from engine.train.config import ConfigError
 from engine.train.job import JobConfig
@@ -140,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
                          progress=not args.no_progress and sys.stderr.isatty())
     except ConfigError as err:
         print(f"error: invalid config: {err}", file=sys.stderr)
+        return 2
+    except DataError as err:  # a malformed row: file, line and what was expected
+        print(f"error: bad data: {err}", file=sys.stderr)
         return 2
     summary = {k: report.get(k) for k in ("status", "method", "arch", "steps", "wall_seconds")}
     if "compression" in report:

@@ -68,3 +68,18 @@ def test_bad_config_exits_2_naming_the_field(tmp_path, change, field):
     assert proc.returncode == 2
     assert field in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_malformed_data_row_exits_2_naming_file_and_line(tmp_path):
+    train = tmp_path / "train.jsonl"
+    rows = [{"premise": f"sentence number {i}", "hypothesis": "a sentence",
+             "label": "a" if i % 2 else "b"} for i in range(40)]  # fmt: skip
+    lines = [json.dumps(r) for r in rows]
+    lines[16] = '{"premise": "no hypothesis", "label": "a"}'
+    train.write_text("\n".join(lines) + "\n")
+    job = {**JOB, "data": {"kind": "jsonl", "train": str(train), "max_len": 24},
+           "schedule": [{"kind": "early", "steps": 4}]}  # fmt: skip
+    proc = _run(tmp_path, job)
+    assert proc.returncode == 2, proc.stderr
+    assert f"error: bad data: {train}:17:" in proc.stderr
+    assert "Traceback" not in proc.stderr
