@@ -32,10 +32,12 @@ def _fail(console: Console, lines: list[str]) -> int:
 
 def run_spec(body: dict[str, Any], out: Path, *, data_root: Path = Path("."),
              console: Console | None = None) -> int:  # fmt: skip
-    """Train ``body`` into ``out``; returns the exit status (0 completed, 1 not, 2 bad spec)."""
+    """Train ``body`` into ``out``; returns the exit status (0 completed, 1 not, 2 bad spec or
+    data)."""
     import torch
     from pydantic import ValidationError
 
+    from engine.data.errors import DataError
     from engine.train import ConfigError, JobConfig
     from engine.train.cli import run_job
     from service.model_source import resolve_model_source
@@ -64,7 +66,13 @@ def run_spec(body: dict[str, Any], out: Path, *, data_root: Path = Path("."),
     except ConfigError as err:
         return _fail(console, [f"engine config: {err}"])
     console.print(f"running {spec.name} on {device} into {out}", highlight=False)
-    report = run_job(job, out, progress=sys.stderr.isatty())
+    try:
+        report = run_job(job, out, progress=sys.stderr.isatty())
+    except ConfigError as err:  # what only building the model or the data can tell
+        return _fail(console, [f"engine config: {err}"])
+    except DataError as err:  # a malformed row: file, line and what was expected
+        console.print(f"[red]error:[/] bad data: {err}", highlight=False)
+        return 2
     status = report.get("status")
     ratio = (report.get("compression") or {}).get("tensorized_ratio")
     export = report.get("export") or {}

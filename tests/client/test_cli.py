@@ -116,6 +116,23 @@ def test_run_trains_one_spec_in_process(tmp_path: Path):
     assert refused.exit_code == 2 and "/schedule" in refused.output
 
 
+def test_run_refuses_malformed_data_with_file_and_reason(tmp_path: Path):
+    import numpy as np
+
+    root = tmp_path / "data"
+    root.mkdir()
+    np.savez(root / "train.npz", x=np.zeros((10, 8, 8), np.float32), y=np.zeros(9, np.int64))
+    body = spec(name="bad-npz", dataset={"source": "path", "path": "train.npz", "format": "npz"})
+    spec_file = tmp_path / "job.json"
+    spec_file.write_text(json.dumps(body))
+    args = ["run", str(spec_file), "--out", str(tmp_path / "out"), "--data-root", str(root)]
+    result = CliRunner().invoke(app, args, env=ENV)
+    assert result.exit_code == 2, result.output
+    assert "bad data:" in result.output and "train.npz" in result.output
+    assert "as many labels as rows" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
 def test_server_commands_are_delegated_to_service_cli(tmp_path: Path):
     home = tmp_path / "home"
     helped = CliRunner().invoke(app, ["up", "--help"], env=ENV)
