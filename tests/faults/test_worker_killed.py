@@ -10,13 +10,18 @@ import pytest
 from tests.faults.stack import SPEC, wait_for
 
 pytestmark = pytest.mark.slow
+# long enough that the kill lands while attempt 1 runs: with SPEC's 40 steps a CI machine ran
+# from the first checkpoint (step 10) to the last (step 40) before the kill
+KILLED = {**SPEC, "schedule": [{**stage, "steps": steps} for stage, steps in
+                               zip(SPEC["schedule"], (200, 10, 10), strict=True)]}  # fmt: skip
+TOTAL = sum(stage["steps"] for stage in KILLED["schedule"])
 
 
 def test_a_killed_worker_is_replaced_and_the_job_resumes_from_its_checkpoint(stack):
     stack.start("reaper", ["reaper"])
     stack.worker("worker1")
     client = stack.api()
-    job_id = stack.submit(client, SPEC, "killed-worker-1")["id"]
+    job_id = stack.submit(client, KILLED, "killed-worker-1")["id"]
 
     def checkpoints() -> list[dict]:
         items = client.get(f"/v1/jobs/{job_id}/checkpoints").json()["items"]
@@ -26,12 +31,12 @@ def test_a_killed_worker_is_replaced_and_the_job_resumes_from_its_checkpoint(sta
     stack.kill("worker1")  # SIGKILL to the worker's process group, mid-training
     killed_at = datetime.now(UTC)
     newest = max(checkpoints(), key=lambda c: c["step"])
-    assert newest["attempt"] == 1 and newest["step"] < 40
+    assert newest["attempt"] == 1 and newest["step"] < TOTAL
     stack.worker("worker2")
 
     job = stack.wait_state(client, job_id)
     assert job["state"] == "SUCCEEDED", (job["error"], stack.logs())
-    assert job["attempt"] == 2 and job["progress"]["step"] == 40
+    assert job["attempt"] == 2 and job["progress"]["step"] == TOTAL
     attempts = client.get(f"/v1/jobs/{job_id}/attempts").json()["items"]
     assert [(a["attempt"], a["exit_reason"]) for a in attempts] == [
         (1, "worker_lost"), (2, "completed")]  # fmt: skip
@@ -45,7 +50,7 @@ def test_a_killed_worker_is_replaced_and_the_job_resumes_from_its_checkpoint(sta
 
     series = client.get(f"/v1/jobs/{job_id}/metrics", params={"max_points": 5000}).json()
     series = {s["key"]: s["points"] for s in series["series"]}
-    assert [p["step"] for p in series["loss"]] == list(range(5, 41, 5))  # none lost
+    assert [p["step"] for p in series["loss"]] == list(range(5, TOTAL + 1, 5))  # none lost
     for key, points in series.items():
         steps = [p["step"] for p in points]
         assert len(steps) == len(set(steps)), f"duplicate points of {key}"
