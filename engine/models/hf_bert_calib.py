@@ -99,8 +99,8 @@ class AffineStats:
         self.count += weight * x.shape[0]
         self.sum_x += weight * xc.sum(0, dtype=torch.float64)
         self.sum_y += weight * y.sum(0, dtype=torch.float64)
-        self.xx += weight * (xc.T @ xc)  # (in, in)
-        self.xy += weight * (xc.T @ y)  # (in, out)
+        self.xx.add_(xc.T @ xc, alpha=weight)  # (in, in) promoted in place: no scaled copy
+        self.xy.add_(xc.T @ y, alpha=weight)  # (in, out)
 
     def whitened(self, ridge: float = RIDGE) -> Whitened:
         if self.count == 0 or self.xx is None:
