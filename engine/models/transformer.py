@@ -38,6 +38,7 @@ from engine.models.tensorize import (
 from engine.nn.attention import scaled_dot_product_attention
 from engine.nn.dropout import dropout
 from engine.nn.feed_forward import tt_feed_forward
+from engine.nn.premerge import premerged_attention
 from engine.nn.tt_linear import TTLinear
 from engine.nn.ttm_embedding import TTMEmbedding
 
@@ -171,15 +172,18 @@ class SelfAttention(nn.Module):
     def forward(self, x: Tensor, keep: Tensor | None) -> Tensor:
         b, s, d = x.shape
         h = self.n_heads
-
-        def heads(t: Tensor) -> Tensor:
-            return t.view(b, s, h, d // h).transpose(1, 2)  # (B, H, S, D/H)
-
-        q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))  # each (B, H, S, D/H)
         p = self.attn_dropout if self.training else 0.0
-        y = scaled_dot_product_attention(q, k, v, keep, p, self.keep_probs)  # (B, H, S, D/H)
-        y = y.transpose(1, 2).reshape(b, s, d)  # (B, S, D)
-        return dropout(self.out(y), self.drop.p, self.training)  # (B, S, D)
+        # in a fast-path session with TT projections: all of it in rank space, else None
+        y = premerged_attention(x, self.q, self.k, self.v, self.out, h, keep, p, self.keep_probs)
+        if y is None:
+
+            def heads(t: Tensor) -> Tensor:
+                return t.view(b, s, h, d // h).transpose(1, 2)  # (B, H, S, D/H)
+
+            q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))  # (B, H, S, D/H)
+            y = scaled_dot_product_attention(q, k, v, keep, p, self.keep_probs)  # (B,H,S,D/H)
+            y = self.out(y.transpose(1, 2).reshape(b, s, d))  # (B, S, D)
+        return dropout(y, self.drop.p, self.training)  # (B, S, D)
 
 
 class FeedForward(nn.Module):

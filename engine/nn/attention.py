@@ -33,7 +33,7 @@ from torch import Tensor
 from engine.contract.lowrank_saved import recomputing
 from engine.nn.dropout import dropout_mask
 
-__all__ = ["AttentionFunction", "scaled_dot_product_attention"]
+__all__ = ["AttentionFunction", "masked_softmax", "scaled_dot_product_attention"]
 
 
 def _operands(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -44,17 +44,24 @@ def _operands(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return q3, k.reshape(b * h, t, e), v.reshape(b * h, t, e)
 
 
-def _probs(q3: Tensor, k3: Tensor, keep: Tensor | None, shape4: tuple[int, ...]) -> Tensor:
-    """``P = softmax(q k^T / sqrt(E))`` (BH, S, T), masked; rows without a key are 0."""
-    scores = torch.bmm(q3, k3.transpose(1, 2))  # (BH, S, T)
+def masked_softmax(scores: Tensor, keep: Tensor | None, shape4: tuple[int, ...]) -> Tensor:
+    """``softmax(scores)`` over the last dimension, ``scores`` (modified in place) viewed as
+    ``shape4`` where ``keep`` (broadcastable to ``shape4``, True = attend) is False set to
+    ``-inf`` first; rows without a key are 0, as SDPA's."""
     dead = None
     if keep is not None and (keep.device.type != "cpu" or not bool(keep.all())):
         scores.view(shape4).masked_fill_(keep.logical_not(), float("-inf"))
         dead = keep.logical_not().all(dim=-1, keepdim=True)  # (.., 1) rows with no key
-    prob = torch.softmax(scores, dim=-1)  # (BH, S, T)
+    prob = torch.softmax(scores, dim=-1)  # (scores.shape)
     if dead is not None:
-        prob.view(shape4).masked_fill_(dead, 0.0)  # as SDPA: fully masked rows -> 0
+        prob.view(shape4).masked_fill_(dead, 0.0)  # fully masked rows -> 0
     return prob
+
+
+def _probs(q3: Tensor, k3: Tensor, keep: Tensor | None, shape4: tuple[int, ...]) -> Tensor:
+    """``P = softmax(q k^T / sqrt(E))`` (BH, S, T), masked; rows without a key are 0."""
+    scores = torch.bmm(q3, k3.transpose(1, 2))  # (BH, S, T)
+    return masked_softmax(scores, keep, shape4)  # (BH, S, T)
 
 
 class AttentionFunction(torch.autograd.Function):

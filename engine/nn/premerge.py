@@ -6,7 +6,9 @@ ops takes its halves ``L``, ``R`` from one :class:`engine.contract.batched.Group
 call per *group* (members with equal core shapes, threshold, dtype and device; at least two),
 made when the first member is called, and runs only the products
 (:mod:`engine.contract.premerged`). The FFN block (:func:`engine.nn.feed_forward.tt_feed_forward`)
-does the same with both of its layers.
+does the same with both of its layers, and self-attention whose q, k, v and output projections
+are all grouped (:func:`premerged_attention`) runs in their rank space
+(:mod:`engine.contract.lowrank_attention`).
 
 *Siblings*: layers of one group called one after the other on the very same input tensor
 (attention's q, k, v) are recorded; from the next session on, the first call computes all of
@@ -29,6 +31,12 @@ import torch
 from torch import Tensor, nn
 
 from engine.contract.batched import GroupMergeFunction, GroupSpec, padded_rank
+from engine.contract.lowrank_attention import (
+    AttentionGeometry,
+    LowRankAttentionFunction,
+    attention_factors,
+    lowrank_pays,
+)
 from engine.contract.lowrank_saved import recomputing
 from engine.contract.plan import Plan, Side, plan_tt_linear
 from engine.contract.premerged import (
@@ -39,7 +47,8 @@ from engine.contract.premerged import (
 from engine.kernels.backend import resolve_backend
 from engine.nn.functional import parse_plan, problem_for
 
-__all__ = ["PremergeSession", "active_session", "premerged_linear", "premerged_ffn"]
+__all__ = ["PremergeSession", "active_session", "premerged_attention", "premerged_linear",
+           "premerged_ffn"]
 
 _local = threading.local()
 MIN_GROUP = 2  # a group of one merges as the layer itself would (but see autocast below)
@@ -61,6 +70,17 @@ def premerged_ffn(x2: Tensor, fc1: Any, fc2: Any, plan1: Plan, plan2: Plan,
     """``fc2(gelu(fc1(x2)))`` through the open session, or ``None``."""
     session = active_session()
     return None if session is None else session.ffn(x2, fc1, fc2, plan1, plan2, block)
+
+
+def premerged_attention(x: Tensor, q: Any, k: Any, v: Any, out: Any, heads: int,
+                        keep: Tensor | None, p: float,
+                        keep_probs: bool) -> Tensor | None:  # fmt: skip
+    """``out(attention(q(x), k(x), v(x)))`` in rank space through the open session, or
+    ``None`` (the caller runs the standard path); see :meth:`PremergeSession.attention`."""
+    session = active_session()
+    if session is None:
+        return None
+    return session.attention(x, (q, k, v, out), heads, keep, p, keep_probs)
 
 
 def _signature(layer: Any) -> tuple | None:
@@ -104,7 +124,7 @@ class PremergeSession:
         self.merged: dict[int, _Merged] = {}
         self.pending: dict[int, tuple[Tensor, int, Tensor]] = {}
         self.calls: list[tuple[nn.Module, Tensor]] = []
-        self.stats = {"linear": 0, "sibling_runs": 0, "ffn": 0}  # calls served, by kind
+        self.stats = {"linear": 0, "sibling_runs": 0, "ffn": 0, "attention": 0}  # calls served
         self._outer: PremergeSession | None = None
 
     def __enter__(self) -> PremergeSession:
@@ -188,6 +208,44 @@ class PremergeSession:
         self.stats["ffn"] += 1
         return PremergedFFNFunction.apply(x2, m1.left[p1], m1.right[p1], fc1.bias, m2.left[p2],
                                           m2.right[p2], fc2.bias, block)  # (B, D)  # fmt: skip
+
+    def attention(self, x: Tensor, layers: tuple[Any, Any, Any, Any], heads: int,
+                  keep: Tensor | None, p: float, keep_probs: bool) -> Tensor | None:  # fmt: skip
+        """Self-attention of ``x (B, S, D)`` with TT-linear projections ``(q, k, v, out)`` in
+        rank space (:mod:`engine.contract.lowrank_attention`): (B, S, D) before the output
+        dropout, or ``None`` when that does not apply. It applies when gradients are recorded
+        on a CPU tensor without autocast (the standard path's unfused attention; elsewhere
+        torch's fused kernels), all four layers are grouped with fused torch plans, and the
+        cost model says it takes fewer multiply-adds."""
+        if x.dim() != 3 or x.device.type != "cpu" or not torch.is_grad_enabled():
+            return None
+        if torch.is_autocast_enabled("cpu") or any(id(m) not in self.where for m in layers):
+            return None
+        b, s, d = x.shape
+        if any(m.in_features != d or m.out_features != d for m in layers) or d % heads:
+            return None
+        x2 = x.reshape(b * s, d)  # (n, D)
+        halves = []
+        for layer in layers:
+            dirs = self._dirs(layer, x2)
+            found = None if dirs is None else self._entry(layer, dirs, x2.shape[0])
+            if found is None:
+                return None
+            entry, pos = found
+            halves.append((entry.left[pos], entry.right[pos]))  # (D, r), (r, D)
+        (lq, rq), (lk, rk), (lv, rv), (lo, ro) = halves
+        q, k, v, out = layers
+        save_probs = keep_probs or not recomputing()  # as AttentionFunction decides
+        geo = AttentionGeometry(b, s, heads, p, save_probs)
+        ranks = (lq.shape[1], lk.shape[1], lv.shape[1], lo.shape[1])
+        biases = (q.bias is not None, k.bias is not None, v.bias is not None)
+        if not lowrank_pays(b * s, geo, d, ranks, biases):
+            return None
+        self.stats["attention"] += 1
+        c, w = attention_factors(rq, rk, rv, q.bias, v.bias, lo, heads)  # small, autograd
+        u = LowRankAttentionFunction.apply(x2, lq, lk, lv, c, w, k.bias, keep, geo)  # (n, r_o)
+        y = u @ ro if out.bias is None else torch.addmm(out.bias, u, ro)  # (n, D)
+        return y.view(b, s, d)
 
     # -- siblings -----------------------------------------------------------------------
     def _sibling_run(self, layer: Any, pos: int) -> list[nn.Module] | None:

@@ -10,9 +10,11 @@ issues about 670 small GEMMs per step, most of them merging each TT-linear's cor
     loss.backward()
 
 so every group of same-shaped TT-linears is gated and merged with one batched chain of
-``bmm`` (:mod:`engine.contract.batched`), forward and backward, and layers that read one input
-(q, k, v) share one wide GEMM (:mod:`engine.contract.premerged`). Results equal the eager path
-up to float rounding (other GEMM groupings). Not used when the model recomputes blocks in
+``bmm`` (:mod:`engine.contract.batched`), forward and backward, self-attention with TT
+projections runs in their rank space (:mod:`engine.contract.lowrank_attention`, when its cost
+model says so), and layers that read one input (q, k, v) otherwise share one wide GEMM
+(:mod:`engine.contract.premerged`). Results equal the eager path up to float rounding (other
+GEMM groupings and contraction orders). Not used when the model recomputes blocks in
 backward (``config.recompute``: the recomputed forward runs outside the session).
 """
 

@@ -3,6 +3,7 @@ gradient on a small transformer, in training mode, with shrunk ranks, and in the
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import shutil
 
@@ -60,7 +61,7 @@ def _assert_same(a, b, tol: float) -> None:
 
 
 def test_loss_and_every_gradient_equal_eager_float64_with_siblings():
-    model = _model()
+    model = _model(n_heads=8, max_rank=8)  # rank 8 > head width 4: attention in full width
     ids, labels = _batch()
     eager = _loss_and_grads(model, ids, labels, None)
     fast = FastPath(model)
@@ -71,7 +72,31 @@ def test_loss_and_every_gradient_equal_eager_float64_with_siblings():
     with fast.session() as session:
         model(ids).sum().backward()
     assert session.stats["sibling_runs"] == 2 and session.stats["ffn"] == 2
+    assert session.stats["attention"] == 0
     assert [len(g) for g in session.groups] == [9, 2, 2]  # 8 attention + classifier, fc1s, fc2s
+
+
+def test_attention_in_rank_space_equals_eager_float64():
+    model = _model()  # rank 4 < head width 8: q, k, v, out never leave rank space
+    ids, labels = _batch()
+    ids[0, 11:] = 0
+    mask = ids != 0  # padding: a sequence with masked keys
+    fast = FastPath(model)
+
+    def run(fast_path):
+        model.zero_grad(set_to_none=True)
+        with fast_path.session() if fast_path else contextlib.nullcontext() as session:
+            logits = model(ids, None, mask)
+            loss = F.cross_entropy(logits, labels) + 0.3 * GateIndex(model).penalty()
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return (loss.detach(), grads), session
+
+    eager, _ = run(None)
+    got, session = run(fast)
+    _assert_same(got, eager, 1e-12)
+    assert session.stats["attention"] == 2 and session.stats["linear"] == 1  # classifier fc1
+    assert not any(float(g.abs().max()) for n, g in got[1].items() if n.endswith("attn.k.bias"))
 
 
 def test_ranks_padded_for_many_rows_still_equal_eager():
