@@ -38,7 +38,7 @@ from engine.contract.plan import Side
 
 __all__ = ["BLOCK_ELEMENTS", "TTFFNFunction", "block_rows"]
 
-BLOCK_ELEMENTS = 1 << 20  # entries of one (blk, F) temporary: 4 MiB in float32
+BLOCK_ELEMENTS = 3 << 20  # entries of one (blk, F) temporary: 12 MiB in float32 (module doc)
 LayerSpec = tuple[TTLinearMeta, tuple[Side, Side], int]  # meta, plan sides, parameter count
 
 

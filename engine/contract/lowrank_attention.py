@@ -47,7 +47,7 @@ from torch import Tensor
 
 from engine.contract.execute import _skinny
 from engine.nn.attention import masked_softmax
-from engine.nn.dropout import dropout_mask
+from engine.nn.dropout import as_bytes, dropout_mask
 
 __all__ = [
     "AttentionGeometry",
@@ -159,10 +159,10 @@ class LowRankAttentionFunction(torch.autograd.Function):
         prob = _probs(qp, tk3, keep_b, geo)  # (B, S H, T)
         mask = None
         if geo.p > 0.0:
-            mask, m01 = dropout_mask((b * h, s, s), 1.0 - geo.p, x.device, 1.0, x.dtype)
-            pm = torch.mul(prob.view(b, s, h, s), _bshd(m01, geo), out=torch.empty_like(prob)
-                           .view(b, s, h, s)).view(b, s * h, s)  # (B, S H, T)  # fmt: skip
-            del m01
+            mask = dropout_mask((b * h, s, s), 1.0 - geo.p, x.device)  # (B H, S, T) bool
+            pm = torch.mul(prob.view(b, s, h, s), _bshd(as_bytes(mask), geo),
+                           out=torch.empty_like(prob).view(b, s, h, s))  # fmt: skip
+            pm = pm.view(b, s * h, s)  # (B, S H, T)
             z = torch.bmm(pm, tv3).mul_(1.0 / (1.0 - geo.p))  # (B, S H, r_v [+ 1])
             del pm
         else:
@@ -188,7 +188,7 @@ class LowRankAttentionFunction(torch.autograd.Function):
         g = (du @ w.T).view(b, s * h, -1)  # (B, S H, r_v [+ 1])
         if mask is not None:
             g.mul_(1.0 / (1.0 - geo.p))
-            m01 = _bshd(mask, geo).to(prob.dtype)  # (B, S, H, T) 0/1, transposed layout
+            m01 = _bshd(as_bytes(mask), geo).to(prob.dtype)  # (B, S, H, T) 0/1, transposed
             pm = torch.mul(prob.view(b, s, h, s), m01, out=torch.empty_like(prob)
                            .view(b, s, h, s)).view(b, s * h, s)  # (B, S H, T)  # fmt: skip
         else:

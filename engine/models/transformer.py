@@ -36,7 +36,7 @@ from engine.models.tensorize import (
     materialize,
 )
 from engine.nn.attention import scaled_dot_product_attention
-from engine.nn.dropout import dropout
+from engine.nn.dropout import dropout, dropout_add
 from engine.nn.feed_forward import tt_feed_forward
 from engine.nn.premerge import premerged_attention
 from engine.nn.tt_linear import TTLinear
@@ -170,6 +170,10 @@ class SelfAttention(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor, keep: Tensor | None) -> Tensor:
+        return dropout(self.branch(x, keep), self.drop.p, self.training)  # (B, S, D)
+
+    def branch(self, x: Tensor, keep: Tensor | None) -> Tensor:
+        """The output before its dropout (the block fuses that dropout with the residual)."""
         b, s, d = x.shape
         h = self.n_heads
         p = self.attn_dropout if self.training else 0.0
@@ -183,7 +187,7 @@ class SelfAttention(nn.Module):
             q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))  # (B, H, S, D/H)
             y = scaled_dot_product_attention(q, k, v, keep, p, self.keep_probs)  # (B,H,S,D/H)
             y = self.out(y.transpose(1, 2).reshape(b, s, d))  # (B, S, D)
-        return dropout(y, self.drop.p, self.training)  # (B, S, D)
+        return y
 
 
 class FeedForward(nn.Module):
@@ -194,15 +198,18 @@ class FeedForward(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
+        return dropout(self.branch(x), self.drop.p, self.training)  # (B, S, D)
+
+    def branch(self, x: Tensor) -> Tensor:
+        """The output before its dropout (the block fuses that dropout with the residual)."""
         if isinstance(self.fc1, TTLinear) and isinstance(self.fc2, TTLinear):
-            y = tt_feed_forward(x, self.fc1, self.fc2)  # (B, S, D)  no (B, S, F) kept
-        else:
-            y = self.fc2(F.gelu(self.fc1(x)))  # (B, S, D)
-        return dropout(y, self.drop.p, self.training)  # (B, S, D)
+            return tt_feed_forward(x, self.fc1, self.fc2)  # (B, S, D)  no (B, S, F) kept
+        return self.fc2(F.gelu(self.fc1(x)))  # (B, S, D)
 
 
 class EncoderBlock(nn.Module):
-    """Post-LN: ``x = LN(x + attn(x)); x = LN(x + ffn(x))``."""
+    """Post-LN: ``x = LN(x + attn(x)); x = LN(x + ffn(x))``, each branch's dropout fused with
+    its residual add (:func:`engine.nn.dropout.dropout_add`)."""
 
     def __init__(self, cfg: TransformerConfig, make_linear: MakeLinear) -> None:
         super().__init__()
@@ -212,8 +219,9 @@ class EncoderBlock(nn.Module):
         self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
 
     def forward(self, x: Tensor, keep: Tensor | None) -> Tensor:
-        x = self.norm1(x + self.attn(x, keep))  # (B, S, D)
-        return self.norm2(x + self.ffn(x))  # (B, S, D)
+        train = self.training
+        x = self.norm1(dropout_add(x, self.attn.branch(x, keep), self.attn.drop.p, train))
+        return self.norm2(dropout_add(x, self.ffn.branch(x), self.ffn.drop.p, train))  # (B,S,D)
 
 
 class Classifier(nn.Module):

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from engine.contract.lowrank_saved import recomputing
-from engine.nn.dropout import dropout_mask
+from engine.nn.dropout import as_bytes, dropout_mask
 
 __all__ = ["AttentionFunction", "masked_softmax", "scaled_dot_product_attention"]
 
@@ -83,9 +83,8 @@ class AttentionFunction(torch.autograd.Function):
         prob = _probs(q3, k3, keep, (b, h, s, t))  # (BH, S, T)
         mask = None
         if p > 0.0:
-            mask, m01 = dropout_mask(prob.shape, 1.0 - p, prob.device, 1.0, prob.dtype)
-            y = torch.bmm(prob * m01, v3)  # (BH, S, E)  mask: bool (saved), m01: 0/1 float
-            del m01
+            mask = dropout_mask(prob.shape, 1.0 - p, prob.device)  # (BH, S, T) bool, saved
+            y = torch.bmm(prob * as_bytes(mask), v3)  # (BH, S, E)
             y.mul_(1.0 / (1.0 - p))
         else:
             y = torch.bmm(prob, v3)  # (BH, S, E)
@@ -111,7 +110,7 @@ class AttentionFunction(torch.autograd.Function):
         m01 = None
         if mask is not None:
             g = g * (1.0 / (1.0 - ctx.p))  # (BH, S, E)
-            m01 = mask.to(prob.dtype)  # (BH, S, T) 0/1
+            m01 = as_bytes(mask).to(prob.dtype)  # (BH, S, T) 0/1 (from uint8: vectorized)
             pm = prob * m01  # (BH, S, T)
         else:
             pm = prob  # (BH, S, T)
