@@ -145,7 +145,7 @@ class PremergedFFNFunction(torch.autograd.Function):
         t2 = x.new_empty(rows, k2 + (b2 is not None))  # (B, r2 [+ 1])
         for lo in range(0, rows, block):
             h = t1[lo : lo + block] @ rb1  # (blk, F)
-            t2[lo : lo + block, :k2] = (l2.T @ torch.ops.aten.gelu_(h).T).T  # (blk, r2)
+            t2[lo : lo + block, :k2] = torch.ops.aten.gelu_(h) @ l2  # (blk, r2)
         if b2 is not None:
             t2[:, k2] = 1.0
         y = t2 @ with_bias(r2, b2)  # (B, D)

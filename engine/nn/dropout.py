@@ -6,8 +6,10 @@ element, in one thread, ~6 ns each here), scales it, multiplies, and autograd ke
 4-byte mask until backward. Here:
 
 * :func:`dropout_mask` draws from numpy's PCG64, in fixed chunks of :data:`CHUNK` entries,
-  each chunk its own stream ``SeedSequence((seed, chunk))``, two threads at a time (the fills
-  release the GIL). When ``1 - p`` is a multiple of 2^-16 to a relative 1e-4 (0.9 is 58982 /
+  each chunk its own stream ``SeedSequence((seed, chunk))``; from :data:`SPLIT_FROM` entries
+  two threads draw half of the entries each (the fills release the GIL; a half that starts
+  inside a chunk advances that chunk's stream to its first entry, so the split changes no
+  entry). When ``1 - p`` is a multiple of 2^-16 to a relative 1e-4 (0.9 is 58982 /
   65536, off by 7e-6 relative), the mask is ``V < round(65536 (1 - p))`` with ``V`` a
   16-bit uniform, four per raw 64-bit draw (0.7 ns per entry here); otherwise ``U < 1 - p``
   with ``U`` a float32 uniform (24 random bits, 2.3 ns per entry). ``F.dropout`` takes ~4 ns
@@ -47,6 +49,7 @@ __all__ = [
 ]
 
 CHUNK = 1 << 18  # entries per random stream
+SPLIT_FROM = 1 << 19  # masks of this many entries are drawn by two threads, half each
 _NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -69,14 +72,21 @@ def keep_threshold16(keep: float) -> int | None:
     return None
 
 
-def _fill(seed: int, chunks: range, keep: float, mask: np.ndarray,
+def _fill(seed: int, start: int, stop: int, keep: float, mask: np.ndarray,
           scaled: np.ndarray | None, scale: float) -> None:  # fmt: skip
-    """Draw ``mask[c]`` (and ``scaled[c] = scale * mask[c]``) for every chunk ``c``."""
-    n = mask.shape[0]
+    """Draw ``mask[start:stop]`` (and ``scaled = scale * mask`` there) from the chunks' streams.
+
+    ``start`` is a multiple of 4 (an entry boundary of a raw draw in both draws), so a range
+    that starts inside a chunk advances that chunk's stream to it: the entries are those of
+    the whole chunk drawn at once, however the work is split.
+    """
     threshold = keep_threshold16(keep)
-    for c in chunks:
-        lo, hi = c * CHUNK, min(n, (c + 1) * CHUNK)
+    per_draw = 4 if threshold is not None else 2  # 16-bit uniforms / float32s per raw draw
+    for c in range(start // CHUNK, -(-stop // CHUNK)):
+        lo, hi = max(start, c * CHUNK), min(stop, (c + 1) * CHUNK)
         bits = np.random.PCG64(np.random.SeedSequence((seed, c)))
+        if lo > c * CHUNK:
+            bits.advance((lo - c * CHUNK) // per_draw)
         if threshold is not None:  # four 16-bit uniforms per raw 64-bit draw
             v = bits.random_raw(-(-(hi - lo) // 4)).view(np.uint16)[: hi - lo]  # (hi - lo,)
             np.less(v, threshold, out=mask[lo:hi])
@@ -101,13 +111,13 @@ def dropout_mask(
     n = int(np.prod(shape, dtype=np.int64))
     mask = np.empty(n, dtype=np.bool_)
     scaled = np.empty(n, dtype=np_dtype) if scale is not None else None
-    n_chunks = -(-n // CHUNK)
-    if n_chunks > 1:  # odd chunks on the helper thread, even ones here
-        job = _helper().submit(_fill, seed, range(1, n_chunks, 2), keep, mask, scaled, scale)
-        _fill(seed, range(0, n_chunks, 2), keep, mask, scaled, scale)
+    if n >= SPLIT_FROM:  # the second half on the helper thread, the first here
+        cut = n // 8 * 4
+        job = _helper().submit(_fill, seed, cut, n, keep, mask, scaled, scale)
+        _fill(seed, 0, cut, keep, mask, scaled, scale)
         job.result()
     else:
-        _fill(seed, range(n_chunks), keep, mask, scaled, scale)
+        _fill(seed, 0, n, keep, mask, scaled, scale)
     m = torch.from_numpy(mask).view(shape)  # (shape) bool
     return m if scaled is None else (m, torch.from_numpy(scaled).view(shape))
 

@@ -1,15 +1,46 @@
-"""Dropout applied through a uint8 view of its bool mask, and dropout fused with the residual
-add: bitwise the arithmetic of a float mask ``m / keep`` (float32), the same mask draws,
-only the bool mask saved, and the unfused fallbacks."""
+"""Dropout masks drawn by two threads equal the chunk-by-chunk draw; dropout applied through a
+uint8 view of its bool mask, and dropout fused with the residual add: bitwise the arithmetic
+of a float mask ``m / keep`` (float32), the same mask draws, only the bool mask saved, and the
+unfused fallbacks."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
+import engine.nn.dropout as dr
 from engine.models.transformer import TransformerConfig, build_transformer
-from engine.nn.dropout import dropout, dropout_add, dropout_mask
+from engine.nn.dropout import CHUNK, dropout, dropout_add, dropout_mask, keep_threshold16
 from tests.engine.models.test_transformer_perf import saved_tensors
+
+
+def _chunk_by_chunk(seed: int, n: int, keep: float) -> np.ndarray:
+    """The definition of a mask: chunk ``c`` is drawn whole from ``SeedSequence((seed, c))``."""
+    out = np.empty(n, dtype=np.bool_)
+    threshold = keep_threshold16(keep)
+    for c in range(-(-n // CHUNK)):
+        lo, hi = c * CHUNK, min(n, (c + 1) * CHUNK)
+        bits = np.random.PCG64(np.random.SeedSequence((seed, c)))
+        if threshold is not None:
+            v = bits.random_raw(-(-(hi - lo) // 4)).view(np.uint16)[: hi - lo]
+            out[lo:hi] = v < threshold
+        else:
+            out[lo:hi] = np.random.Generator(bits).random(hi - lo, dtype=np.float32) < keep
+    return out
+
+
+@pytest.mark.parametrize("n", [dr.SPLIT_FROM - 3, dr.SPLIT_FROM + 6, 3 * CHUNK + 1234, 5 * CHUNK])
+@pytest.mark.parametrize("keep", [0.9, 0.77])  # 16-bit draws; float32 draws
+def test_masks_drawn_by_two_threads_equal_the_chunk_by_chunk_draw(n, keep):
+    torch.manual_seed(8)
+    got = dropout_mask((n,), keep)
+    torch.manual_seed(8)
+    seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))  # the draw dropout_mask makes
+    assert np.array_equal(got.numpy(), _chunk_by_chunk(seed, n, keep))
+    torch.manual_seed(8)
+    mask, scaled = dropout_mask((n,), keep, scale=2.0)
+    assert torch.equal(mask, got) and torch.equal(scaled, got.float() * 2.0)
 
 
 def _float_mask(shape, p: float, seed: int) -> torch.Tensor:
