@@ -65,6 +65,7 @@ class AttentionGeometry(NamedTuple):
     heads: int  # H
     p: float  # dropout on the probabilities
     save_probs: bool  # keep P for backward (else rebuilt there from Q and T_k)
+    out_ones: bool = False  # return [u, 1] (n, r_o + 1): the output projection has a bias
 
 
 def lowrank_pays(n: int, geo: AttentionGeometry, d: int, ranks: tuple[int, int, int, int],
@@ -134,7 +135,8 @@ def _probs(qp: Tensor, tk: Tensor, keep: Tensor | None, geo: AttentionGeometry) 
 
 
 class LowRankAttentionFunction(torch.autograd.Function):
-    """``u = y L_o`` (n, r_o) of the module doc, for ``x (n, N)``, ``n = B S`` rows.
+    """``u = y L_o`` (n, r_o) of the module doc, for ``x (n, N)``, ``n = B S`` rows, or
+    ``[u, 1]`` (n, r_o + 1) with ``geo.out_ones``, for ``[u, 1] [R_o; b_o]``.
 
     ``lq, lk, lv (N, r_*)`` are the halves of q, k, v, ``c``, ``w`` from
     :func:`attention_factors`; ``k_bias`` only gets its (zero) gradient; ``keep`` is the
@@ -168,7 +170,11 @@ class LowRankAttentionFunction(torch.autograd.Function):
         else:
             z = torch.bmm(prob, tv3)  # (B, S H, r_v [+ 1])
         zf = z.view(b * s, -1)  # (n, H (r_v [+ 1]))
-        u = zf @ w  # (n, r_o)
+        ro = w.shape[1]
+        u = x.new_empty(b * s, ro + geo.out_ones)  # (n, r_o [+ 1])
+        torch.mm(zf, w, out=u[:, :ro])  # (n, r_o) written in place (row stride r_o + 1)
+        if geo.out_ones:
+            u[:, ro].fill_(1.0)  # [u, 1]: the output bias rides along as one more rank
         ctx.geo, ctx.ranks = geo, (rq, rk, rv)
         ctx.k_bias = None if k_bias is None else k_bias.shape
         ctx.save_for_backward(x, lcat, tq1, tk3, tv3, c, w, qp, zf, keep_b, mask,
@@ -179,6 +185,7 @@ class LowRankAttentionFunction(torch.autograd.Function):
     def backward(ctx, du: Tensor):
         x, lcat, tq1, tk3, tv3, c, w, qp, zf, keep_b, mask, prob = ctx.saved_tensors
         geo = ctx.geo
+        du = du[:, : w.shape[1]]  # (n, r_o): the ones column is constant
         b, s, h = geo.batch, geo.seq, geo.heads
         rq, rk, rv = ctx.ranks
         n = b * s

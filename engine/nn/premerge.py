@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from engine.contract.batched import GroupMergeFunction, GroupSpec, padded_rank
+from engine.contract.execute import with_bias
 from engine.contract.lowrank_attention import (
     AttentionGeometry,
     LowRankAttentionFunction,
@@ -236,15 +237,15 @@ class PremergeSession:
         (lq, rq), (lk, rk), (lv, rv), (lo, ro) = halves
         q, k, v, out = layers
         save_probs = keep_probs or not recomputing()  # as AttentionFunction decides
-        geo = AttentionGeometry(b, s, heads, p, save_probs)
+        geo = AttentionGeometry(b, s, heads, p, save_probs, out_ones=out.bias is not None)
         ranks = (lq.shape[1], lk.shape[1], lv.shape[1], lo.shape[1])
         biases = (q.bias is not None, k.bias is not None, v.bias is not None)
         if not lowrank_pays(b * s, geo, d, ranks, biases):
             return None
         self.stats["attention"] += 1
         c, w = attention_factors(rq, rk, rv, q.bias, v.bias, lo, heads)  # small, autograd
-        u = LowRankAttentionFunction.apply(x2, lq, lk, lv, c, w, k.bias, keep, geo)  # (n, r_o)
-        y = u @ ro if out.bias is None else torch.addmm(out.bias, u, ro)  # (n, D)
+        u = LowRankAttentionFunction.apply(x2, lq, lk, lv, c, w, k.bias, keep, geo)  # (n, r_o [+1])
+        y = u @ with_bias(ro, out.bias)  # (n, D)
         return y.view(b, s, d)
 
     # -- siblings -----------------------------------------------------------------------

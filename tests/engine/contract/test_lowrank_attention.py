@@ -68,10 +68,10 @@ def _lowrank(x, params, heads, keep, p, save_probs):
     b, s, d = x.shape
     (lq, rq, bq), (lk, rk, bk), (lv, rv, bv), (lo, ro, bo) = params
     c, w = attention_factors(rq, rk, rv, bq, bv, lo, heads)
-    geo = AttentionGeometry(b, s, heads, p, save_probs)
+    geo = AttentionGeometry(b, s, heads, p, save_probs, out_ones=bo is not None)
     torch.manual_seed(SEED)
     u = LowRankAttentionFunction.apply(x.reshape(-1, d), lq, lk, lv, c, w, bk, keep, geo)
-    y = u @ ro if bo is None else u @ ro + bo  # (n, D)
+    y = u @ ro if bo is None else u @ torch.cat([ro, bo.unsqueeze(0)])  # (n, D)
     return y.view(b, s, d)
 
 
