@@ -129,7 +129,8 @@ class GateIndex:
             return torch.zeros(0, dtype=self._dtype, device=self._device)  # (0,)
         if self._gates[0].device != self._device:  # the model moved: move the index with it
             self.refresh()
-        return torch.cat([g.reshape(-1) for g in self._gates])  # (E,)
+        # gates are vectors: cat them as they are (a reshape would add a view node per gate)
+        return torch.cat([g if g.dim() == 1 else g.reshape(-1) for g in self._gates])  # (E,)
 
     def _state(self, flat: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Active mask (E,), rank slots (N,) ``(1, r_1..r_{K-1}, 1)`` and live layers (L,)."""
