@@ -14,7 +14,11 @@
   MNLI modes of every encoder linear and the classifier's first layer, and the word embedding
   as ``tltorch.FactorizedEmbedding`` (BlockTT, the MNLI row / column modes, rank 32: the table
   padded to 32000 rows as CoMERA's). No gates, so the loss is CE; AdamW over two flat groups
-  (factors lr 1e-4, others 5e-5), as CoMERA's optimizer runs.
+  (factors lr 1e-4, others 5e-5), as CoMERA's optimizer runs. Its BlockTT einsum keeps about
+  0.9 GB of activations per sequence (7.4 GB at batch 8, ~29 GB at 32: more than this machine
+  has), so above :data:`MICRO_BATCH` a step runs as micro-batches of that many sequences, each
+  loss weighted by its share of the batch and the gradients summed before the one optimizer
+  step: the gradient of the whole batch's mean loss, in the time of all micro-batches.
 
 CoMERA's and TensorLy-Torch's AdamW run fused over flat buffers (:mod:`engine.nn.flat`).
 """
@@ -48,6 +52,7 @@ __all__ = [
     "COMERA_LR",
     "DENSE_LR",
     "GALORE",
+    "MICRO_BATCH",
     "STEP_SETTINGS",
     "TLTORCH_RANK",
     "Runner",
@@ -73,6 +78,7 @@ STEP_SETTINGS = {
     "dropout": "on (train mode)",
 }
 LOWRANK_FROM_BATCH = 16  # from here on activations dominate memory (train_step doc)
+MICRO_BATCH = {"tltorch": 8}  # above this batch a step runs in micro-batches of this size
 
 
 def comera_config(batch: int) -> TransformerConfig:
@@ -179,11 +185,13 @@ class Runner:
     loss: Callable[[], Tensor]
     flats: tuple[FlatBuffer, ...] = ()  # flattened parameter groups (CoMERA, TensorLy-Torch)
     info: dict = field(default_factory=dict)
+    micro_losses: tuple[Callable[[], Tensor], ...] = ()  # the step in micro-batches, if set
 
     def step(self) -> tuple[float, float]:
         start = time.perf_counter()
         self.model.zero_grad(set_to_none=True)
-        self.loss().backward()
+        for loss in self.micro_losses or (self.loss,):
+            loss().backward()  # gradients of the micro-batches add up
         mid = time.perf_counter()
         for flat in self.flats:
             flat.gather_grad_()
@@ -209,6 +217,21 @@ def _model(name: str, cfg: TransformerConfig, mnli: bool) -> nn.Module:
     if name == "tltorch":
         return tltorch_transformer(cfg, mnli)
     return build_transformer(cfg, tensorized=False)
+
+
+def _micro_losses(model: nn.Module, inputs: tuple[Tensor, ...], size: int
+                  ) -> tuple[Callable[[], Tensor], ...]:  # fmt: skip
+    """CE of the batch as losses of micro-batches of ``size`` sequences, each weighted by its
+    share of the batch (their gradients sum to the whole batch's)."""
+    ids, types, mask, labels = inputs
+    batch = ids.shape[0]
+
+    def part(lo: int) -> Callable[[], Tensor]:
+        sl = slice(lo, min(batch, lo + size))
+        share = (sl.stop - lo) / batch
+        return lambda: F.cross_entropy(model(ids[sl], types[sl], mask[sl]), labels[sl]) * share
+
+    return tuple(part(lo) for lo in range(0, batch, size))
 
 
 def _runner(name: str, model: nn.Module, inputs: tuple[Tensor, ...], galore_rank: int) -> Runner:
@@ -243,7 +266,11 @@ def _runner(name: str, model: nn.Module, inputs: tuple[Tensor, ...], galore_rank
         def loss() -> Tensor:
             return F.cross_entropy(model(ids, types, mask), labels)
 
-    return Runner(name, model, optimizer, loss, tuple(flats), info)
+    micro = MICRO_BATCH.get(name)
+    micro_losses = () if micro is None or ids.shape[0] <= micro else _micro_losses(
+        model, inputs, micro)  # fmt: skip
+    info["micro_batches"] = max(1, len(micro_losses))
+    return Runner(name, model, optimizer, loss, tuple(flats), info, micro_losses)
 
 
 def build(name: str, batch: int, cfg: TransformerConfig | None = None) -> Runner:
