@@ -19,8 +19,9 @@ element, in one thread, ~6 ns each here), scales it, multiplies, and autograd ke
   thread count.
 * :class:`DropoutFunction` saves it as ``bool``, a quarter of the memory of a float mask,
   and applies it read as ``uint8`` (the same bytes): ``x * m`` then ``* 1 / (1 - p)``, forward
-  and backward. A ``float * uint8`` product runs at about the speed of ``float * float`` here,
-  ``float * bool`` and ``where`` at half of it, and no float mask is made at all.
+  and backward. No float mask is made: a ``float * uint8`` product takes about 1.4x a
+  ``float * float`` one here (0.22 vs 0.16 ms at 1024 x 768), ``float * bool`` 2.2x and the
+  former ``where(m, dy * s, 0)`` 3.5x, and making the float mask cost as much as drawing it.
 * :func:`dropout_add` is ``x + dropout(y)`` in one ``addcmul`` (the residual branches of a
   transformer block), the same arithmetic as the two ops.
 
