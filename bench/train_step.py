@@ -11,10 +11,11 @@ docstring is the CPU benchmark (the default).
 A step is ``zero_grad``, forward, loss, backward and the optimizer step, in training mode
 (dropout on), sequence length 128, random token ids / labels from a fixed seed, token types
 0 then 1 (a sentence pair), full attention mask. The configurations (``comera`` with the
-trainer's CPU fast path, ``comera_eager`` without it, ``dense``, ``galore``, ``tltorch``) are
-described in :mod:`bench.train_step_configs`. GaLore's SVD refresh runs every 200th step, so
-its time per step is ``(199 * regular + refresh) / 200`` with both kinds timed (a refresh step
-is forced by setting the projected parameters' step counters to the next multiple of 200).
+trainer's CPU fast path, ``comera_eager`` without it, ``dense``, ``dense_fused``, ``galore``,
+``tltorch``) are described in :mod:`bench.train_step_configs`. GaLore's SVD refresh runs every
+200th step, so its time per step is ``(199 * regular + refresh) / 200`` with both kinds timed
+(a refresh step is forced by setting the projected parameters' step counters to the next
+multiple of 200).
 
 Each configuration of a batch size runs in its own worker process (its own allocator, as a
 training job would), all alive at once; the parent steps them in turns, round-robin (warm-up
@@ -203,6 +204,7 @@ def measure_batch(batch: int, quick: bool, repeats: int | None, idle_kib: int) -
         "galore_over_comera_time": step_ms["galore"] / step_ms["comera"],
         "galore_over_comera_memory": mem["galore"] / mem["comera"],
         "dense_over_comera_memory": mem["dense"] / mem["comera"],
+        "dense_fused_over_comera_time": step_ms["dense_fused"] / step_ms["comera"],
         "tltorch_over_comera_time": over(step_ms, "tltorch", "comera"),
         "tltorch_over_comera_memory": over(peak_ratio_mem, "tltorch", "comera"),
         "eager_over_fast_path_time": step_ms["comera_eager"] / step_ms["comera"],
@@ -259,8 +261,8 @@ def table(rows: list[dict]) -> str:
             ref = AUTHORS_CODE[key].get(b)
             ref_s = f"{ref:>8.1f}" if ref is not None else f"{'-':>8}"
             lines.append(f"{key:<27} {b:>5} {r['ratios'][key]:>7.2f} {tgt} {ref_s}{mark}")
-    for key in ("tltorch_over_comera_time", "tltorch_over_comera_memory",
-                "eager_over_fast_path_time"):  # fmt: skip
+    for key in ("dense_fused_over_comera_time", "tltorch_over_comera_time",
+                "tltorch_over_comera_memory", "eager_over_fast_path_time"):  # fmt: skip
         for r in rows:
             v = r["ratios"][key]
             lines.append(f"{key:<27} {r['batch']:>5} " + (f"{v:>7.2f}" if v is not None
@@ -340,6 +342,7 @@ def main() -> None:
                 },
             },
             "dense": {"optimizer": {"AdamW": DENSE_LR, "settings": "torch defaults"}},
+            "dense_fused": {"optimizer": {"AdamW": DENSE_LR, "settings": "fused=True"}},
             "galore": {
                 "optimizer": {"GaLoreAdamW": DENSE_LR, **GALORE},
                 "time": "(199 regular + 1 refresh) / 200",
