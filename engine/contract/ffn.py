@@ -20,8 +20,9 @@ so nothing of size (B, F) is kept: what backward keeps is ``x``, ``T1`` and ``T2
 temporary): on the 2-core Xeon this was tuned on, 1024 rows ran the block 15% faster than 341
 at 1024 rows and 2-8% at 4096 (fewer, larger GEMMs beat a cache-sized block there), and
 keeping ``h`` from the forward instead of rebuilding it made the whole step slower (206 vs
-197 ms at batch 8). The multiply-adds are those of the two layers plus the rebuild of ``h``. Gate and core gradients come from the same
-merge backward as a single layer (:func:`engine.contract.execute.param_grads`).
+197 ms at batch 8). The multiply-adds are those of the two layers plus the rebuild of ``h``.
+Gate and core gradients come from the same merge backward as a single layer
+(:func:`engine.contract.execute.param_grads`).
 """
 
 from __future__ import annotations
