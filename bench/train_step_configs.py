@@ -193,11 +193,7 @@ class Runner:
 
     def step(self) -> tuple[float, float]:
         start = time.perf_counter()
-        if self.flats:  # every parameter is in one: backward accumulates into the buffers
-            for flat in self.flats:
-                flat.zero_grad_()
-        else:
-            self.model.zero_grad(set_to_none=True)
+        self.model.zero_grad(set_to_none=True)
         for loss in self.micro_losses or (self.loss,):
             loss().backward()  # gradients of the micro-batches add up
         mid = time.perf_counter()

@@ -11,12 +11,7 @@ flat parameter then computes exactly what it computes over the originals, entry 
 in one call, and writes the parameters in place through the views.
 
 Gradients stay ordinary per-parameter tensors (``zero_grad(set_to_none=True)`` frees them),
-so nothing extra is alive while activations peak. Or, with :meth:`FlatBuffer.zero_grad_`
-before each backward, every member's ``grad`` is a view of the zeroed flat gradient and
-autograd accumulates into it in place: no per-parameter gradient is allocated and
-:meth:`FlatBuffer.gather_grad_` only copies members whose ``grad`` was replaced meanwhile
-(on the MNLI model at batch 1 the concatenation took 1.3-2.3 ms of a ~55 ms step; the flat
-gradient, 6 MB, then stays allocated). Flatten after moving the model to its
+so nothing extra is alive while activations peak. Flatten after moving the model to its
 device and dtype, and again (with new optimizer state) after anything that replaces
 parameter tensors, such as ``shrink_``; :meth:`FlatBuffer.intact` tells whether that happened.
 """
@@ -46,8 +41,6 @@ class FlatBuffer:
         total = sum(p.numel() for p in members)
         self.param = nn.Parameter(torch.empty(total, device=first.device, dtype=first.dtype))
         self.members = members
-        self._offsets: list[int] = []
-        self._grad_views: list[torch.Tensor] | None = None  # set by zero_grad_
         offset = 0
         with torch.no_grad():
             for p in members:
@@ -55,37 +48,13 @@ class FlatBuffer:
                 view = self.param.data[offset : offset + n].view(p.shape)  # (p.shape)
                 view.copy_(p.data)
                 p.data = view
-                self._offsets.append(offset)
                 offset += n
 
-    def zero_grad_(self) -> None:
-        """Zero the flat gradient and make each member's ``grad`` its view of it, so that a
-        backward accumulates straight into ``param.grad`` (see the module doc)."""
-        grad = self.param.grad
-        if grad is None or self._grad_views is None:
-            grad = self.param.grad = torch.zeros_like(self.param)  # (N,)
-            pairs = zip(self._offsets, self.members, strict=True)
-            self._grad_views = [grad[lo : lo + p.numel()].view(p.shape) for lo, p in pairs]
-        else:
-            grad.zero_()
-        for p, view in zip(self.members, self._grad_views, strict=True):
-            if p.grad is not view:
-                p.grad = view
-
     def gather_grad_(self) -> None:
-        """``param.grad`` = the members' gradients concatenated (zeros for a missing one).
-
-        After :meth:`zero_grad_` only members whose ``grad`` is no longer their view of
-        ``param.grad`` are copied (or zeroed, when it is None)."""
-        views = self._grad_views
-        if views is None or self.param.grad is None:
-            grads = [p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel())
-                     for p in self.members]  # fmt: skip
-            self.param.grad = torch.cat(grads)  # (N,)
-            return
-        for p, view in zip(self.members, views, strict=True):
-            if p.grad is not view:
-                view.copy_(p.grad) if p.grad is not None else view.zero_()
+        """``param.grad`` = the members' gradients concatenated (zeros for a missing one)."""
+        grads = [p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel())
+                 for p in self.members]  # fmt: skip
+        self.param.grad = torch.cat(grads)  # (N,)
 
     def intact(self) -> bool:
         """Whether every member still lives in the buffer (none had its tensor replaced)."""

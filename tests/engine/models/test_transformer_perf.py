@@ -231,8 +231,7 @@ def test_recompute_is_validated_and_round_trips():
 
 # -- flat parameter buffers -------------------------------------------------------------------
 @pytest.mark.parametrize("fused", [False, True])
-@pytest.mark.parametrize("in_place", [False, True])  # zero_grad_: backward adds into the buffer
-def test_flat_buffers_train_exactly_like_separate_parameters(fused, in_place):
+def test_flat_buffers_train_exactly_like_separate_parameters(fused):
     cfg = TransformerConfig.tiny(n_layers=1)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, cfg.vocab_size, (2, 9), generator=g)
@@ -249,11 +248,7 @@ def test_flat_buffers_train_exactly_like_separate_parameters(fused, in_place):
         models.append(model)
     for step in range(3):
         for model, opt in zip(models, opts, strict=True):
-            if in_place and model is models[1]:
-                for f in flats:
-                    f.zero_grad_()
-            else:
-                model.zero_grad(set_to_none=True)
+            model.zero_grad(set_to_none=True)
             torch.manual_seed(step)
             F.cross_entropy(model(ids), labels).backward()
             if model is models[1]:
@@ -291,25 +286,6 @@ def test_flatten_checks_and_gathers():
     assert torch.equal(c, torch.arange(1.0, 7.0).view(2, 3)) and flat.intact()
     c.data = torch.zeros(2, 3)  # replaced (as shrink_ does): no longer a view
     assert not flat.intact()
-
-
-def test_flat_gradients_in_place_and_members_whose_grad_was_replaced():
-    a, c = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2, 3))
-    flat = flatten_([a, c])
-    flat.zero_grad_()
-    assert a.grad.data_ptr() == flat.param.grad.data_ptr()  # a view of the flat gradient
-    (a.sum() * 3 + (c * 2).sum()).backward()  # accumulated in place
-    assert torch.equal(flat.param.grad, torch.tensor([3.0, 3, 2, 2, 2, 2, 2, 2]))
-    flat.gather_grad_()  # nothing to copy
-    assert torch.equal(flat.param.grad, torch.tensor([3.0, 3, 2, 2, 2, 2, 2, 2]))
-    flat.zero_grad_()
-    assert not flat.param.grad.any()
-    c.grad = torch.full((2, 3), 5.0)  # replaced by someone else: copied in
-    a.grad = None  # dropped: zeros
-    flat.gather_grad_()
-    assert torch.equal(flat.param.grad, torch.tensor([0.0, 0, 5, 5, 5, 5, 5, 5]))
-    flat.zero_grad_()  # views again
-    assert c.grad.data_ptr() == flat.param.grad.data_ptr() + 2 * 4
 
 
 def test_dropout_mask_is_chunked_deterministic_and_seeded():
