@@ -129,6 +129,11 @@ def as_bytes(mask: Tensor) -> Tensor:
     return mask.view(torch.uint8)
 
 
+def _dropped(t: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """``t * m * scale``, ``m`` the bool mask read as bytes (module doc)."""
+    return torch.mul(t, as_bytes(mask)).mul_(scale)
+
+
 class DropoutFunction(torch.autograd.Function):
     """``x * m / keep`` for a fresh mask ``m``; saves only ``m`` (bool)."""
 
@@ -137,12 +142,12 @@ class DropoutFunction(torch.autograd.Function):
         ctx.scale = 1.0 / (1.0 - p)
         mask = dropout_mask(x.shape, 1.0 - p, x.device)  # (x.shape) bool
         ctx.save_for_backward(mask)
-        return torch.mul(x, as_bytes(mask)).mul_(ctx.scale)  # (x.shape)
+        return _dropped(x, mask, ctx.scale)  # (x.shape)
 
     @staticmethod
     def backward(ctx, dy: Tensor):
         (mask,) = ctx.saved_tensors
-        return torch.mul(dy, as_bytes(mask)).mul_(ctx.scale), None  # (x.shape)
+        return _dropped(dy, mask, ctx.scale), None  # (x.shape)
 
 
 class DropoutAddFunction(torch.autograd.Function):
@@ -158,7 +163,7 @@ class DropoutAddFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dz: Tensor):
         (mask,) = ctx.saved_tensors
-        return dz, torch.mul(dz, as_bytes(mask)).mul_(ctx.scale), None  # (y.shape) each
+        return dz, _dropped(dz, mask, ctx.scale), None  # (y.shape) each
 
 
 def _checked(p: float) -> None:
@@ -182,7 +187,10 @@ def dropout_add(x: Tensor, y: Tensor, p: float, training: bool = True) -> Tensor
     _checked(p)
     if not training or p == 0.0:
         return x + y
-    fused = p < 1.0 and y.device.type == "cpu" and y.is_floating_point() and (
-        x.shape == y.shape and x.dtype == y.dtype and x.device == y.device
+    fused = (
+        p < 1.0
+        and y.device.type == "cpu"
+        and y.is_floating_point()
+        and (x.shape == y.shape and x.dtype == y.dtype and x.device == y.device)
     )
     return DropoutAddFunction.apply(x, y, p) if fused else x + dropout(y, p, True)
