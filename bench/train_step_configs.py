@@ -194,6 +194,7 @@ class Runner:
     def step(self) -> tuple[float, float]:
         start = time.perf_counter()
         self.model.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=True)  # the flat parameters' gathered gradients
         for loss in self.micro_losses or (self.loss,):
             loss().backward()  # gradients of the micro-batches add up
         mid = time.perf_counter()

@@ -28,7 +28,6 @@ Gate and core gradients come from the same merge backward as a single layer
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from engine.contract.execute import (
     TTLinearMeta,
@@ -92,8 +91,8 @@ class TTFFNFunction(torch.autograd.Function):
         for lo in range(0, rows, block):
             blk = slice(lo, lo + block)
             h = t1[blk] @ rb1  # (blk, F) rebuilt
-            d_left2.addmm_(F.gelu(h).T, u2[blk])  # (F, r2)
             dh = torch.ops.aten.gelu_backward(u2[blk] @ left2_t, h)  # (blk, F)
+            d_left2.addmm_(torch.ops.aten.gelu_(h).T, u2[blk])  # (F, r2): h no longer needed
             u1[blk] = _skinny(dh, right1_t)  # (blk, r1)
             d_right1.addmm_(t1[blk].T, dh)  # (r1 [+ 1], F)
         dx = u1 @ m1.left.T if ctx.needs_input_grad[0] else None  # (B, N)

@@ -170,8 +170,8 @@ class PremergedFFNFunction(torch.autograd.Function):
         for lo in range(0, rows, block):
             blk = slice(lo, lo + block)
             h = t1[blk] @ rb1  # (blk, F) rebuilt
-            d_l2_t.addmm_(u2[blk].T, F.gelu(h))  # (r2, F)
             dh = torch.ops.aten.gelu_backward(u2[blk] @ l2_t, h)  # (blk, F)
+            d_l2_t.addmm_(u2[blk].T, torch.ops.aten.gelu_(h))  # (r2, F): h no longer needed
             u1[blk] = _skinny(dh, r1_t)  # (blk, r1)
             d_rb1.addmm_(t1[blk].T, dh)  # (r1 [+ 1], F)
         dx = u1 @ l1.T if ctx.needs_input_grad[0] else None  # (B, N)
