@@ -48,6 +48,7 @@ from torch import Tensor, nn
 
 from engine.models.hf_bert_init import balance_cores_, replace_module_
 from engine.nn.attention import scaled_dot_product_attention
+from engine.nn.params import ParamList
 from engine.nn.tt_linear import TTLinear
 
 __all__ = ["STAGES", "RIDGE", "RIDGE_SEQUENTIAL", "ANCHOR_SEQUENTIAL", "Batch", "AffineStats",
@@ -150,8 +151,8 @@ def tt_from_factors(old: TTLinear, left: Tensor, right: Tensor, bias: Tensor) ->
                        out_modes=old.out_modes, max_rank=r, gate_threshold=old.gate_threshold,
                        plan=old.plan, device="meta", dtype=dtype)  # fmt: skip
         cores = [left.reshape(1, old.in_features, r), right.reshape(r, old.out_features, 1)]
-        new.cores = nn.ParameterList([nn.Parameter(c.to(dtype).contiguous()) for c in cores])
-        new.gates = nn.ParameterList([nn.Parameter(torch.ones(r, dtype=dtype, device=bias.device))])
+        new.cores = ParamList([nn.Parameter(c.to(dtype).contiguous()) for c in cores])
+        new.gates = ParamList([nn.Parameter(torch.ones(r, dtype=dtype, device=bias.device))])
         new.bias = nn.Parameter(bias.detach().to(dtype).clone())
     else:
         probe = nn.Linear(old.in_features, old.out_features, device="meta")

@@ -21,6 +21,7 @@ from engine.contract.plan import Plan
 from engine.contract.reference import tt_linear_weight
 from engine.kernels.backend import KernelPref, parse_kernel
 from engine.nn.functional import parse_plan, tt_linear
+from engine.nn.params import ParamList
 from engine.nn.premerge import premerged_linear
 from engine.tt.cores import active_ranks, chain_numel, init_cores
 from engine.tt.decompose import matrix_to_tt
@@ -76,8 +77,8 @@ class TTLinear(nn.Module):
         full = resolve_ranks(self.in_modes + self.out_modes, max_rank=max_rank, ranks=ranks)
         shapes = [(full[k], s, full[k + 1]) for k, s in enumerate(self.mode_sizes)]
         kw = {"device": device, "dtype": dtype}
-        self.cores = nn.ParameterList([nn.Parameter(torch.empty(s, **kw)) for s in shapes])
-        self.gates = nn.ParameterList(
+        self.cores = ParamList([nn.Parameter(torch.empty(s, **kw)) for s in shapes])
+        self.gates = ParamList(
             [nn.Parameter(torch.ones(r, **kw)) for r in full[1:-1]]
         )
         self.bias = nn.Parameter(torch.empty(out_features, **kw)) if bias else None
@@ -122,8 +123,8 @@ class TTLinear(nn.Module):
             device=torch.device("meta"), dtype=w.dtype,
         )
         cores = matrix_to_tt(w, layer.in_modes, layer.out_modes, max_rank=max_rank, tol=tol)
-        layer.cores = nn.ParameterList([nn.Parameter(c.to(w.dtype)) for c in cores])
-        layer.gates = nn.ParameterList(
+        layer.cores = ParamList([nn.Parameter(c.to(w.dtype)) for c in cores])
+        layer.gates = ParamList(
             [nn.Parameter(torch.ones(c.shape[-1], dtype=w.dtype, device=w.device))
              for c in cores[:-1]]
         )

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from engine.contract.reference import ttm_table
 from engine.kernels.backend import KernelPref, parse_kernel
+from engine.nn.params import ParamList
 from engine.nn.ttm_functional import LookupPlan, make_plan, ttm_lookup
 from engine.tt.cores import active_ranks, chain_numel, init_cores
 from engine.tt.decompose import embedding_to_ttm
@@ -106,8 +107,8 @@ class TTMEmbedding(nn.Module):
         kw = {"device": device, "dtype": dtype}
         pairs = enumerate(zip(rows, cols, strict=True))
         shapes = [(full[k], n, m, full[k + 1]) for k, (n, m) in pairs]  # (r_{k-1}, n_k, m_k, r_k)
-        self.cores = nn.ParameterList([nn.Parameter(torch.empty(s, **kw)) for s in shapes])
-        self.gates = nn.ParameterList([nn.Parameter(torch.empty(r, **kw)) for r in full[1:-1]])
+        self.cores = ParamList([nn.Parameter(torch.empty(s, **kw)) for s in shapes])
+        self.gates = ParamList([nn.Parameter(torch.empty(r, **kw)) for r in full[1:-1]])
         self._plan: tuple[tuple, LookupPlan] | None = None
         self.reset_parameters()
 
