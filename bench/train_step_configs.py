@@ -193,8 +193,11 @@ class Runner:
 
     def step(self) -> tuple[float, float]:
         start = time.perf_counter()
-        self.model.zero_grad(set_to_none=True)
-        self.optimizer.zero_grad(set_to_none=True)  # the flat parameters' gathered gradients
+        if self.flats:  # every parameter is a member of one (_runner); the flat grads too
+            for flat in self.flats:
+                flat.zero_grad_()
+        else:
+            self.model.zero_grad(set_to_none=True)
         for loss in self.micro_losses or (self.loss,):
             loss().backward()  # gradients of the micro-batches add up
         mid = time.perf_counter()
@@ -272,6 +275,8 @@ def _runner(name: str, model: nn.Module, inputs: tuple[Tensor, ...], galore_rank
         def loss() -> Tensor:
             return F.cross_entropy(model(ids, types, mask), labels)
 
+    if flats and sum(len(f.members) for f in flats) != len(list(model.parameters())):
+        raise RuntimeError(f"{name}: the flat buffers must hold every parameter")
     micro = MICRO_BATCH.get(name)
     micro_losses = () if micro is None or ids.shape[0] <= micro else _micro_losses(
         model, inputs, micro)  # fmt: skip

@@ -284,6 +284,9 @@ def test_flatten_checks_and_gathers():
     with torch.no_grad():
         flat.param.add_(1.0)  # an optimizer writing the flat parameter writes the members
     assert torch.equal(c, torch.arange(1.0, 7.0).view(2, 3)) and flat.intact()
+    a.grad = torch.ones(2)
+    flat.zero_grad_()  # frees the members' gradients and the gathered one
+    assert a.grad is None and c.grad is None and flat.param.grad is None
     c.data = torch.zeros(2, 3)  # replaced (as shrink_ does): no longer a view
     assert not flat.intact()
 
