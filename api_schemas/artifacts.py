@@ -5,14 +5,27 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 __all__ = [
-    "AttemptPublic", "AttemptsPublic", "BaselineReport", "CheckpointFile",
-    "CheckpointManifestPublic", "CheckpointPublic", "CheckpointsPublic", "CompressionReport",
-    "DatasetPublic", "DatasetsPublic", "FidelityReport", "LayerPlan", "LayerReport",
+    "AttemptPublic",
+    "AttemptsPublic",
+    "BaselineReport",
+    "CheckpointFile",
+    "CheckpointManifestPublic",
+    "CheckpointPublic",
+    "CheckpointsPublic",
+    "CompressionReport",
+    "DatasetPublic",
+    "DatasetsPublic",
+    "DistributedExecution",
+    "ExecutionReport",
+    "FidelityReport",
+    "LayerPlan",
+    "LayerReport",
+    "MemoryPlan",
     "ValidationReport",
-]  # fmt: skip
+]
 
 
 class CheckpointPublic(BaseModel):
@@ -55,7 +68,7 @@ class CheckpointManifestPublic(BaseModel):
 
 class AttemptPublic(BaseModel):
     attempt: int
-    worker: str | None = None
+    worker: str | None = None  # host:pid of the worker that ran it: admin keys only
     started_at: datetime | None = None
     ended_at: datetime | None = None
     exit_reason: str | None = None  # completed, worker_lost, timeout, oom, error, cancelled
@@ -116,6 +129,28 @@ class BaselineReport(BaseModel):
     deltas: dict[str, float]
 
 
+class DistributedExecution(BaseModel):
+    """How a data-parallel job ran (``training.devices`` x ``training.nodes`` processes)."""
+
+    world_size: int  # processes, one per device
+    backend: str  # the process group's: "gloo" on CPUs, "cpu:gloo,cuda:nccl" with NCCL
+    ddp_rebuilds: int  # DistributedDataParallel wrappers built: the first, then after each shrink
+    ddp_rebuild_seconds: float  # the time those builds took, in all
+    gate_repairs: int = 0  # rank gate entries of a replica that differed from rank 0's
+
+
+class ExecutionReport(BaseModel):
+    """How the steps ran: ``fast_path``, ``precision``, ``cuda_graph`` {mode, used, captures,
+    replays, failure}, and ``distributed`` for a data-parallel job (null for one process)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    fast_path: bool | None = None
+    precision: str | None = None
+    cuda_graph: dict[str, Any] | None = None
+    distributed: DistributedExecution | None = None
+
+
 class CompressionReport(BaseModel):
     """Compression measured on the saved artifact, per layer and in total, plus metrics."""
 
@@ -134,9 +169,13 @@ class CompressionReport(BaseModel):
     engine_version: str | None = None
     spec_hash: str
     fidelity: FidelityReport | None = None  # hf_bert: agreement with the original model
+    # the last size target: target_reached, size_target, size_end, ratio_reached (size_end /
+    # size at that stage's start) and, when not reached, reason (e.g. the fidelity guard)
+    target: dict[str, Any] | None = None
+    # the final accuracy against chance: value, majority, uniform, chance, at_chance
+    chance: dict[str, Any] | None = None
     baseline: BaselineReport | None = None  # a dense job of the same spec, when one exists
-    # how the steps ran: fast_path, precision, cuda_graph {mode, used, captures, replays, failure}
-    execution: dict[str, Any] | None = None
+    execution: ExecutionReport | None = None  # how the steps ran (data parallelism included)
 
 
 class LayerPlan(BaseModel):
@@ -149,6 +188,18 @@ class LayerPlan(BaseModel):
     params: int
 
 
+class MemoryPlan(BaseModel):
+    """The parts of ``estimated_memory_bytes``: the model's weights, gradients and optimizer
+    state; activations; the data the worker holds in memory. A data-parallel job is estimated
+    per process (``processes`` = training.devices x training.nodes, one per device): each holds
+    the model, its slice of the global batch and the data."""
+
+    model_bytes: int
+    activation_bytes: int
+    data_bytes: int
+    processes: int = 1
+
+
 class ValidationReport(BaseModel):
     """``POST /v1/jobs:validate``: the normalized spec and what the job would build."""
 
@@ -159,5 +210,7 @@ class ValidationReport(BaseModel):
     params_after: int
     tensorized_ratio: float | None = None
     estimated_memory_bytes: int
+    memory: MemoryPlan | None = None
+    memory_capacity_bytes: int | None = None
     total_steps: int | None = None
     warnings: list[str] = []

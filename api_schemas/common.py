@@ -24,8 +24,10 @@ class FieldError(BaseModel):
     message: str
     code: str = Field(examples=["less_than_equal", "missing", "config"])
     parameter: str | None = Field(
-        default=None, description="for a query, path or header parameter: its name (the "
-        "pointer is then empty)", examples=["limit"])  # fmt: skip
+        default=None,
+        description="for a query, path or header parameter: its name (the pointer is then empty)",
+        examples=["limit"],
+    )
 
 
 class Problem(BaseModel):

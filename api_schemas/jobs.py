@@ -5,28 +5,55 @@ The spec is declarative: a built-in architecture (or, for ``hf_bert``, a pretrai
 Face BERT encoder named by its ``source``), a dataset reference, the compression settings, a
 stage schedule and resource limits. Every size a user controls has a bound here,
 so a request that could exhaust a worker is refused with a 422 before anything is stored.
-The worker translates the spec into the engine's job config (``service.spec.to_engine``);
-checks that need the model (a stage that does not fit it) run in the dry run
-``POST /v1/jobs:validate`` and again when the job starts.
+The worker translates the spec into the engine's job config
+(:func:`api_schemas.engine_spec.to_engine`); checks that need the model (a stage that does not
+fit it) run in the dry run ``POST /v1/jobs:validate`` and again when the job starts.
 """
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from api_schemas.common import StrictModel
-from api_schemas.model_limits import check_config
+from api_schemas.generator_limits import generator_errors, generator_of
+from api_schemas.model_limits import MAX_TABLE_ROWS, check_config
 
 __all__ = [
-    "ARCHS", "CancelRequest", "CheckpointingSpec", "CompressionSpec", "DatasetSpec",
-    "DistillSpec", "HF_PACKAGES", "HFDirSource", "JobCreate", "JobState",
-    "JobUpdate", "LearningRatesSpec", "LimitsSpec", "ModelSource", "ModelSpec",
-    "ModesSpec", "PackageSource", "RetryRequest", "StageSpec",
-    "TERMINAL_STATES", "TrainingSpec",
-]  # fmt: skip
+    "ARCHS",
+    "CancelRequest",
+    "CheckpointingSpec",
+    "CompressionSpec",
+    "DatasetSpec",
+    "DistillSpec",
+    "HF_PACKAGES",
+    "HFDirSource",
+    "JobCreate",
+    "JobState",
+    "JobUpdate",
+    "LearningRatesSpec",
+    "LimitsSpec",
+    "ModelSource",
+    "ModelSpec",
+    "ModesSpec",
+    "PackageSource",
+    "RetryRequest",
+    "StageSpec",
+    "TERMINAL_STATES",
+    "TrainingSpec",
+]
 
 ARCHS = ("transformer", "dlrm", "mlm", "mlp", "hf_bert")
 # installed Python packages that ship a BERT directory a job may name (source kind "package")
@@ -36,6 +63,9 @@ HF_PACKAGES: tuple[str, ...] = get_args(PackageName)
 HF_RESERVED = ("path", "architecture", "distill", "distill_weight")
 MAX_STEPS = 1_000_000
 MAX_EPOCHS = 1_000
+# explicit modes: the product of either side at most twice the largest size any layer may have
+# (a Criteo table), so no product overflows; the planner bounds it by the layer's own size
+MAX_MODES_PRODUCT = 2 * MAX_TABLE_ROWS
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][\w.\- ]*$")]
 Pattern = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[\w.*?\[\]\-]+$")]
 Scalar = int | float | bool | str | None
@@ -114,7 +144,7 @@ class ModelSpec(StrictModel):
     ``hf_bert`` also takes the pretrained model's ``source`` (required) and ``distill``
     (default: ``cosine_embedding`` with weight 1); its ``config`` holds the remaining
     engine fields (``tensorize_embeddings``, ``train_embeddings``, ``init``,
-    ``calibration_sentences``, ``rank_allocation``, ``target_ratio``, ``probe_sentences``,
+    ``calibration_sentences``, ``rank_allocation``, ``target_compression``, ``probe_sentences``,
     ``dropout``, ``pooling``), validated by the engine (``HFBertConfig``) in the worker.
     Every size in ``config`` has an upper bound per architecture, and the dense model it
     describes at most ``MAX_DENSE_PARAMS`` parameters (:mod:`api_schemas.model_limits`).
@@ -122,7 +152,8 @@ class ModelSpec(StrictModel):
 
     arch: Literal["transformer", "dlrm", "mlm", "mlp", "hf_bert"]
     config: dict[Annotated[str, Field(max_length=64)], ConfigValue] = Field(
-        default_factory=dict, max_length=64)  # fmt: skip
+        default_factory=dict, max_length=64
+    )
     source: ModelSource | None = None
     distill: DistillSpec | None = None
 
@@ -146,8 +177,7 @@ class ModelSpec(StrictModel):
     @model_validator(mode="after")
     def _hf_fields(self) -> ModelSpec:
         if self.arch == "hf_bert" and self.source is None:
-            raise ValueError("source is required for arch 'hf_bert' (kind 'hf_dir' or "
-                             "'package')")  # fmt: skip
+            raise ValueError("source is required for arch 'hf_bert' (kind 'hf_dir' or 'package')")
         if self.arch != "hf_bert" and (self.source is not None or self.distill is not None):
             raise ValueError("source and distill are only for arch 'hf_bert'")
         return self
@@ -170,24 +200,26 @@ class DatasetSpec(StrictModel):
     valid_path: str | None = Field(default=None, max_length=1024)
     format: Literal["jsonl", "csv", "criteo", "text", "npz"] | None = None
     generator: Literal["nli", "criteo", "mlm", "mlp", "stdlib_text"] | None = None
-    n_train: int = Field(default=10_000, ge=1, le=10_000_000)
-    n_valid: int = Field(default=1_000, ge=1, le=1_000_000)
-    synthetic_seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    n_train: StrictInt = Field(default=10_000, ge=1, le=10_000_000)
+    n_valid: StrictInt = Field(default=1_000, ge=1, le=1_000_000)
+    synthetic_seed: StrictInt = Field(default=0, ge=0, le=2**31 - 1)
     params: dict[Annotated[str, Field(max_length=64)], ConfigValue] = Field(
-        default_factory=dict, max_length=32)  # fmt: skip
-    valid_every: int = Field(default=0, ge=0, le=1000)
+        default_factory=dict, max_length=32
+    )
+    valid_every: StrictInt = Field(default=0, ge=0, le=1000)
     text_a: str = Field(default="premise", max_length=64)
     text_b: str | None = Field(default="hypothesis", max_length=64)
     label_field: str = Field(default="label", max_length=64)
-    vocab_size: int = Field(default=8000, ge=64, le=250_000)
-    max_len: int = Field(default=128, ge=4, le=2048)
-    num_rows: int = Field(default=100_000, ge=2, le=50_000_000)
-    length_buckets: int = Field(default=0, ge=0, le=1024)  # k >= 2: length-sorted windows
+    vocab_size: StrictInt = Field(default=8000, ge=64, le=250_000)
+    max_len: StrictInt = Field(default=128, ge=8, le=2048)
+    num_rows: StrictInt = Field(default=100_000, ge=1, le=50_000_000)
+    length_buckets: StrictInt = Field(default=0, ge=0, le=1024)  # k >= 2: length-sorted windows
 
     @model_validator(mode="after")
     def _source_fields(self) -> DatasetSpec:
-        if self.length_buckets > 1 and (self.format in ("criteo", "npz")
-                                        or self.generator in ("criteo", "mlp")):  # fmt: skip
+        if self.length_buckets > 1 and (
+            self.format in ("criteo", "npz") or self.generator in ("criteo", "mlp")
+        ):
             raise ValueError("length_buckets: only sentence and text data have lengths; use 0")
         if self.source == "upload" and self.dataset_id is None:
             raise ValueError("dataset_id is required when source is 'upload'")
@@ -204,11 +236,13 @@ class DatasetSpec(StrictModel):
 
 class ModesSpec(StrictModel):
     """An explicit factorization: ``in`` / ``out`` modes of a TT linear (rows / columns of a
-    TTM embedding), same length; their products must cover the layer's sizes."""
+    TTM embedding), same length; their products must cover the layer's sizes (and, checked
+    by the planner, stay within twice them), each at most ``MAX_MODES_PRODUCT``."""
 
-    in_: list[Annotated[int, Field(ge=1, le=65_536)]] = Field(alias="in", min_length=1,
-                                                               max_length=8)  # fmt: skip
-    out: list[Annotated[int, Field(ge=1, le=65_536)]] = Field(min_length=1, max_length=8)
+    in_: list[Annotated[StrictInt, Field(ge=1, le=65_536)]] = Field(
+        alias="in", min_length=1, max_length=8
+    )
+    out: list[Annotated[StrictInt, Field(ge=1, le=65_536)]] = Field(min_length=1, max_length=8)
 
     model_config = ConfigDict(extra="forbid", frozen=True, serialize_by_alias=True)
 
@@ -216,6 +250,12 @@ class ModesSpec(StrictModel):
     def _same_length(self) -> ModesSpec:
         if len(self.in_) != len(self.out):
             raise ValueError("'in' and 'out' need the same number of modes")
+        for side, modes in (("in", self.in_), ("out", self.out)):
+            if math.prod(modes) > MAX_MODES_PRODUCT:
+                raise ValueError(
+                    f"the {side!r} modes multiply to {math.prod(modes):.3g}; no layer is "
+                    f"larger than {MAX_MODES_PRODUCT // 2:,} (at most twice that is accepted)"
+                )
         return self
 
 
@@ -224,19 +264,26 @@ class CompressionSpec(StrictModel):
 
     method: Literal["comera", "dense", "galore"] = "comera"
     layers: list[Pattern] = Field(default_factory=lambda: ["*"], min_length=1, max_length=64)
-    max_rank: int = Field(default=30, ge=1, le=256)
-    embedding_max_rank: int | None = Field(default=None, ge=1, le=256)
+    max_rank: StrictInt = Field(default=30, ge=1, le=1024)
+    embedding_max_rank: StrictInt | None = Field(default=None, ge=1, le=1024)
     # "auto": factorize every layer; "paper": the architecture's published shapes where it has
     # them; or explicit modes per layer-name pattern (first match wins, others auto)
     modes: Literal["auto", "paper"] | dict[Pattern, ModesSpec] = Field(
         default="auto", max_length=64
     )
-    d: int | None = Field(default=None, ge=2, le=6)
-    min_size: int = Field(default=1024, ge=1, le=2**40)  # entries of a weight; larger: none
+    d: StrictInt | None = Field(default=None, ge=1, le=6)
+    min_size: StrictInt = Field(default=1024, ge=1, le=2**40)  # entries of a weight; larger: none
     gate_threshold: float = Field(default=1e-2, ge=0, lt=1)
     penalty: Literal["cost_weighted", "uniform"] = "cost_weighted"
-    shrink_every: int = Field(default=50, ge=0, le=MAX_STEPS)
+    shrink_every: StrictInt = Field(default=50, ge=0, le=MAX_STEPS)
     target_ratio: float | None = Field(default=None, gt=0, lt=1)
+    # late stages: the validation metric (accuracy, or cosine for hf_bert) may end at most this
+    # many points (1.0 = one accuracy point) below its value at the stage start; past it the
+    # stage stops at the smallest model within tolerance. null: no guard
+    max_metric_drop: float | None = Field(default=1.0, ge=0, le=100)
+    # late stages: no bond is cut below this share of its rank at the stage start while other
+    # bonds still have slack
+    min_rank_fraction: float = Field(default=0.25, ge=0, le=1)
 
 
 class LearningRatesSpec(StrictModel):
@@ -250,16 +297,18 @@ class StageSpec(StrictModel):
 
     kind: Literal["early", "late", "finetune"]
     name: Name | None = None
-    epochs: int | None = Field(default=None, ge=1, le=MAX_EPOCHS)
-    steps: int | None = Field(default=None, ge=1, le=MAX_STEPS)
+    epochs: StrictInt | None = Field(default=None, ge=1, le=MAX_EPOCHS)
+    steps: StrictInt | None = Field(default=None, ge=1, le=MAX_STEPS)
     lr: LearningRatesSpec = Field(default_factory=LearningRatesSpec)
     lr_schedule: Literal["constant", "cosine"] = "constant"
-    warmup_steps: int = Field(default=0, ge=0, le=MAX_STEPS)
-    gamma: float = Field(default=0.01, ge=0, le=1000)
+    warmup_steps: StrictInt = Field(default=0, ge=0, le=MAX_STEPS)
+    # "auto" (early stages): the weight follows the gradients (the penalty's push on the gates
+    # a set share of the task's) and, with a target_ratio, the size is cut towards it
+    gamma: Annotated[float, Field(ge=0, le=1000)] | Literal["auto"] = 0.01
     target_ratio: float | None = Field(default=None, gt=0, lt=1)
-    loss_ref: float | None = Field(default=None, ge=0)
+    loss_ref: float | None = Field(default=None, gt=0, le=1e6)
     loss_weight: float = Field(default=0.1, ge=0, le=1000)
-    eval_every: int | None = Field(default=None, ge=1, le=MAX_STEPS)
+    eval_every: StrictInt | None = Field(default=None, ge=1, le=MAX_STEPS)
 
     @model_validator(mode="after")
     def _length(self) -> StageSpec:
@@ -267,12 +316,38 @@ class StageSpec(StrictModel):
             raise ValueError("give exactly one of epochs and steps")
         return self
 
-    @field_validator("target_ratio", "loss_ref")
+    @field_validator("loss_ref")
     @classmethod
     def _late_only(cls, v: float | None, info: ValidationInfo) -> float | None:
         if v is not None and info.data.get("kind") != "late":
             raise ValueError(f"{info.field_name} is only for 'late' stages")
         return v
+
+    @field_validator("gamma")
+    @classmethod
+    def _auto_early(cls, v: float | str, info: ValidationInfo) -> float | str:
+        if v == "auto" and info.data.get("kind") != "early":
+            raise ValueError("'auto' is for 'early' stages")
+        return v
+
+    @field_validator("target_ratio")
+    @classmethod
+    def _target_stage(cls, v: float | None, info: ValidationInfo) -> float | None:
+        kind, gamma = info.data.get("kind"), info.data.get("gamma")
+        if v is not None and kind == "finetune":
+            raise ValueError("target_ratio is for 'late' stages and 'early' ones with gamma 'auto'")
+        if v is not None and kind == "early" and gamma != "auto":
+            raise ValueError("an 'early' stage reaches a size target only with gamma 'auto'")
+        return v
+
+
+def _located(field: str, value: Any, message: str) -> InitErrorDetails:
+    """A validation error at ``field`` of the model being validated."""
+    return InitErrorDetails(
+        type=PydanticCustomError("value_error", "{message}", {"message": message}),
+        loc=(field,),
+        input=value,
+    )
 
 
 class TrainingSpec(StrictModel):
@@ -280,37 +355,91 @@ class TrainingSpec(StrictModel):
     ``cuda_graph`` choose how a step runs; ``bf16`` needs ``fast_path``, and ``cuda_graph``
     ``on`` needs ``device`` ``cuda`` (``auto`` may resolve to the CPU on the worker)."""
 
-    batch_size: int = Field(default=32, ge=1, le=4096)
-    seed: int = Field(default=0, ge=0, le=2**31 - 1)
-    fast_path: bool = Field(default=True, strict=True, description=(
-        "Group the TT-linears' core merges and sibling products around each forward (the "
-        "engine's fast path; same results to float rounding). false: each TT-linear merges "
-        "its own cores (slower)."))  # fmt: skip
-    precision: Literal["fp32", "bf16"] = Field(default="fp32", description=(
-        "fp32: float32 throughout. bf16: activations in bfloat16 under autocast (CPU and "
-        "CUDA) with float32 master weights, gradients and optimizer state; needs fast_path "
-        "true. A tensorized model that cannot use the fast path (recomputed blocks) fails "
-        "at start with a 'validation' error on this field."))  # fmt: skip
-    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description=(
-        "auto: CUDA when the worker has a GPU, else the CPU (decided by the worker); cuda: "
-        "the job fails ('validation', /training/device) on a worker without a GPU."))  # fmt: skip
-    cuda_graph: Literal["auto", "on", "off"] = Field(default="auto", description=(
-        "Capture the whole training step as a CUDA graph and replay it. auto: when the job "
-        "runs on CUDA with an AdamW optimizer (comera, dense), eager otherwise or if a "
-        "capture fails; on: required, so it needs device 'cuda' and a method other than "
-        "galore, and a step that cannot be captured fails the job ('validation', "
-        "/training/cuda_graph); off: never."))  # fmt: skip
+    batch_size: StrictInt = Field(default=32, ge=1, le=4096)
+    seed: StrictInt = Field(default=0, ge=0, le=2**31 - 1)
+    fast_path: bool = Field(
+        default=True,
+        strict=True,
+        description=(
+            "Group the TT-linears' core merges and sibling products around each forward (the "
+            "engine's fast path; same results to float rounding). false: each TT-linear merges "
+            "its own cores (slower)."
+        ),
+    )
+    precision: Literal["fp32", "bf16"] = Field(
+        default="fp32",
+        description=(
+            "fp32: float32 throughout. bf16: activations in bfloat16 under autocast (CPU and "
+            "CUDA) with float32 master weights, gradients and optimizer state; needs fast_path "
+            "true. A tensorized model that cannot use the fast path (recomputed blocks) fails "
+            "at start with a 'validation' error on this field."
+        ),
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto",
+        description=(
+            "auto: CUDA when the worker has a GPU, else the CPU (decided by the worker); cuda: "
+            "the job fails ('validation', /training/device) on a worker without a GPU."
+        ),
+    )
+    cuda_graph: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description=(
+            "Capture the whole training step as a CUDA graph and replay it. auto: when the job "
+            "runs on CUDA with an AdamW optimizer (comera, dense), eager otherwise or if a "
+            "capture fails; on: required, so it needs device 'cuda' and a method other than "
+            "galore, and a step that cannot be captured fails the job ('validation', "
+            "/training/cuda_graph); off: never."
+        ),
+    )
+    devices: StrictInt = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description=(
+            "Processes (one per device) on each node: above 1 the job trains data parallel "
+            "(DistributedDataParallel under torchrun); batch_size is the global batch and must "
+            "divide among devices x nodes."
+        ),
+    )
+    nodes: StrictInt = Field(
+        default=1,
+        ge=1,
+        le=256,
+        description=(
+            "Machines: above 1 the job runs through Ray Train on the operator's Ray cluster "
+            "(docs/distributed.md)."
+        ),
+    )
     grad_clip: float | None = Field(default=None, gt=0, le=1e6)
-    weight_decay: float = Field(default=0.0, ge=0, le=10)
-    log_every: int = Field(default=10, ge=1, le=100_000)
-    eval_batches: int | None = Field(default=None, ge=1, le=100_000)
+    weight_decay: float = Field(default=0.0, ge=0, le=1)
+    log_every: StrictInt = Field(default=10, ge=1, le=100_000)
+    eval_batches: StrictInt | None = Field(default=None, ge=1, le=100_000)
+
+    @model_validator(mode="after")
+    def _world_fits(self) -> TrainingSpec:
+        """The global batch divides among the processes; CUDA graphs need one process (each
+        error located at its field)."""
+        world = self.devices * self.nodes
+        errors = []
+        if self.batch_size % world:
+            msg = f"batch_size {self.batch_size} must divide among devices x nodes = {world}"
+            errors.append(_located("batch_size", self.batch_size, msg))
+        if self.cuda_graph == "on" and world > 1:
+            msg = "'on' needs one process (devices and nodes 1)"
+            errors.append(_located("cuda_graph", self.cuda_graph, msg))
+        if errors:
+            raise ValidationError.from_exception_data("TrainingSpec", errors)
+        return self
 
     @field_validator("precision")
     @classmethod
     def _bf16_needs_fast_path(cls, v: str, info: ValidationInfo) -> str:
         if v == "bf16" and info.data.get("fast_path") is False:
-            raise ValueError("bf16 runs the TT layers through the fast path: set "
-                             "training.fast_path to true (or use fp32)")  # fmt: skip
+            raise ValueError(
+                "bf16 runs the TT layers through the fast path: set "
+                "training.fast_path to true (or use fp32)"
+            )
         return v
 
     @field_validator("cuda_graph")
@@ -318,19 +447,21 @@ class TrainingSpec(StrictModel):
     def _on_needs_cuda(cls, v: str, info: ValidationInfo) -> str:
         device = info.data.get("device")
         if v == "on" and device is not None and device != "cuda":
-            raise ValueError(f"'on' needs training.device 'cuda', got {device!r} (use 'auto' "
-                             "to capture graphs whenever the job runs on a GPU)")  # fmt: skip
+            raise ValueError(
+                f"'on' needs training.device 'cuda', got {device!r} (use 'auto' "
+                "to capture graphs whenever the job runs on a GPU)"
+            )
         return v
 
 
 class LimitsSpec(StrictModel):
-    max_wall_time_s: int = Field(default=6 * 3600, ge=10, le=7 * 24 * 3600)
-    max_attempts: int = Field(default=3, ge=1, le=10)
+    max_wall_time_s: StrictInt = Field(default=6 * 3600, ge=10, le=7 * 24 * 3600)
+    max_attempts: StrictInt = Field(default=3, ge=1, le=10)
 
 
 class CheckpointingSpec(StrictModel):
-    every_n_steps: int | None = Field(default=None, ge=1, le=MAX_STEPS)
-    keep: int = Field(default=2, ge=1, le=20)
+    every_n_steps: StrictInt | None = Field(default=None, ge=1, le=MAX_STEPS)
+    keep: StrictInt = Field(default=2, ge=1, le=20)
 
 
 class JobCreate(StrictModel):
@@ -347,12 +478,28 @@ class JobCreate(StrictModel):
     checkpointing: CheckpointingSpec = Field(default_factory=CheckpointingSpec)
 
     @model_validator(mode="after")
+    def _generator_bounds(self) -> JobCreate:
+        """``dataset.params`` of a synthetic dataset within its generator's bounds
+        (:mod:`api_schemas.generator_limits`; errors located at ``dataset.params.<key>``)."""
+        ds = self.dataset
+        if ds.source == "synthetic" and ds.params:
+            errors = generator_errors(generator_of(self.model.arch, ds.generator), ds.params)
+            if errors:
+                raise ValidationError.from_exception_data("JobCreate", errors)
+        return self
+
+    @model_validator(mode="after")
     def _schedule_fits_method(self) -> JobCreate:
         ds = self.dataset
-        if ds.length_buckets > 1 and ds.source == "synthetic" and ds.generator is None and (
-                self.model.arch in ("dlrm", "mlp")):  # fmt: skip
-            raise ValueError(f"dataset.length_buckets: {self.model.arch!r} data have no "
-                             "lengths; use 0")  # fmt: skip
+        if (
+            ds.length_buckets > 1
+            and ds.source == "synthetic"
+            and ds.generator is None
+            and (self.model.arch in ("dlrm", "mlp"))
+        ):
+            raise ValueError(
+                f"dataset.length_buckets: {self.model.arch!r} data have no lengths; use 0"
+            )
         if self.compression.method != "comera":
             for stage in self.schedule:
                 if stage.kind != "early":
@@ -377,5 +524,5 @@ class CancelRequest(StrictModel):
 
 class RetryRequest(StrictModel):
     from_: Literal["latest_checkpoint", "scratch"] | str = Field(
-        default="latest_checkpoint", alias="from", max_length=64)  # fmt: skip
-
+        default="latest_checkpoint", alias="from", max_length=64
+    )

@@ -7,8 +7,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-__all__ = ["EventPublic", "EventsPublic", "MetricPoint", "MetricSeries", "MetricsPublic",
-           "RankPoint", "RanksPublic", "EVENT_KINDS"]  # fmt: skip
+__all__ = [
+    "EventPublic",
+    "EventsPublic",
+    "MetricPoint",
+    "MetricSeries",
+    "MetricsPublic",
+    "RankPoint",
+    "RanksPublic",
+    "EVENT_KINDS",
+]
 
 EVENT_KINDS = ("state", "stage", "metric", "rank", "checkpoint", "log", "heartbeat")
 

@@ -27,9 +27,10 @@ Sizes follow :mod:`engine.rank.size`: ``S`` counts the TT / TTM core entries at 
 ranks; compression is ``dense size of the tensorized layers / S`` and, for the whole model,
 ``(other + dense) / (other + S)`` (:func:`engine.rank.compression_summary`). For a dense run the
 "tensorized" layers are the same layers in dense form (ratio 1). For each late branch the JSON
-gives S at the late start, S*, S when the late objective stopped, S after the meet-the-target
-pruning (:func:`engine.rank.prune_to_target_`) and the share of the late stage's reduction that
-pruning had to do.
+gives S at the late start, S*, S at the end, whether the target was reached or the fidelity
+guard stopped the stage (and why), the gradual cuts (:func:`engine.rank.prune_to_target_` at
+each prune event) and the share of the late stage's reduction that they made (the rest: gates
+the objective drove below the threshold).
 
 Threads: one intra-op thread by default (``--threads``). The models are tiny, so a second thread
 buys little, and with other processes on a 2-core machine two OpenMP threads made a step up to
@@ -59,38 +60,83 @@ from engine.rank import compression_summary, rank_snapshot
 from engine.train import FunctionCallback, JobConfig, Trainer, TrainResult
 
 TARGETS = (0.8, 0.5, 0.2)
+TOLERANCE = 0.01  # accuracy: the fidelity guard's default max_metric_drop (1 point)
 LIMIT_S = 180.0  # every run must finish within 3 minutes on the 2-core machine
-NLI_PARAMS = {"n_words": 32, "n_topics": 4, "min_premise": 4, "max_premise": 8,
-              "min_hypothesis": 2, "max_hypothesis": 4}  # fmt: skip
-NLI_DATA = {"kind": "synthetic", "generator": "nli", "n_train": 20_000, "n_valid": 2_000,
-            "max_len": 32, "vocab_size": 1000, "synthetic_seed": 0, "params": NLI_PARAMS}
-NLI_MODEL = {"arch": "transformer", "config": {"d_model": 64, "n_heads": 4, "d_ff": 128,
-                                               "n_layers": 2, "max_len": 32}}  # fmt: skip
-NLI_COMPRESSION = {"max_rank": 8, "layers": ["embeddings.word", "encoder.*.ffn.*"],
-                   "penalty": "cost_weighted", "shrink_every": 50}  # fmt: skip
+NLI_PARAMS = {
+    "n_words": 32,
+    "n_topics": 4,
+    "min_premise": 4,
+    "max_premise": 8,
+    "min_hypothesis": 2,
+    "max_hypothesis": 4,
+}
+NLI_DATA = {
+    "kind": "synthetic",
+    "generator": "nli",
+    "n_train": 20_000,
+    "n_valid": 2_000,
+    "max_len": 32,
+    "vocab_size": 1000,
+    "synthetic_seed": 0,
+    "params": NLI_PARAMS,
+}
+NLI_MODEL = {
+    "arch": "transformer",
+    "config": {"d_model": 64, "n_heads": 4, "d_ff": 128, "n_layers": 2, "max_len": 32},
+}
+NLI_COMPRESSION = {
+    "max_rank": 8,
+    "layers": ["embeddings.word", "encoder.*.ffn.*"],
+    "penalty": "cost_weighted",
+    "shrink_every": 50,
+}
 NLI_EPOCHS = 8
 NLI_DENSE_LR = {"cores": 1e-3, "gates": 0.0, "others": 1e-3}
 NLI_EARLY = {"gamma": 0.2, "lr": {"cores": 3e-3, "gates": 3e-3, "others": 1e-3}}
 NLI_LATE = {"steps": 400, "loss_ref": 0.1, "lr": {"cores": 1e-3, "gates": 1e-2, "others": 1e-3}}
 NLI_FINETUNE = {"steps": 150, "lr": {"cores": 1e-3, "gates": 0.0, "others": 1e-3}}
-DLRM_DATA = {"kind": "synthetic", "generator": "criteo", "n_train": 100_000, "n_valid": 50_000,
-             "num_rows": 10_000, "synthetic_seed": 0}
-DLRM_MODEL = {"arch": "dlrm", "config": {"embedding_dim": 16, "bottom_widths": [64, 16],
-                                         "top_widths": [64, 32]}}  # fmt: skip
-DLRM_COMPRESSION = {"max_rank": 8, "layers": ["embeddings.*"], "penalty": "cost_weighted",
-                    "shrink_every": 50}  # fmt: skip
+DLRM_DATA = {
+    "kind": "synthetic",
+    "generator": "criteo",
+    "n_train": 100_000,
+    "n_valid": 50_000,
+    "num_rows": 10_000,
+    "synthetic_seed": 0,
+}
+DLRM_MODEL = {
+    "arch": "dlrm",
+    "config": {"embedding_dim": 16, "bottom_widths": [64, 16], "top_widths": [64, 32]},
+}
+DLRM_COMPRESSION = {
+    "max_rank": 8,
+    "layers": ["embeddings.*"],
+    "penalty": "cost_weighted",
+    "shrink_every": 50,
+}
 DLRM_EPOCHS = 6
 DLRM_DENSE_LR = {"cores": 1e-3, "gates": 0.0, "others": 1e-3}
 DLRM_EARLY = {"gamma": 0.02, "lr": {"cores": 3e-3, "gates": 1e-2, "others": 1e-3}}
 
 
 # -- job configs ------------------------------------------------------------------------------
-def _job(name: str, method: str, model: dict, data: dict, compression: dict, schedule: list,
-         batch_size: int) -> dict[str, Any]:  # fmt: skip
-    return {"name": name, "method": method, "model": copy.deepcopy(model),
-            "data": copy.deepcopy(data), "compression": copy.deepcopy(compression),
-            "schedule": schedule, "training": {"batch_size": batch_size, "seed": 0,
-                                               "log_every": 10}}  # fmt: skip
+def _job(
+    name: str,
+    method: str,
+    model: dict,
+    data: dict,
+    compression: dict,
+    schedule: list,
+    batch_size: int,
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "method": method,
+        "model": copy.deepcopy(model),
+        "data": copy.deepcopy(data),
+        "compression": copy.deepcopy(compression),
+        "schedule": schedule,
+        "training": {"batch_size": batch_size, "seed": 0, "log_every": 10},
+    }
 
 
 def nli_jobs(tokenizer: str, quick: bool) -> dict[str, dict[str, Any]]:
@@ -103,14 +149,24 @@ def nli_jobs(tokenizer: str, quick: bool) -> dict[str, dict[str, Any]]:
         late["steps"], finetune["steps"] = 30, 10
     early = {"kind": "early", **length, **NLI_EARLY}
     jobs = {
-        "nli-dense": _job("nli-dense", "dense", NLI_MODEL, data, NLI_COMPRESSION,
-                          [{"kind": "early", **length, "lr": NLI_DENSE_LR}], 64),
+        "nli-dense": _job(
+            "nli-dense",
+            "dense",
+            NLI_MODEL,
+            data,
+            NLI_COMPRESSION,
+            [{"kind": "early", **length, "lr": NLI_DENSE_LR}],
+            64,
+        ),
         "nli-early": _job("nli-early", "comera", NLI_MODEL, data, NLI_COMPRESSION, [early], 64),
     }
     for ratio in TARGETS:
         name = f"nli-late-{ratio}"
-        stages = [early, {"kind": "late", "target_ratio": ratio, "name": f"late-{ratio}", **late},
-                  {"kind": "finetune", **finetune}]
+        stages = [
+            early,
+            {"kind": "late", "target_ratio": ratio, "name": f"late-{ratio}", **late},
+            {"kind": "finetune", **finetune},
+        ]
         jobs[name] = _job(name, "comera", NLI_MODEL, data, NLI_COMPRESSION, stages, 64)
     return jobs
 
@@ -121,10 +177,24 @@ def dlrm_jobs(quick: bool) -> dict[str, dict[str, Any]]:
         data.update(n_train=5_000, n_valid=2_000)
         length = {"epochs": 1}
     return {
-        "dlrm-dense": _job("dlrm-dense", "dense", DLRM_MODEL, data, DLRM_COMPRESSION,
-                           [{"kind": "early", **length, "lr": DLRM_DENSE_LR}], 256),
-        "dlrm-comera": _job("dlrm-comera", "comera", DLRM_MODEL, data, DLRM_COMPRESSION,
-                            [{"kind": "early", **length, **DLRM_EARLY}], 256),
+        "dlrm-dense": _job(
+            "dlrm-dense",
+            "dense",
+            DLRM_MODEL,
+            data,
+            DLRM_COMPRESSION,
+            [{"kind": "early", **length, "lr": DLRM_DENSE_LR}],
+            256,
+        ),
+        "dlrm-comera": _job(
+            "dlrm-comera",
+            "comera",
+            DLRM_MODEL,
+            data,
+            DLRM_COMPRESSION,
+            [{"kind": "early", **length, **DLRM_EARLY}],
+            256,
+        ),
     }
 
 
@@ -136,9 +206,13 @@ def _load() -> list[float]:
 def _selected_dense(model: nn.Module, job: JobConfig) -> int:
     """Dense weight entries of the layers CoMERA tensorizes (pattern and ``min_size``)."""
     opts = job.compression.options
-    return sum(m.weight.numel() for n, m in model.named_modules()
-               if isinstance(m, nn.Linear | nn.Embedding) and opts.selects(n)
-               and m.weight.numel() >= opts.min_size)  # fmt: skip
+    return sum(
+        m.weight.numel()
+        for n, m in model.named_modules()
+        if isinstance(m, nn.Linear | nn.Embedding)
+        and opts.selects(n)
+        and m.weight.numel() >= opts.min_size
+    )
 
 
 def run(cfg: dict[str, Any], workdir: Path, resume: Path | None = None) -> dict[str, Any]:
@@ -151,52 +225,101 @@ def run(cfg: dict[str, Any], workdir: Path, resume: Path | None = None) -> dict[
             lambdas.append(event["lambda"])
 
     load0, t0 = _load(), time.perf_counter()
-    trainer = Trainer(job, workdir=workdir, resume=resume,
-                      callbacks=[FunctionCallback(on_event)])  # fmt: skip
+    trainer = Trainer(job, workdir=workdir, resume=resume, callbacks=[FunctionCallback(on_event)])
     result: TrainResult = trainer.run()
     wall = time.perf_counter() - t0
     report, model = result.report, result.model
     metrics = report["stages"][-1]["metrics"]
     out: dict[str, Any] = {
-        "wall_seconds": round(wall, 2), "under_limit": wall < LIMIT_S, "load_before": load0,
-        "load_after": _load(), "steps": report["steps"], "status": result.status,
-        "valid_accuracy": metrics.get("accuracy"), "valid_loss": metrics.get("loss"),
-        "stages": [{k: s[k] for k in ("label", "kind", "steps", "seconds", "metrics",
-                                      "size_start", "size_end", "size_ref", "loss_ref", "pruned")}
-                   for s in report["stages"]],
+        "wall_seconds": round(wall, 2),
+        "under_limit": wall < LIMIT_S,
+        "load_before": load0,
+        "load_after": _load(),
+        "steps": report["steps"],
+        "status": result.status,
+        "valid_accuracy": metrics.get("accuracy"),
+        "valid_loss": metrics.get("loss"),
+        "stages": [
+            {
+                k: s[k]
+                for k in (
+                    "label",
+                    "kind",
+                    "steps",
+                    "seconds",
+                    "metrics",
+                    "size_start",
+                    "size_end",
+                    "size_ref",
+                    "loss_ref",
+                    "pruned",
+                )
+            }
+            for s in report["stages"]
+        ],
         "checkpoint": str(result.checkpoint),
-    }  # fmt: skip
+    }
     if job.tensorized:
         c = compression_summary(model)
-        out.update(size=c["tensorized_params"], tensorized_dense=c["tensorized_dense"],
-                   tensorized_ratio=c["tensorized_ratio"], model_params=c["model_params"],
-                   model_params_dense=c["model_params_dense"], model_ratio=c["model_ratio"],
-                   ranks={k: v["active_ranks"] for k, v in rank_snapshot(model).items()})
+        out.update(
+            size=c["tensorized_params"],
+            tensorized_dense=c["tensorized_dense"],
+            tensorized_ratio=c["tensorized_ratio"],
+            model_params=c["model_params"],
+            model_params_dense=c["model_params_dense"],
+            model_ratio=c["model_ratio"],
+            ranks={k: v["active_ranks"] for k, v in rank_snapshot(model).items()},
+        )
     else:
         dense = _selected_dense(model, job)
         total = sum(p.numel() for p in model.parameters())
-        out.update(size=dense, tensorized_dense=dense, tensorized_ratio=1.0, model_params=total,
-                   model_params_dense=total, model_ratio=1.0)
+        out.update(
+            size=dense,
+            tensorized_dense=dense,
+            tensorized_ratio=1.0,
+            model_params=total,
+            model_params_dense=total,
+            model_ratio=1.0,
+        )
     late = next((s for s in report["stages"] if s["kind"] == "late"), None)
     if late is not None:
-        pruned = late["pruned"]
-        before = pruned["size_before"] if pruned else late["size_end"]
+        cuts = [*late.get("prune_events", []), *([late["pruned"]] if late["pruned"] else [])]
+        by_prune = sum(c["size_before"] - c["size_after"] for c in cuts)
         cut = late["size_start"] - late["size_end"]
-        by_prune = before - late["size_end"]
+        start_acc = report["stages"][0]["metrics"].get("accuracy")
+        end_acc = late["metrics"].get("accuracy")
         out["late"] = {
-            "target_ratio": late["size_ref"] / late["size_start"], "size_start": late["size_start"],
-            "size_target": late["size_ref"], "size_after_objective": before,
-            "size_end": late["size_end"], "met": late["size_end"] <= late["size_ref"],
-            "pruned_entries": pruned["entries_pruned"] if pruned else 0,
-            "pruned_size": by_prune, "pruning_share": by_prune / cut if cut else 0.0,
-            "loss_ref": late["loss_ref"], "accuracy_after_late": late["metrics"].get("accuracy"),
+            "target_ratio": late["size_ref"] / late["size_start"],
+            "size_start": late["size_start"],
+            "size_target": late["size_ref"],
+            "size_end": late["size_end"],
+            "met": late["size_end"] <= late["size_ref"],
+            "target_reached": late.get("target_reached"),
+            "reason": late.get("reason"),
+            "within_tolerance": (
+                start_acc is None or end_acc is None or end_acc >= start_acc - TOLERANCE - 1e-9
+            ),
+            "cut_events": len(cuts),
+            "pruned_entries": sum(c["entries_pruned"] for c in cuts),
+            "pruned_size": by_prune,
+            "pruning_share": by_prune / cut if cut else 0.0,
+            "loss_ref": late["loss_ref"],
+            "accuracy_after_late": late["metrics"].get("accuracy"),
             "lambda_mean": sum(lambdas) / len(lambdas) if lambdas else None,
             "final_size": out["size"],
-        }  # fmt: skip
-    print(f"  {cfg['name']:<14} {wall:7.1f} s  acc {_pct(out['valid_accuracy'])}  "
-          f"S {out['size']:>9,}  x{_num(out['tensorized_ratio'], '.1f')}  load {load0}",
-          flush=True)  # fmt: skip
+        }
+    print(
+        f"  {cfg['name']:<14} {wall:7.1f} s  acc {_pct(out['valid_accuracy'])}  "
+        f"S {out['size']:>9,}  x{_num(out['tensorized_ratio'], '.1f')}  load {load0}",
+        flush=True,
+    )
     return out
+
+
+def _late_ok(late: dict[str, Any]) -> bool:
+    reached = late["met"] and late["target_reached"] is not False
+    stopped = late["target_reached"] is False and bool(late["reason"])
+    return bool(late["within_tolerance"] and (reached or stopped))
 
 
 def _pct(x: float | None) -> str:
@@ -212,33 +335,49 @@ def _num(x: float | None, fmt: str) -> str:
 def train_tokenizer(directory: Path, quick: bool) -> tuple[str, dict[str, Any]]:
     """One WordPiece tokenizer for every NLI job (tokenizers' trainer is not deterministic)."""
     data = dict(NLI_DATA, **({"n_train": 2_000, "n_valid": 500} if quick else {}))
-    bundle = build_data(DataConfig.from_dict(data), arch="transformer", batch_size=64, seed=0,
-                        workdir=directory)  # fmt: skip
+    bundle = build_data(
+        DataConfig.from_dict(data), arch="transformer", batch_size=64, seed=0, workdir=directory
+    )
     path = directory / "tokenizer.json"
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    info = {"path": str(path), "sha256": digest, "vocab_size": bundle.info["vocab_size"],
-            "synthetic": bundle.info.get("synthetic")}  # fmt: skip
+    info = {
+        "path": str(path),
+        "sha256": digest,
+        "vocab_size": bundle.info["vocab_size"],
+        "synthetic": bundle.info.get("synthetic"),
+    }
     return str(path), info
 
 
 # -- table ------------------------------------------------------------------------------------
 def table(rows: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
     out = []
-    print(f"{'run':<12} {'acc %':>7} {'loss':>8} {'S':>10} {'x tens.':>8} {'x model':>8} "
-          f"{'S*':>9} {'pruned':>7} {'wall s':>7}")
+    print(
+        f"{'run':<12} {'acc %':>7} {'loss':>8} {'S':>10} {'x tens.':>8} {'x model':>8} "
+        f"{'S*':>9} {'pruned':>7} {'wall s':>7}"
+    )
     for label, r in rows:
         late = r.get("late", {})
-        row = {"run": label, "accuracy": r["valid_accuracy"], "loss": r["valid_loss"],
-               "size": r["size"], "tensorized_ratio": r["tensorized_ratio"],
-               "model_ratio": r["model_ratio"], "size_target": late.get("size_target"),
-               "pruned_size": late.get("pruned_size"), "wall_seconds": r["wall_seconds"]}
+        row = {
+            "run": label,
+            "accuracy": r["valid_accuracy"],
+            "loss": r["valid_loss"],
+            "size": r["size"],
+            "tensorized_ratio": r["tensorized_ratio"],
+            "model_ratio": r["model_ratio"],
+            "size_target": late.get("size_target"),
+            "pruned_size": late.get("pruned_size"),
+            "wall_seconds": r["wall_seconds"],
+        }
         out.append(row)
         star = "" if row["size_target"] is None else f"{row['size_target']:,.0f}"
         pr = "" if row["pruned_size"] is None else f"{row['pruned_size']:,}"
-        print(f"{label:<12} {_pct(row['accuracy']):>7} {_num(row['loss'], '8.4f'):>8} "
-              f"{row['size']:>10,} {_num(row['tensorized_ratio'], '8.1f'):>8} "
-              f"{_num(row['model_ratio'], '8.2f'):>8} {star:>9} {pr:>7} "
-              f"{row['wall_seconds']:7.1f}")
+        print(
+            f"{label:<12} {_pct(row['accuracy']):>7} {_num(row['loss'], '8.4f'):>8} "
+            f"{row['size']:>10,} {_num(row['tensorized_ratio'], '8.1f'):>8} "
+            f"{_num(row['model_ratio'], '8.2f'):>8} {star:>9} {pr:>7} "
+            f"{row['wall_seconds']:7.1f}"
+        )
     return out
 
 
@@ -271,8 +410,10 @@ def main() -> None:
         runs[name] = run(dlrm_cfg[name], work / name)
 
     print("\nsynthetic NLI (the paper's ablation shape; late rows: final, after the finetune)")
-    nli_table = table([("dense", runs["nli-dense"]), ("early", runs["nli-early"])]
-                      + [(f"late {r}", runs[f"nli-late-{r}"]) for r in TARGETS])
+    nli_table = table(
+        [("dense", runs["nli-dense"]), ("early", runs["nli-early"])]
+        + [(f"late {r}", runs[f"nli-late-{r}"]) for r in TARGETS]
+    )
     print("\nsynthetic Criteo, DLRM (tables tensorized)")
     dlrm_table = table([("dense", runs["dlrm-dense"]), ("comera", runs["dlrm-comera"])])
 
@@ -281,21 +422,34 @@ def main() -> None:
     checks = {
         "nli_early_accuracy_within_1pt": ne["valid_accuracy"] >= nd["valid_accuracy"] - 0.01,
         "nli_early_ratio_ge_30": (ne["tensorized_ratio"] or 0) >= 30,
-        **{f"nli_late_{r}_meets_target": runs[f"nli-late-{r}"]["late"]["met"] for r in TARGETS},
+        # the late stage reaches S <= S* within the tolerance of its start, or the fidelity
+        # guard stops it within the tolerance and says why
+        **{
+            f"nli_late_{r}_target_or_guard": _late_ok(runs[f"nli-late-{r}"]["late"])
+            for r in TARGETS
+        },
         "dlrm_ratio_ge_50": (dc["tensorized_ratio"] or 0) >= 50,
         "dlrm_accuracy_within_0.5pt": dc["valid_accuracy"] >= dd["valid_accuracy"] - 0.005,
         "every_run_under_180s": all(r["under_limit"] for r in runs.values()),
-    }  # fmt: skip
+    }
     print("\nchecks:", json.dumps(checks, indent=1))
     payload = {
-        "benchmark": "comera_ablation", "quick": args.quick, "machine": machine_info(),
-        "threads": torch.get_num_threads(), "load_end": _load(), "limit_seconds": LIMIT_S,
+        "benchmark": "comera_ablation",
+        "quick": args.quick,
+        "machine": machine_info(),
+        "threads": torch.get_num_threads(),
+        "load_end": _load(),
+        "limit_seconds": LIMIT_S,
         "reduced_width": {"nli": NLI_MODEL["config"], "dlrm": DLRM_MODEL["config"]},
-        "nli_tokenizer": tok_info, "checks": checks,
-        "tables": {"nli": nli_table, "dlrm": dlrm_table}, "runs": runs,
-        "configs": {name: JobConfig.from_dict(cfg).to_dict()
-                    for name, cfg in {**nli_cfg, **dlrm_cfg}.items()},
-    }  # fmt: skip
+        "nli_tokenizer": tok_info,
+        "checks": checks,
+        "tables": {"nli": nli_table, "dlrm": dlrm_table},
+        "runs": runs,
+        "configs": {
+            name: JobConfig.from_dict(cfg).to_dict()
+            for name, cfg in {**nli_cfg, **dlrm_cfg}.items()
+        },
+    }
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(payload, indent=2) + "\n")

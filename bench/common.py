@@ -13,8 +13,9 @@ from pathlib import Path
 import torch
 
 # ``COMERA_BENCH_RESULTS`` redirects the JSON (bench/device_check.sh writes into its $OUT)
-RESULTS = Path(os.environ.get("COMERA_BENCH_RESULTS")
-               or Path(__file__).resolve().parent / "results")  # fmt: skip
+RESULTS = Path(
+    os.environ.get("COMERA_BENCH_RESULTS") or Path(__file__).resolve().parent / "results"
+)
 
 
 def machine_info() -> dict:

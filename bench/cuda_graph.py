@@ -2,8 +2,8 @@
 
     python -m bench.cuda_graph [--batches 1,8] [--rounds N] [--precision fp32|bf16]
 
-The claim (Part B item 9): at batch 1 the step is launch-bound, and replaying it as one CUDA
-graph makes it at least 2x faster (``cuda_graph_speedup@1`` in ``bench.device_summary``).
+The claim (docs/method.md#cuda-graphs): at batch 1 the step is launch-bound, and replaying it as one
+CUDA graph makes it at least 2x faster (``cuda_graph_speedup@1`` in ``bench.device_summary``).
 
 A step is the trainer's (:meth:`engine.train.trainer.Trainer._compute` of an ``early``
 stage): forward through the workload's ``forward_loss`` inside ``StepExecution.forward()``
@@ -46,8 +46,10 @@ INNER = 5  # steps between two CUDA events
 GAMMA = 0.01  # the early stage's penalty weight (StageConfig default)
 MODES = ("off", "on")
 TARGET = 2.0  # speed-up at batch 1
-MODEL = ("build_transformer(TransformerConfig.mnli(), tensorized=True, max_rank=30, "
-         "shapes='mnli'), train mode (dropout on), seq 128")  # fmt: skip
+MODEL = (
+    "build_transformer(TransformerConfig.mnli(), tensorized=True, max_rank=30, "
+    "shapes='mnli'), train mode (dropout on), seq 128"
+)
 
 
 def build(batch: int, mode: str, precision: str, device: torch.device) -> dict[str, Any]:
@@ -67,10 +69,8 @@ def build(batch: int, mode: str, precision: str, device: torch.device) -> dict[s
     optimizer = build_optimizer(model, "comera", LearningRates(), options=TensorizeOptions())
     gates, workload = GateIndex(model, "cost_weighted"), get_workload("transformer")
     ids, types, mask, labels = (t.to(device) for t in make_inputs(batch, cfg))
-    inputs = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask,
-              "labels": labels}  # fmt: skip
-    training = TrainingConfig(device="cuda", cuda_graph=mode, precision=precision,
-                              fast_path=True)  # fmt: skip
+    inputs = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask, "labels": labels}
+    training = TrainingConfig(device="cuda", cuda_graph=mode, precision=precision, fast_path=True)
     ex = StepExecution(model, optimizer, device, training, tensorized=True)
 
     def step_fn(b: Any) -> dict[str, torch.Tensor]:  # Trainer._compute, early stage
@@ -94,8 +94,9 @@ def _free() -> None:
     torch.cuda.empty_cache()
 
 
-def measure(batch: int, rounds: int, warmup: int, precision: str,
-            device: torch.device) -> dict[str, Any]:  # fmt: skip
+def measure(
+    batch: int, rounds: int, warmup: int, precision: str, device: torch.device
+) -> dict[str, Any]:
     runs: dict[str, dict[str, Any]] = {}
     peak: dict[str, float] = {}
     first: dict[str, float] = {}
@@ -165,9 +166,12 @@ def main(argv: list[str] | None = None) -> int:
             print(status, file=sys.stderr)
             break
         r = rows[-1]
-        print(f"batch {b:>3}: off {r['step_ms']['off']:.2f} ms, on {r['step_ms']['on']:.2f} "
-              f"ms, speed-up {r['speedup']:.2f}x; peak MiB off {r['peak_mib']['off']:.0f}, "
-              f"on {r['peak_mib']['on']:.0f}", flush=True)  # fmt: skip
+        print(
+            f"batch {b:>3}: off {r['step_ms']['off']:.2f} ms, on {r['step_ms']['on']:.2f} "
+            f"ms, speed-up {r['speedup']:.2f}x; peak MiB off {r['peak_mib']['off']:.0f}, "
+            f"on {r['peak_mib']['on']:.0f}",
+            flush=True,
+        )
     speedups = {str(r["batch"]): r["speedup"] for r in rows}
     payload = {
         "benchmark": "cuda_graph",

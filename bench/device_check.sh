@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark of the project in one run, for one GPU machine (an H200 with
-# PyTorch, Triton and CUDA preinstalled and no network): at most ~8.5 minutes, usually less.
+# PyTorch, Triton and CUDA preinstalled and no network): at most ~10 minutes, usually much less.
 #
 #   bash bench/device_wheels.sh        # first, on a machine with the package index: bench/wheels/
 #   bash bench/device_check.sh         # on the GPU machine (the device tool carries bench/wheels)
@@ -11,6 +11,8 @@
 #   ttm_lookup    TTM lookup, Triton vs torch (bench.ttm_embedding --triton-only)
 #   train_step    CoMERA vs dense vs GaLore (vs TensorLy-Torch) step time and peak memory
 #   cuda_graph    the batch-1 (and 8) training step with CUDA graphs on vs off
+#   ddp_step      one job as 1 process vs devices: 2 under torchrun (NCCL) on the one GPU: a
+#                 smoke test of the data-parallel path on CUDA, with both step times
 # then one summary table (bench.device_summary). JSON results go to $OUT too. train_step and
 # cuda_graph exit 2 when CUDA is unavailable (nothing measured, no JSON): a failed step here.
 set -uo pipefail
@@ -48,5 +50,6 @@ step gpu_tests 90 "${PYTEST[@]}" -m gpu tests/engine
 step ttm_lookup 60 $PY -m bench.ttm_embedding --triton-only
 step train_step 180 $PY -m bench.train_step --device cuda --quick
 step cuda_graph 60 $PY -m bench.cuda_graph
+step ddp_step 90 $PY -m bench.ddp_step --device cuda --devices 2 --steps 60
 $PY -m bench.device_summary "$OUT" | tee "$OUT/summary.txt"
 exit "$fail"

@@ -13,12 +13,16 @@ from typing import Any
 
 # the paper's figures (issue 5): per step vs dense and GaLore, memory vs GaLore at batch 1,
 # the lookup vs naive, CUDA graphs on the batch-1 step
-TARGETS = {"dense_over_comera_time": 3.0, "galore_over_comera_time": 2.0,
-           "galore_over_comera_memory@1": 9.0, "lookup_vs_naive": 4.0,
-           "cuda_graph_speedup@1": 2.0}  # fmt: skip
+TARGETS = {
+    "dense_over_comera_time": 3.0,
+    "galore_over_comera_time": 2.0,
+    "galore_over_comera_memory@1": 9.0,
+    "lookup_vs_naive": 4.0,
+    "cuda_graph_speedup@1": 2.0,
+}
 # exit status of the CUDA-only benchmarks on a machine without CUDA (bench.train_step_cuda)
 NO_CUDA_EXIT = 2
-CUDA_BENCHES = ("train_step", "cuda_graph")
+CUDA_BENCHES = ("train_step", "cuda_graph", "ddp_step")
 
 
 def _load(folder: Path, name: str) -> dict[str, Any] | None:
@@ -53,14 +57,18 @@ def _num(value: Any, spec: str) -> str:
 def _cuda_graph(data: dict[str, Any]) -> list[str]:
     """The CUDA-graph benchmark: off / on per batch size and the batch-1 verdict."""
     key = "cuda_graph_speedup@1"
-    lines = ["", f"cuda_graph: target {key} >= {TARGETS[key]:g}x  (status: "
-             f"{data.get('status', '?')})"]  # fmt: skip
+    lines = [
+        "",
+        f"cuda_graph: target {key} >= {TARGETS[key]:g}x  (status: {data.get('status', '?')})",
+    ]
     for r in data.get("results", []):
         ms, mib = r.get("step_ms", {}), r.get("peak_mib", {})
-        lines.append(f"  batch {r.get('batch')}: off {_num(ms.get('off'), '.2f')} ms, on "
-                     f"{_num(ms.get('on'), '.2f')} ms, speed-up {_num(r.get('speedup'), '.2f')}x;"
-                     f" peak MiB off {_num(mib.get('off'), '.0f')}, on "
-                     f"{_num(mib.get('on'), '.0f')}")  # fmt: skip
+        lines.append(
+            f"  batch {r.get('batch')}: off {_num(ms.get('off'), '.2f')} ms, on "
+            f"{_num(ms.get('on'), '.2f')} ms, speed-up {_num(r.get('speedup'), '.2f')}x;"
+            f" peak MiB off {_num(mib.get('off'), '.0f')}, on "
+            f"{_num(mib.get('on'), '.0f')}"
+        )
     got = (data.get("speedup") or {}).get("1")
     lines.append(f"  {key}: {_verdict(got, TARGETS[key])}")
     return lines
@@ -72,18 +80,25 @@ def summary(folder: Path) -> list[str]:
     if steps.exists():
         for row in steps.read_text().splitlines():
             name, rc, secs = row.split("\t")
-            note = "  (no CUDA device, or a usage error: see the log)" if (
-                rc == str(NO_CUDA_EXIT) and name in CUDA_BENCHES) else ""  # fmt: skip
+            note = (
+                "  (no CUDA device, or a usage error: see the log)"
+                if (rc == str(NO_CUDA_EXIT) and name in CUDA_BENCHES)
+                else ""
+            )
             lines.append(f"{name:<15} {rc:>4}  {secs:>7}{note}")
     train = _load(folder, "train_step_cuda") or _load(folder, "train_step")
     if train:
         lines.append("")
-        lines.append(f"{train.get('benchmark', 'train_step')} (ms / peak MiB)  " + "  ".join(
-            f"batch {r['batch']}" for r in train.get("results", [])))  # fmt: skip
+        lines.append(
+            f"{train.get('benchmark', 'train_step')} (ms / peak MiB)  "
+            + "  ".join(f"batch {r['batch']}" for r in train.get("results", []))
+        )
         for r in train.get("results", []):
             peak = r.get("peak_mib", {})
-            cells = ", ".join(f"{k} {_num(v, '.1f')}/{_num(peak.get(k), '.0f')}"
-                              for k, v in r.get("step_ms", {}).items())  # fmt: skip
+            cells = ", ".join(
+                f"{k} {_num(v, '.1f')}/{_num(peak.get(k), '.0f')}"
+                for k, v in r.get("step_ms", {}).items()
+            )
             lines.append(f"  batch {r['batch']}: {cells}")
             for name, why in (r.get("failed") or {}).items():
                 lines.append(f"    {name} not run: {why}")
@@ -93,11 +108,23 @@ def summary(folder: Path) -> list[str]:
             if r["batch"] == 1:
                 key = "galore_over_comera_memory"
                 lines.append(f"    {key}: {_verdict(ratios.get(key), TARGETS[key + '@1'])}")
+    ddp = _load(folder, "ddp_step")
+    if ddp:
+        one, many = ddp["one_process"], ddp["data_parallel"]
+        lines.append("")
+        lines.append(
+            f"ddp_step ({ddp['device']}, global batch {ddp['global_batch']}): 1 process "
+            f"{_num(one['step_ms_median'], '.1f')} ms/step, {many['devices']} processes "
+            f"{_num(many['step_ms_median'], '.1f')} ms/step (x{ddp['parallel_over_one_time']}), "
+            f"final loss gap {ddp['final_loss_gap']:.1e}"
+        )
     graphs = _load(folder, "cuda_graph")
     if graphs:
         lines += _cuda_graph(graphs)
-    for name, target_key in (("ttm_embedding_triton", "lookup_vs_naive"),
-                             ("ttm_embedding", "lookup_vs_naive")):  # fmt: skip
+    for name, target_key in (
+        ("ttm_embedding_triton", "lookup_vs_naive"),
+        ("ttm_embedding", "lookup_vs_naive"),
+    ):
         data = _load(folder, name)
         if not data:
             continue

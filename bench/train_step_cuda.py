@@ -56,9 +56,11 @@ def require_cuda(what: str) -> torch.device:
     """The CUDA device, or exit with :data:`NO_CUDA_EXIT` and a message saying why not."""
     if not torch.cuda.is_available():
         built = torch.version.cuda or "no CUDA (a CPU-only build)"
-        print(f"{what}: needs a CUDA device, but torch.cuda.is_available() is False here "
-              f"(torch {torch.__version__}, built with {built}); nothing was measured",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"{what}: needs a CUDA device, but torch.cuda.is_available() is False here "
+            f"(torch {torch.__version__}, built with {built}); nothing was measured",
+            file=sys.stderr,
+        )
         sys.exit(NO_CUDA_EXIT)
     return torch.device("cuda")
 
@@ -126,8 +128,7 @@ def _free() -> None:
     torch.cuda.empty_cache()
 
 
-def measure_batch_cuda(batch: int, quick: bool, repeats: int | None,
-                       device: torch.device) -> dict:  # fmt: skip
+def measure_batch_cuda(batch: int, quick: bool, repeats: int | None, device: torch.device) -> dict:
     repeats = repeats or (5 if quick else 15)
     warmup = 2 if quick else 3
     steps: dict[str, Callable[[], object]] = {}
@@ -215,8 +216,7 @@ def table_cuda(rows: list[dict]) -> str:
     lines.append("")
     for r in rows:
         for key, v in r["ratios"].items():
-            lines.append(f"{key:<32} batch {r['batch']:>3}: "
-                         + ("-" if v is None else f"{v:.2f}"))  # fmt: skip
+            lines.append(f"{key:<32} batch {r['batch']:>3}: " + ("-" if v is None else f"{v:.2f}"))
     return "\n".join(lines)
 
 
@@ -239,7 +239,7 @@ def main_cuda(batches: list[int], quick: bool, repeats: int | None) -> None:
             "timing": f"CUDA events over {INNER} steps per turn, turns round-robin, median",
             "memory": "torch.cuda.max_memory_allocated per configuration (reset before its "
             "build, minus what was allocated before)",
-        },  # fmt: skip
+        },
         "results": rows,
     }
     path = write_json("train_step_cuda", payload)  # train_step.json stays the CPU result

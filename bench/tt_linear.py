@@ -36,10 +36,18 @@ from engine.nn.tt_linear import TTLinear
 from engine.tt.chain import merge, merge_backward
 
 SHAPES = {
-    "768x768": {"in_features": 768, "out_features": 768,
-                "in_modes": (12, 8, 8), "out_modes": (8, 8, 12)},
-    "768x3072": {"in_features": 768, "out_features": 3072,
-                 "in_modes": (12, 8, 8), "out_modes": (12, 16, 16)},
+    "768x768": {
+        "in_features": 768,
+        "out_features": 768,
+        "in_modes": (12, 8, 8),
+        "out_modes": (8, 8, 12),
+    },
+    "768x3072": {
+        "in_features": 768,
+        "out_features": 3072,
+        "in_modes": (12, 8, 8),
+        "out_modes": (12, 16, 16),
+    },
 }
 ROWS = (128, 1024, 4096)
 RANK = 30
@@ -76,8 +84,7 @@ def measure(repeats: int) -> list[dict]:
     rows_out = []
     for name, shape in SHAPES.items():
         n, m = shape["in_features"], shape["out_features"]
-        tt = TTLinear(n, m, max_rank=RANK, in_modes=shape["in_modes"],
-                      out_modes=shape["out_modes"])
+        tt = TTLinear(n, m, max_rank=RANK, in_modes=shape["in_modes"], out_modes=shape["out_modes"])
         dense = nn.Linear(n, m)
         two_gemm = nn.Sequential(nn.Linear(n, RANK, bias=False), nn.Linear(RANK, m))
         for rows in ROWS:
@@ -85,29 +92,40 @@ def measure(repeats: int) -> list[dict]:
             dy = torch.randn(rows, m)
             inner = max(1, 256 // rows)
             t = interleaved_medians(
-                {"dense": fwd_bwd_step(dense, x, dy), "tt": fwd_bwd_step(tt, x, dy),
-                 "two_gemm": fwd_bwd_step(two_gemm, x, dy), "tt_ops_floor": _raw_ops(tt, x, dy)},
-                repeats=repeats, inner=inner,
+                {
+                    "dense": fwd_bwd_step(dense, x, dy),
+                    "tt": fwd_bwd_step(tt, x, dy),
+                    "two_gemm": fwd_bwd_step(two_gemm, x, dy),
+                    "tt_ops_floor": _raw_ops(tt, x, dy),
+                },
+                repeats=repeats,
+                inner=inner,
             )
             problem = problem_for(x, list(tt.cores), tt.bias, tt.meta)
             plan = plan_tt_linear(problem)
             tt_macs = plan_cost(problem, plan).macs
             dense_macs = 3 * rows * n * m
-            rows_out.append({
-                "shape": name, "rows": rows, "plan": str(plan),
-                "ms": {k: v * 1e3 for k, v in t.items()},
-                "speedup_vs_dense": t["dense"] / t["tt"],
-                "two_gemm_speedup_vs_dense": t["dense"] / t["two_gemm"],
-                "tt_ops_floor_speedup_vs_dense": t["dense"] / t["tt_ops_floor"],
-                "macs": {"dense": dense_macs, "tt": tt_macs},
-                "mac_ratio": dense_macs / tt_macs,
-            })
+            rows_out.append(
+                {
+                    "shape": name,
+                    "rows": rows,
+                    "plan": str(plan),
+                    "ms": {k: v * 1e3 for k, v in t.items()},
+                    "speedup_vs_dense": t["dense"] / t["tt"],
+                    "two_gemm_speedup_vs_dense": t["dense"] / t["two_gemm"],
+                    "tt_ops_floor_speedup_vs_dense": t["dense"] / t["tt_ops_floor"],
+                    "macs": {"dense": dense_macs, "tt": tt_macs},
+                    "mac_ratio": dense_macs / tt_macs,
+                }
+            )
             r = rows_out[-1]
-            print(f"{name:>9} rows={rows:5d} plan={r['plan']:<8} dense {r['ms']['dense']:8.2f} ms"
-                  f"  tt {r['ms']['tt']:7.2f} ms  x{r['speedup_vs_dense']:5.2f}"
-                  f"  (ops floor x{r['tt_ops_floor_speedup_vs_dense']:5.2f},"
-                  f" two-GEMM x{r['two_gemm_speedup_vs_dense']:5.2f}, MACs x{r['mac_ratio']:.1f})",
-                  flush=True)
+            print(
+                f"{name:>9} rows={rows:5d} plan={r['plan']:<8} dense {r['ms']['dense']:8.2f} ms"
+                f"  tt {r['ms']['tt']:7.2f} ms  x{r['speedup_vs_dense']:5.2f}"
+                f"  (ops floor x{r['tt_ops_floor_speedup_vs_dense']:5.2f},"
+                f" two-GEMM x{r['two_gemm_speedup_vs_dense']:5.2f}, MACs x{r['mac_ratio']:.1f})",
+                flush=True,
+            )
     return rows_out
 
 
@@ -128,17 +146,29 @@ def main() -> None:
         env = {**os.environ, **TUNED_ENV}
         out = subprocess.run(
             [sys.executable, "-m", "bench.tt_linear", "--child", "--repeats", str(args.repeats)],
-            env=env, check=True, capture_output=True, text=True,
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout
         tuned = json.loads(out.strip().splitlines()[-1])
         for r in tuned:
             print(f"{r['shape']:>9} rows={r['rows']:5d} x{r['speedup_vs_dense']:5.2f}")
-    targets = {("768x3072", 4096): 6.0, ("768x768", 4096): 4.0,
-               ("768x3072", 128): 6.0, ("768x768", 128): 3.5}
+    targets = {
+        ("768x3072", 4096): 6.0,
+        ("768x768", 4096): 4.0,
+        ("768x3072", 128): 6.0,
+        ("768x768", 128): 3.5,
+    }
     payload = {
-        "benchmark": "tt_linear", "machine": machine_info(), "dtype": "float32", "rank": RANK,
+        "benchmark": "tt_linear",
+        "machine": machine_info(),
+        "dtype": "float32",
+        "rank": RANK,
         "targets_speedup": {f"{k[0]}@{k[1]}": v for k, v in targets.items()},
-        "default_allocator": default, "tuned_allocator": tuned, "tuned_env": TUNED_ENV,
+        "default_allocator": default,
+        "tuned_allocator": tuned,
+        "tuned_env": TUNED_ENV,
     }
     path = write_json("tt_linear", payload)
     print(f"wrote {path}")

@@ -1,8 +1,8 @@
 """TTM embedding lookup benchmark: optimized vs no-dedup vs naive vs ``nn.Embedding`` (CPU).
 
-Run ``python -m bench.ttm_embedding``. The MNLI word embedding (method doc §2.3): 30522 x 768,
-rows padded to 32000 = 16*20*10*10, cols 4*4*8*6, rank 32, float32; ids (32, 128) drawn from a
-bounded Zipf law p(k) ~ 1/k^1.1 over the vocabulary (rank k -> a fixed random token id).
+Run ``python -m bench.ttm_embedding``. The MNLI word embedding (docs/method.md#paper-shapes): 30522
+x 768, rows padded to 32000 = 16*20*10*10, cols 4*4*8*6, rank 32, float32; ids (32, 128) drawn from
+a bounded Zipf law p(k) ~ 1/k^1.1 over the vocabulary (rank k -> a fixed random token id).
 
 * Time: median forward+backward of each variant, measured round-robin in one process, with a
   fixed upstream gradient and gradients set to None every iteration.
@@ -64,9 +64,13 @@ def make_step(variant: str, ids: torch.Tensor, grad: torch.Tensor):
         fwd = mod
     else:
         mod = TTMEmbedding(
-            VOCAB, DIM, row_modes=ROW_MODES, col_modes=COL_MODES, max_rank=RANK,
+            VOCAB,
+            DIM,
+            row_modes=ROW_MODES,
+            col_modes=COL_MODES,
+            max_rank=RANK,
             dedup=variant != "nodedup",
-        )  # fmt: skip
+        )
         if variant == "naive":
             m = mod
 
@@ -150,8 +154,10 @@ def triton_vs_torch(repeats: int = 20) -> dict:
         return [out.detach(), *(p.grad for p in mod.parameters())]
 
     ref, got = run("torch"), run("triton")  # also compiles the kernels
-    diff = max(float((g - r).abs().max() / r.abs().max().clamp_min(1e-30))
-               for g, r in zip(got, ref, strict=True))  # fmt: skip
+    diff = max(
+        float((g - r).abs().max() / r.abs().max().clamp_min(1e-30))
+        for g, r in zip(got, ref, strict=True)
+    )
     times = interleaved_medians({k: lambda k=k: run(k) for k in ("torch", "triton")}, repeats)
     return {
         "status": "ran",
@@ -167,8 +173,10 @@ def _triton_line(col: dict) -> str:
     if col["status"] != "ran":
         return f"triton vs torch: {col['status']}"
     ms = col["median_ms"]
-    return (f"triton vs torch (CUDA): torch {ms['torch']:.3f} ms, triton {ms['triton']:.3f} ms, "
-            f"ratio {col['torch_over_triton_time']:.2f}")  # fmt: skip
+    return (
+        f"triton vs torch (CUDA): torch {ms['torch']:.3f} ms, triton {ms['triton']:.3f} ms, "
+        f"ratio {col['torch_over_triton_time']:.2f}"
+    )
 
 
 def main() -> None:

@@ -59,16 +59,22 @@ def _params(**values: Any) -> dict[str, Any]:
 class ComeraClient:
     """A synchronous client of one service (``base_url`` without ``/v1``)."""
 
-    def __init__(self, base_url: str = DEFAULT_URL, api_key: str | None = None,
-                 timeout: float = 30.0, *, transport: httpx.BaseTransport | None = None,
-                 ) -> None:  # fmt: skip
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        api_key: str | None = None,
+        timeout: float = 30.0,
+        *,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         headers = {"User-Agent": "comera-client/0.1", "Accept": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
-        self.http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout,
-                                 transport=transport)  # fmt: skip
+        self.http = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
+        )
 
     def __enter__(self) -> ComeraClient:
         return self
@@ -94,8 +100,9 @@ class ComeraClient:
             return False
 
     # -- jobs ---------------------------------------------------------------------------------
-    def submit(self, spec: dict[str, Any] | JobCreate,
-               idempotency_key: str | None = None) -> JobPublic:  # fmt: skip
+    def submit(
+        self, spec: dict[str, Any] | JobCreate, idempotency_key: str | None = None
+    ) -> JobPublic:
         """``POST /v1/jobs``: the stored QUEUED job (422 ``ComeraError`` names bad fields)."""
         key = idempotency_key or str(uuid.uuid4())
         r = self._request("POST", "/jobs", json=_body(spec), headers={"Idempotency-Key": key})
@@ -110,9 +117,16 @@ class ComeraClient:
     def get(self, job_id: str) -> JobPublic:
         return JobPublic.model_validate(self._request("GET", f"/jobs/{job_id}").json())
 
-    def list(self, *, state: str | list[str] | None = None, labels: dict[str, str] | None = None,
-             q: str | None = None, model: str | None = None, page_size: int = 50,
-             limit: int | None = None) -> Iterator[JobPublic]:  # fmt: skip
+    def list(
+        self,
+        *,
+        state: str | list[str] | None = None,
+        labels: dict[str, str] | None = None,
+        q: str | None = None,
+        model: str | None = None,
+        page_size: int = 50,
+        limit: int | None = None,
+    ) -> Iterator[JobPublic]:
         """The jobs, newest first, following ``next_cursor`` page by page (at most ``limit``)."""
         states = ",".join(state) if isinstance(state, list) else state
         params: dict[str, Any] = _params(state=states, q=q, model=model, limit=page_size)
@@ -142,8 +156,13 @@ class ComeraClient:
             pause = poll if deadline is None else min(poll, deadline - time.monotonic())
             time.sleep(max(0.0, pause))
 
-    def cancel(self, job_id: str, *, mode: str = "graceful", save_partial: bool = True,
-               ) -> JobPublic:  # fmt: skip
+    def cancel(
+        self,
+        job_id: str,
+        *,
+        mode: str = "graceful",
+        save_partial: bool = True,
+    ) -> JobPublic:
         body = {"mode": mode, "save_partial": save_partial}
         return JobPublic.model_validate(
             self._request("POST", f"/jobs/{job_id}/cancel", json=body).json()
@@ -157,24 +176,44 @@ class ComeraClient:
         )
 
     # -- series -------------------------------------------------------------------------------
-    def metrics(self, job_id: str, *, keys: list[str] | None = None, stage: str | None = None,
-                from_step: int | None = None, to_step: int | None = None,
-                max_points: int = 500) -> MetricsPublic:  # fmt: skip
-        params = _params(keys=",".join(keys) if keys else None, stage=stage,
-                         from_step=from_step, to_step=to_step, max_points=max_points)  # fmt: skip
+    def metrics(
+        self,
+        job_id: str,
+        *,
+        keys: list[str] | None = None,
+        stage: str | None = None,
+        from_step: int | None = None,
+        to_step: int | None = None,
+        max_points: int = 500,
+    ) -> MetricsPublic:
+        params = _params(
+            keys=",".join(keys) if keys else None,
+            stage=stage,
+            from_step=from_step,
+            to_step=to_step,
+            max_points=max_points,
+        )
         return MetricsPublic.model_validate(
             self._request("GET", f"/jobs/{job_id}/metrics", params=params).json()
         )
 
-    def ranks(self, job_id: str, *, tensor: str | None = None, stage: str | None = None,
-              from_step: int | None = None, max_points: int = 500) -> RanksPublic:  # fmt: skip
+    def ranks(
+        self,
+        job_id: str,
+        *,
+        tensor: str | None = None,
+        stage: str | None = None,
+        from_step: int | None = None,
+        max_points: int = 500,
+    ) -> RanksPublic:
         params = _params(tensor=tensor, stage=stage, from_step=from_step, max_points=max_points)
         return RanksPublic.model_validate(
             self._request("GET", f"/jobs/{job_id}/ranks", params=params).json()
         )
 
-    def events(self, job_id: str, *, after: int = 0, kinds: list[str] | None = None,
-               reconnect: int = 5) -> Iterator[EventPublic]:  # fmt: skip
+    def events(
+        self, job_id: str, *, after: int = 0, kinds: list[str] | None = None, reconnect: int = 5
+    ) -> Iterator[EventPublic]:
         """The job's events as they happen (SSE), from sequence number ``after`` on.
 
         The server closes the stream after the job's terminal state. A dropped connection
@@ -187,8 +226,13 @@ class ComeraClient:
         while True:
             headers = {"Accept": "text/event-stream", "Last-Event-ID": str(last)}
             try:
-                with self.http.stream("GET", f"/v1/jobs/{job_id}/events", params=params,
-                                      headers=headers, timeout=timeout) as r:  # fmt: skip
+                with self.http.stream(
+                    "GET",
+                    f"/v1/jobs/{job_id}/events",
+                    params=params,
+                    headers=headers,
+                    timeout=timeout,
+                ) as r:
                     if r.status_code >= 400:
                         r.read()
                         raise ComeraError.from_response(r)
@@ -218,14 +262,16 @@ class ComeraClient:
 
     def export_checkpoint(self, job_id: str) -> CheckpointPublic:
         """The job's complete ``export`` checkpoint (the compressed model)."""
-        found = [c for c in self.checkpoints(job_id)
-                 if c.kind == "export" and c.state == "complete"]  # fmt: skip
+        found = [
+            c for c in self.checkpoints(job_id) if c.kind == "export" and c.state == "complete"
+        ]
         if not found:
             raise ComeraError(404, "Not Found", f"job {job_id} has no exported model (yet)")
         return found[-1]
 
-    def download(self, job_id: str, path: str | Path, checkpoint_id: str | None = None, *,
-                 retries: int = 3) -> DownloadResult:  # fmt: skip
+    def download(
+        self, job_id: str, path: str | Path, checkpoint_id: str | None = None, *, retries: int = 3
+    ) -> DownloadResult:
         """Download a checkpoint file (default: the export) to ``path``; see
         :func:`client.download.download_file` for resuming and the sha256 check."""
         if checkpoint_id is None:

@@ -12,7 +12,7 @@
 
 Client commands talk HTTP only (``--url`` / ``COMERA_URL``, ``--api-key`` / ``COMERA_API_KEY``,
 else the key ``comera up`` left in ``$COMERA_HOME/api_key``). ``run`` and the server commands
-(``up``, ``migrate``, ``api``, ``worker``, ``keys``, implemented in
+(``up``, ``migrate``, ``api``, ``worker``, ``reaper``, ``keys``, implemented in
 ``service.cli``) import the engine or the server when invoked, so the rest of this module
 loads without torch or the server packages.
 """
@@ -39,12 +39,16 @@ from client.watch import follow
 
 __all__ = ["app", "load_spec"]
 
-app = typer.Typer(help="CoMERA compression service: client and server commands.",
-                  no_args_is_help=True, pretty_exceptions_enable=False)  # fmt: skip
+app = typer.Typer(
+    help="CoMERA compression service: client and server commands.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
 
 JobArg = Annotated[str, typer.Argument(help="job id (job_...)")]
-SpecArg = Annotated[Path, typer.Argument(help="job spec, .json (or .yaml with PyYAML)",
-                                         exists=True, dir_okay=False)]  # fmt: skip
+SpecArg = Annotated[
+    Path, typer.Argument(help="job spec, .json (or .yaml with PyYAML)", exists=True, dir_okay=False)
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the JSON document")]
 
 
@@ -70,11 +74,13 @@ def _print(model: Any, rendered: Any, as_json: bool) -> None:
 
 
 @app.callback()
-def main(ctx: typer.Context,
-         url: Annotated[str, typer.Option(envvar="COMERA_URL", help="service URL")] = DEFAULT_URL,
-         api_key: Annotated[str | None, typer.Option(envvar="COMERA_API_KEY",
-                                                     help="API key (Bearer)")] = None,
-         ) -> None:  # fmt: skip
+def main(
+    ctx: typer.Context,
+    url: Annotated[str, typer.Option(envvar="COMERA_URL", help="service URL")] = DEFAULT_URL,
+    api_key: Annotated[
+        str | None, typer.Option(envvar="COMERA_API_KEY", help="API key (Bearer)")
+    ] = None,
+) -> None:
     ctx.obj = Options(url=url, api_key=api_key or _key_from_home())
 
 
@@ -111,8 +117,10 @@ def load_spec(path: Path) -> dict[str, Any]:
         try:
             import yaml
         except ImportError:
-            _err().print("[red]error:[/] YAML specs need PyYAML (pip install pyyaml); "
-                         "or give the spec as JSON")  # fmt: skip
+            _err().print(
+                "[red]error:[/] YAML specs need PyYAML (pip install pyyaml); "
+                "or give the spec as JSON"
+            )
             raise typer.Exit(2) from None
         data = yaml.safe_load(text)
     else:
@@ -129,9 +137,11 @@ def load_spec(path: Path) -> dict[str, Any]:
 
 # -- client commands -----------------------------------------------------------------------------
 @app.command()
-def submit(ctx: typer.Context, spec: SpecArg,
-           key: Annotated[str | None, typer.Option(help="Idempotency-Key (default: new)")] = None,
-           ) -> None:  # fmt: skip
+def submit(
+    ctx: typer.Context,
+    spec: SpecArg,
+    key: Annotated[str | None, typer.Option(help="Idempotency-Key (default: new)")] = None,
+) -> None:
     """Submit a job; prints its id (details on stderr)."""
     with _client(ctx) as client:
         job = client.submit(load_spec(spec), idempotency_key=key)
@@ -157,12 +167,13 @@ def status(ctx: typer.Context, job_id: JobArg, as_json: JsonOpt = False) -> None
 
 
 @app.command("list")
-def list_jobs(ctx: typer.Context,
-              state: Annotated[str | None, typer.Option(help="comma list of states")] = None,
-              label: Annotated[list[str] | None, typer.Option(help="k:v, repeatable")] = None,
-              q: Annotated[str | None, typer.Option(help="substring of the name")] = None,
-              limit: Annotated[int, typer.Option(min=1, help="at most this many")] = 50,
-              ) -> None:  # fmt: skip
+def list_jobs(
+    ctx: typer.Context,
+    state: Annotated[str | None, typer.Option(help="comma list of states")] = None,
+    label: Annotated[list[str] | None, typer.Option(help="k:v, repeatable")] = None,
+    q: Annotated[str | None, typer.Option(help="substring of the name")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="at most this many")] = 50,
+) -> None:
     """Jobs, newest first."""
     labels = {}
     for item in label or []:
@@ -171,16 +182,19 @@ def list_jobs(ctx: typer.Context,
             raise typer.BadParameter(f"{item!r} is not key:value", param_hint="--label")
         labels[k] = v
     with _client(ctx) as client:
-        jobs = list(client.list(state=state, labels=labels, q=q, limit=limit,
-                                page_size=min(limit, 200)))  # fmt: skip
+        jobs = list(
+            client.list(state=state, labels=labels, q=q, limit=limit, page_size=min(limit, 200))
+        )
     _out().print(jobs_table(jobs))
 
 
 @app.command()
-def watch(ctx: typer.Context, job_id: JobArg,
-          poll: Annotated[float, typer.Option(help="seconds between polls (fallback)")] = 2.0,
-          no_stream: Annotated[bool, typer.Option(help="poll instead of events")] = False,
-          ) -> None:  # fmt: skip
+def watch(
+    ctx: typer.Context,
+    job_id: JobArg,
+    poll: Annotated[float, typer.Option(help="seconds between polls (fallback)")] = 2.0,
+    no_stream: Annotated[bool, typer.Option(help="poll instead of events")] = False,
+) -> None:
     """Follow a job to its end with a live progress bar; exit 0 only if it SUCCEEDED."""
     with _client(ctx) as client:
         job = follow(client, job_id, poll=poll, stream=not no_stream)
@@ -191,11 +205,14 @@ def watch(ctx: typer.Context, job_id: JobArg,
 
 
 @app.command()
-def download(ctx: typer.Context, job_id: JobArg,
-             output: Annotated[Path, typer.Option("--output", "-o", help="file or directory")],
-             checkpoint: Annotated[str | None, typer.Option(help="checkpoint id (default: "
-                                                            "the exported model)")] = None,
-             ) -> None:  # fmt: skip
+def download(
+    ctx: typer.Context,
+    job_id: JobArg,
+    output: Annotated[Path, typer.Option("--output", "-o", help="file or directory")],
+    checkpoint: Annotated[
+        str | None, typer.Option(help="checkpoint id (default: the exported model)")
+    ] = None,
+) -> None:
     """Download the compressed model (or a checkpoint): resumable, sha256-checked."""
     with _client(ctx) as client:
         if output.is_dir():
@@ -203,14 +220,18 @@ def download(ctx: typer.Context, job_id: JobArg,
         result = client.download(job_id, output, checkpoint_id=checkpoint)
     how = f", resumed at byte {result.resumed_from:,}" if result.resumed_from else ""
     how += ", partial file discarded" if result.restarted else ""
-    _out().print(f"{result.path} ({result.size:,} bytes, sha256 {result.sha256[:16]}... "
-                 f"verified{how})", highlight=False)  # fmt: skip
+    _out().print(
+        f"{result.path} ({result.size:,} bytes, sha256 {result.sha256[:16]}... verified{how})",
+        highlight=False,
+    )
 
 
 @app.command()
-def cancel(ctx: typer.Context, job_id: JobArg,
-           immediate: Annotated[bool, typer.Option(help="no final checkpoint")] = False,
-           ) -> None:  # fmt: skip
+def cancel(
+    ctx: typer.Context,
+    job_id: JobArg,
+    immediate: Annotated[bool, typer.Option(help="no final checkpoint")] = False,
+) -> None:
     """Cancel a job (graceful: it checkpoints first)."""
     with _client(ctx) as client:
         job = client.cancel(job_id, mode="immediate" if immediate else "graceful")
@@ -218,10 +239,13 @@ def cancel(ctx: typer.Context, job_id: JobArg,
 
 
 @app.command()
-def retry(ctx: typer.Context, job_id: JobArg,
-          from_: Annotated[str, typer.Option("--from", help="latest_checkpoint, scratch or a "
-                                             "checkpoint id")] = "latest_checkpoint",
-          ) -> None:  # fmt: skip
+def retry(
+    ctx: typer.Context,
+    job_id: JobArg,
+    from_: Annotated[
+        str, typer.Option("--from", help="latest_checkpoint, scratch or a checkpoint id")
+    ] = "latest_checkpoint",
+) -> None:
     """Run a FAILED or CANCELLED job again as its next attempt."""
     with _client(ctx) as client:
         job = client.retry(job_id, from_=from_)
@@ -238,10 +262,11 @@ def report(ctx: typer.Context, job_id: JobArg, as_json: JsonOpt = False) -> None
 
 # -- one job in this process -------------------------------------------------------------------
 @app.command()
-def run(spec: SpecArg,
-        out: Annotated[Path, typer.Option("--out", "-o", help="output directory")],
-        data_root: Annotated[Path, typer.Option(help="base of 'path' datasets")] = Path("."),
-        ) -> None:  # fmt: skip
+def run(
+    spec: SpecArg,
+    out: Annotated[Path, typer.Option("--out", "-o", help="output directory")],
+    data_root: Annotated[Path, typer.Option(help="base of 'path' datasets")] = Path("."),
+) -> None:
     """Train one spec here, no server (needs the engine): model/ and report.json in OUT."""
     from client.local import run_spec
 
@@ -249,8 +274,10 @@ def run(spec: SpecArg,
 
 
 # -- server commands (service.cli) ----------------------------------------------------------------
-SERVER = {"context_settings": {"allow_extra_args": True, "ignore_unknown_options": True},
-          "add_help_option": False}  # fmt: skip
+SERVER = {
+    "context_settings": {"allow_extra_args": True, "ignore_unknown_options": True},
+    "add_help_option": False,
+}
 
 
 def _server(name: str, args: list[str]) -> None:
@@ -281,6 +308,12 @@ def api(ctx: typer.Context) -> None:
 def worker(ctx: typer.Context) -> None:
     """Run one worker: one job at a time, on one GPU (see worker --help)."""
     _server("worker", ctx.args)
+
+
+@app.command(**SERVER)
+def reaper(ctx: typer.Context) -> None:
+    """Requeue jobs of lost workers, resend lost messages, force cancels (see reaper --help)."""
+    _server("reaper", ctx.args)
 
 
 @app.command(**SERVER)

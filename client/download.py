@@ -75,8 +75,11 @@ def _fetch(http: httpx.Client, url: str, path: Path, etag: str, size: int) -> tu
         if r.status_code == 206:
             expected = f"bytes {have}-{size - 1}/{size}"
             if r.headers.get("content-range") != expected:
-                raise ComeraError(0, "Bad range", f"asked for bytes {have}- of {size}, got "
-                                  f"{r.headers.get('content-range')!r}")  # fmt: skip
+                raise ComeraError(
+                    0,
+                    "Bad range",
+                    f"asked for bytes {have}- of {size}, got {r.headers.get('content-range')!r}",
+                )
             mode = "ab"
         elif r.status_code == 200:
             mode, dropped = "wb", have > 0
@@ -92,8 +95,13 @@ def _fetch(http: httpx.Client, url: str, path: Path, etag: str, size: int) -> tu
     return received, dropped
 
 
-def download_file(http: httpx.Client, url: str, path: Path, *, retries: int = 3,
-                  ) -> DownloadResult:  # fmt: skip
+def download_file(
+    http: httpx.Client,
+    url: str,
+    path: Path,
+    *,
+    retries: int = 3,
+) -> DownloadResult:
     """Download ``url`` (a checkpoint ``content`` URL) to ``path``, resuming and verifying."""
     etag, size = _head(http, url)
     expected = _digest(etag)
@@ -121,14 +129,16 @@ def download_file(http: httpx.Client, url: str, path: Path, *, retries: int = 3,
             break
         failures += 1  # the server closed early without a transport error
         if failures > retries:
-            raise ComeraError(0, "Incomplete download", f"{path}: {path.stat().st_size} of "
-                              f"{size} bytes after {retries} retries")  # fmt: skip
+            raise ComeraError(
+                0,
+                "Incomplete download",
+                f"{path}: {path.stat().st_size} of {size} bytes after {retries} retries",
+            )
     actual = sha256_file(path)
     if actual == expected:
         return DownloadResult(path, actual, size, received, resumed_from, restarted)
     path.unlink()
     if resumed_from > 0:  # the kept prefix was corrupt: once more, from scratch
         again = download_file(http, url, path, retries=retries)
-        return DownloadResult(path, again.sha256, size, received + again.bytes_received, 0,
-                              True)  # fmt: skip
+        return DownloadResult(path, again.sha256, size, received + again.bytes_received, 0, True)
     raise ChecksumMismatch(str(path), expected, actual)

@@ -20,9 +20,14 @@ __all__ = ["ChecksumMismatch", "ComeraError"]
 class ComeraError(Exception):
     """An error answer of the service (``status`` > 0) or of the client itself (``status`` 0)."""
 
-    def __init__(self, status: int, title: str, detail: str | None = None,
-                 errors: list[FieldError] | None = None,
-                 problem: dict[str, Any] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        status: int,
+        title: str,
+        detail: str | None = None,
+        errors: list[FieldError] | None = None,
+        problem: dict[str, Any] | None = None,
+    ) -> None:
         self.status, self.title, self.detail = status, title, detail
         self.errors = list(errors or [])
         self.problem = problem or {"status": status, "title": title, "detail": detail}

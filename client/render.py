@@ -13,12 +13,27 @@ from rich.table import Table
 
 from api_schemas import CompressionReport, JobPublic, ValidationReport
 
-__all__ = ["baseline_table", "fmt_modes", "fmt_ratio", "job_summary", "job_table", "jobs_table",
-           "plan_table", "report_tables"]  # fmt: skip
+__all__ = [
+    "baseline_table",
+    "distributed_line",
+    "fmt_modes",
+    "fmt_ratio",
+    "job_summary",
+    "job_table",
+    "jobs_table",
+    "plan_table",
+    "report_tables",
+]
 
-STATE_STYLE = {"SUCCEEDED": "green", "FAILED": "red", "CANCELLED": "yellow",
-               "CANCELLING": "yellow", "RUNNING": "cyan", "STARTING": "cyan",
-               "QUEUED": "blue"}  # fmt: skip
+STATE_STYLE = {
+    "SUCCEEDED": "green",
+    "FAILED": "red",
+    "CANCELLED": "yellow",
+    "CANCELLING": "yellow",
+    "RUNNING": "cyan",
+    "STARTING": "cyan",
+    "QUEUED": "blue",
+}
 
 
 def fmt_ratio(ratio: float | None) -> str:
@@ -31,8 +46,9 @@ def fmt_modes(modes: dict[str, Any] | list[Any] | None) -> str:
         return "-"
     if isinstance(modes, list):
         return "x".join(map(str, modes))
-    return ", ".join(f"{k} {'x'.join(map(str, v)) if isinstance(v, list) else v}"
-                     for k, v in modes.items())  # fmt: skip
+    return ", ".join(
+        f"{k} {'x'.join(map(str, v)) if isinstance(v, list) else v}" for k, v in modes.items()
+    )
 
 
 def _state(state: str) -> str:
@@ -59,7 +75,41 @@ def job_summary(job: JobPublic) -> str:
     if loss is not None:
         parts.append(f"loss {loss:.4f}")
     parts.append(f"ratio {fmt_ratio(job.compression.get('current_ratio'))}")
+    if job.compression.get("target_reached") is False:
+        parts.append("[yellow]size target not reached[/]")
+    if job.compression.get("at_chance"):
+        parts.append("[red]accuracy at chance level[/]")
     return "  ".join(parts)
+
+
+def target_line(target: dict[str, Any] | None) -> str | None:
+    """The size target's outcome in words (``None``: the job had no target)."""
+    if not target or "target_reached" not in target:
+        return None
+    if target["target_reached"]:
+        return "reached"
+    return f"[yellow]not reached[/]: {target.get('reason') or target.get('target_reason') or '?'}"
+
+
+def chance_line(chance: dict[str, Any] | None) -> str | None:
+    """The chance check in words (``None``: no accuracy to check)."""
+    if not chance or "at_chance" not in chance:
+        return None
+    level = chance.get("chance", chance.get("chance_level"))
+    if chance["at_chance"]:
+        return f"[red]at chance level[/] ({level:.4f}): the model did not learn the task"
+    return f"above chance ({level:.4f})"
+
+
+def distributed_line(report: CompressionReport) -> str | None:
+    """How a data-parallel job ran, in words (``None``: one process)."""
+    d = report.execution.distributed if report.execution is not None else None
+    if d is None:
+        return None
+    return (
+        f"{d.world_size} processes ({d.backend}), {d.ddp_rebuilds} DDP wrapper builds "
+        f"in {d.ddp_rebuild_seconds:.2f} s"
+    )
 
 
 def job_table(job: JobPublic) -> Table:
@@ -69,16 +119,26 @@ def job_table(job: JobPublic) -> Table:
     t.add_column()
     p, c = job.progress, job.compression
     stage = "-" if p.stage_index is None else f"{p.stage_index + 1}/{p.stage_count} {p.stage_name}"
-    rows = [("id", job.id), ("name", job.name), ("state", _state(job.state)),
-            ("message", job.message or "-"), ("attempt", f"{job.attempt}/{job.max_attempts}"),
-            ("stage", stage), ("step", _step(job)),
-            ("metrics", _metrics(job.latest_metrics)),
-            ("ratio", f"{fmt_ratio(c.get('current_ratio'))} (params {_int(c.get('params_now'))} "
-                      f"of {_int(c.get('params_before'))})"),
-            ("labels", ", ".join(f"{k}:{v}" for k, v in job.labels.items()) or "-"),
-            ("created", job.created_at.isoformat(timespec="seconds")),
-            ("finished", job.finished_at.isoformat(timespec="seconds") if job.finished_at
-             else "-")]  # fmt: skip
+    rows = [
+        ("id", job.id),
+        ("name", job.name),
+        ("state", _state(job.state)),
+        ("message", job.message or "-"),
+        ("attempt", f"{job.attempt}/{job.max_attempts}"),
+        ("stage", stage),
+        ("step", _step(job)),
+        ("metrics", _metrics(job.latest_metrics)),
+        (
+            "ratio",
+            f"{fmt_ratio(c.get('current_ratio'))} (params {_int(c.get('params_now'))} "
+            f"of {_int(c.get('params_before'))})",
+        ),
+        ("size target", target_line(c) or "-"),
+        ("chance", chance_line(c) or "-"),
+        ("labels", ", ".join(f"{k}:{v}" for k, v in job.labels.items()) or "-"),
+        ("created", job.created_at.isoformat(timespec="seconds")),
+        ("finished", job.finished_at.isoformat(timespec="seconds") if job.finished_at else "-"),
+    ]
     if job.error is not None:
         rows.append(("error", f"[red]{job.error.title}: {job.error.detail or ''}[/]"))
     for key, value in rows:
@@ -91,10 +151,15 @@ def jobs_table(jobs: list[JobPublic]) -> Table:
     t = Table("id", "name", "state", "step", "loss", "ratio", "created", box=None)
     for job in jobs:
         loss = job.latest_metrics.get("loss")
-        t.add_row(job.id, job.name, _state(job.state), _step(job),
-                  "-" if loss is None else f"{loss:.4f}",
-                  fmt_ratio(job.compression.get("current_ratio")),
-                  job.created_at.isoformat(timespec="seconds"))  # fmt: skip
+        t.add_row(
+            job.id,
+            job.name,
+            _state(job.state),
+            _step(job),
+            "-" if loss is None else f"{loss:.4f}",
+            fmt_ratio(job.compression.get("current_ratio")),
+            job.created_at.isoformat(timespec="seconds"),
+        )
     return t
 
 
@@ -107,11 +172,20 @@ def baseline_table(report: CompressionReport) -> Table | None:
     base = report.baseline
     if base is None:
         return None
-    t = Table("metric", "this job", "dense baseline", "delta",
-              title=f"against the dense baseline {base.job_id}")  # fmt: skip
+    t = Table(
+        "metric",
+        "this job",
+        "dense baseline",
+        "delta",
+        title=f"against the dense baseline {base.job_id}",
+    )
     for key in sorted(report.metrics.keys() | base.metrics.keys()):
-        t.add_row(key, _value(report.metrics.get(key)), _value(base.metrics.get(key)),
-                  _value(base.deltas.get(key), signed=True))  # fmt: skip
+        t.add_row(
+            key,
+            _value(report.metrics.get(key)),
+            _value(base.metrics.get(key)),
+            _value(base.deltas.get(key), signed=True),
+        )
     return t
 
 
@@ -119,25 +193,42 @@ def report_tables(report: CompressionReport) -> Group:
     """``comera report``: one row per layer, the totals, the metrics and the fidelity to the
     original model (``hf_bert``), then the comparison with the dense baseline if any."""
     title = f"compression of {report.job_id} (export {report.checkpoint_id})"
-    layers = Table("name", "kind", "modes", "ranks", "dense params", "params", "ratio",
-                   title=title)  # fmt: skip
+    layers = Table("name", "kind", "modes", "ranks", "dense params", "params", "ratio", title=title)
     for layer in report.layers:
         ratio = "cut" if layer.ratio is None else fmt_ratio(layer.ratio)
-        layers.add_row(layer.name, layer.kind, fmt_modes(layer.modes),
-                       ",".join(map(str, layer.ranks)), f"{layer.dense_params:,}",
-                       f"{layer.params:,}", ratio)  # fmt: skip
+        layers.add_row(
+            layer.name,
+            layer.kind,
+            fmt_modes(layer.modes),
+            ",".join(map(str, layer.ranks)),
+            f"{layer.dense_params:,}",
+            f"{layer.params:,}",
+            ratio,
+        )
     totals = Table.grid(padding=(0, 2))
     totals.add_column(style="bold")
     totals.add_column()
     totals.add_row("params", f"{report.params:,} of {report.params_dense:,} dense")
     totals.add_row("tensorized layers", fmt_ratio(report.tensorized_ratio))
     totals.add_row("whole model", fmt_ratio(report.model_ratio))
-    totals.add_row("file", f"{report.file_bytes:,} bytes vs {report.dense_bytes:,} dense "
-                           f"({fmt_ratio(report.file_ratio)})")  # fmt: skip
+    totals.add_row(
+        "file",
+        f"{report.file_bytes:,} bytes vs {report.dense_bytes:,} dense "
+        f"({fmt_ratio(report.file_ratio)})",
+    )
     totals.add_row("metrics", _metrics(report.metrics))
+    if (line := target_line(report.target)) is not None:
+        totals.add_row("size target", line)
+    if (line := chance_line(report.chance)) is not None:
+        totals.add_row("chance", line)
+    if (line := distributed_line(report)) is not None:
+        totals.add_row("data parallel", line)
     if (f := report.fidelity) is not None:
-        totals.add_row("fidelity", f"cosine {f.mean:.4f} (min {f.min:.4f}) on {f.sentences:,} "
-                       f"held-out sentences, {f.measured_on} vs the original")  # fmt: skip
+        totals.add_row(
+            "fidelity",
+            f"cosine {f.mean:.4f} (min {f.min:.4f}) on {f.sentences:,} "
+            f"held-out sentences, {f.measured_on} vs the original",
+        )
     if report.baseline is None:
         totals.add_row("dense baseline", "none (no SUCCEEDED dense job of the same spec)")
     base = baseline_table(report)
@@ -146,15 +237,24 @@ def report_tables(report: CompressionReport) -> Group:
 
 def plan_table(plan: ValidationReport) -> Group:
     """``comera validate``: what the job would build."""
-    t = Table("name", "kind", "shape", "modes", "initial ranks", "dense params", "params",
-              title="plan")  # fmt: skip
+    t = Table(
+        "name", "kind", "shape", "modes", "initial ranks", "dense params", "params", title="plan"
+    )
     for layer in plan.layers:
-        t.add_row(layer.name, layer.kind, "x".join(map(str, layer.shape)),
-                  fmt_modes(layer.modes), ",".join(map(str, layer.initial_ranks)),
-                  f"{layer.dense_params:,}", f"{layer.params:,}")  # fmt: skip
-    lines = [f"params {plan.params_before:,} -> {plan.params_after:,} "
-             f"(tensorized {fmt_ratio(plan.tensorized_ratio)}); "
-             f"memory ~{plan.estimated_memory_bytes / 2**20:.1f} MiB; "
-             f"steps {plan.total_steps or '?'}"]  # fmt: skip
+        t.add_row(
+            layer.name,
+            layer.kind,
+            "x".join(map(str, layer.shape)),
+            fmt_modes(layer.modes),
+            ",".join(map(str, layer.initial_ranks)),
+            f"{layer.dense_params:,}",
+            f"{layer.params:,}",
+        )
+    lines = [
+        f"params {plan.params_before:,} -> {plan.params_after:,} "
+        f"(tensorized {fmt_ratio(plan.tensorized_ratio)}); "
+        f"memory ~{plan.estimated_memory_bytes / 2**20:.1f} MiB; "
+        f"steps {plan.total_steps or '?'}"
+    ]
     lines += [f"[yellow]warning:[/] {w}" for w in plan.warnings]
     return Group(t, *lines)

@@ -10,7 +10,7 @@ dropped connections) it falls back to polling ``GET /v1/jobs/{id}``.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -36,6 +36,7 @@ class JobView:
     loss: float | None = None
     accuracy: float | None = None
     ratio: float | None = None
+    notes: list[str] = field(default_factory=list)  # lines to print once (stage outcomes)
 
     def from_job(self, job: JobPublic) -> None:
         p, m = job.progress, job.latest_metrics
@@ -53,6 +54,8 @@ class JobView:
             self.state = d.get("state", self.state)
         elif event.kind == "stage" and d.get("phase") == "start":
             self.stage = d.get("name") or f"stage {d.get('index')}"
+        elif event.kind == "stage" and d.get("phase") == "end" and "target_reached" in d:
+            self.notes.append(stage_outcome(d))
         elif event.kind == "metric":
             self.step = max(self.step, int(d.get("step", 0)))
             values = d.get("values") or {}
@@ -71,21 +74,38 @@ class JobView:
 
 
 def _show(progress: Progress, task: TaskID, view: JobView) -> None:
-    progress.update(task, description=f"{view.state} {view.stage}", completed=view.step,
-                    total=view.total, steps=f"{view.step}/{view.total or '?'}",
-                    info=view.info())  # fmt: skip
+    progress.update(
+        task,
+        description=f"{view.state} {view.stage}",
+        completed=view.step,
+        total=view.total,
+        steps=f"{view.step}/{view.total or '?'}",
+        info=view.info(),
+    )
 
 
-def _stream(client: ComeraClient, job_id: str, view: JobView, redraw: Any) -> None:
+def stage_outcome(d: dict[str, Any]) -> str:
+    """One line on a stage with a size target: reached, or not and why."""
+    name = d.get("name") or f"stage {d.get('index')}"
+    sizes = f"size {d.get('size_end')} for a target of {round(d.get('size_ref') or 0)}"
+    if d.get("target_reached"):
+        return f"[green]{name}: size target reached[/] ({sizes})"
+    return f"[yellow]{name}: size target not reached[/] ({sizes}): {d.get('reason') or '?'}"
+
+
+def _stream(
+    client: ComeraClient, job_id: str, view: JobView, redraw: Any, say: Any = print
+) -> None:
     for event in client.events(job_id):
         view.apply(event)
+        while view.notes:
+            say(view.notes.pop(0))
         if event.kind in ("state", "stage") or view.total is None:
             view.from_job(client.get(job_id))
         redraw()
 
 
-def _poll(client: ComeraClient, job_id: str, view: JobView, redraw: Any,
-          poll: float) -> JobPublic:  # fmt: skip
+def _poll(client: ComeraClient, job_id: str, view: JobView, redraw: Any, poll: float) -> JobPublic:
     while True:
         job = client.get(job_id)
         view.from_job(job)
@@ -95,14 +115,25 @@ def _poll(client: ComeraClient, job_id: str, view: JobView, redraw: Any,
         time.sleep(poll)
 
 
-def follow(client: ComeraClient, job_id: str, *, console: Console | None = None,
-           poll: float = 2.0, stream: bool = True) -> JobPublic:  # fmt: skip
+def follow(
+    client: ComeraClient,
+    job_id: str,
+    *,
+    console: Console | None = None,
+    poll: float = 2.0,
+    stream: bool = True,
+) -> JobPublic:
     """Show the job's progress until it ends; returns the final job."""
     view = JobView()
     view.from_job(client.get(job_id))
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                        TextColumn("{task.fields[steps]}"), TextColumn("{task.fields[info]}"),
-                        TimeElapsedColumn(), console=console or Console(stderr=True))  # fmt: skip
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[steps]}"),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=console or Console(stderr=True),
+    )
     with progress:
         task = progress.add_task(job_id, total=view.total, steps="", info="")
 
@@ -112,7 +143,7 @@ def follow(client: ComeraClient, job_id: str, *, console: Console | None = None,
         redraw()
         if stream:
             try:
-                _stream(client, job_id, view, redraw)
+                _stream(client, job_id, view, redraw, progress.console.print)
             except (httpx.TransportError, ComeraError) as err:
                 if isinstance(err, ComeraError) and err.status == 404:
                     raise

@@ -26,8 +26,7 @@ from engine.rank import GateIndex, model_size
 from engine.train import JobConfig, Trainer
 from engine.tt.decompose import tt_round, tt_svd
 from engine.tt.shapes import factorize
-
-__version__ = "0.1.0"
+from engine.version import __version__
 
 __all__ = [
     "TTLinear",

@@ -31,8 +31,14 @@ def _step(model: nn.Module, ids: torch.Tensor, types: torch.Tensor, labels: torc
     F.cross_entropy(logits, labels).backward()
 
 
-def time_step(model: nn.Module, cfg: TransformerConfig, batch: int, seq: int, repeats: int,
-              device: torch.device) -> float:
+def time_step(
+    model: nn.Module,
+    cfg: TransformerConfig,
+    batch: int,
+    seq: int,
+    repeats: int,
+    device: torch.device,
+) -> float:
     """Median seconds of one forward+backward step after one warm-up."""
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g).to(device)  # (B, S)
@@ -67,10 +73,16 @@ def main(argv: list[str] | None = None) -> None:
     dense = build_transformer(cfg, tensorized=False).to(device)
     tt = build_transformer(cfg, tensorized=True, max_rank=args.max_rank).to(device)
     rd, rt = parameter_report(dense), parameter_report(tt)
-    enc_tt = sum(m.tt_parameters() for n, m in tt.named_modules()
-                 if n.startswith("encoder.") and isinstance(m, TTLinear))
-    enc_dense = sum(m.dense_parameters() for n, m in tt.named_modules()
-                    if n.startswith("encoder.") and isinstance(m, TTLinear))
+    enc_tt = sum(
+        m.tt_parameters()
+        for n, m in tt.named_modules()
+        if n.startswith("encoder.") and isinstance(m, TTLinear)
+    )
+    enc_dense = sum(
+        m.dense_parameters()
+        for n, m in tt.named_modules()
+        if n.startswith("encoder.") and isinstance(m, TTLinear)
+    )
     word = tt.embeddings.word
 
     print(f"MNLI six-encoder classifier, r = {args.max_rank}, device {device}")
@@ -80,14 +92,20 @@ def main(argv: list[str] | None = None) -> None:
     print(f"    TT/TTM core entries  {rt.tt_cores:>12,}")
     print(f"    rank-gate entries    {rt.gates:>12,}")
     print(f"    other (dense)        {rt.other:>12,}")
-    print(f"  tensorized layers ({rt.tensorized_layers}): {rt.tensorized_dense:,} dense weights -> "
-          f"{rt.tt_cores:,} core entries ({rt.tensorized_ratio:.1f}x)")
+    print(
+        f"  tensorized layers ({rt.tensorized_layers}): {rt.tensorized_dense:,} dense weights -> "
+        f"{rt.tt_cores:,} core entries ({rt.tensorized_ratio:.1f}x)"
+    )
     print(f"  encoder linears: {enc_dense:,} -> {enc_tt:,} ({enc_dense / enc_tt:.1f}x)")
-    print(f"  word embedding:  {word.dense_parameters():,} -> {word.tt_parameters():,} "
-          f"({word.compression_ratio():.1f}x)")
+    print(
+        f"  word embedding:  {word.dense_parameters():,} -> {word.tt_parameters():,} "
+        f"({word.compression_ratio():.1f}x)"
+    )
 
-    print(f"forward+backward, batch {args.batch} x seq {args.seq}, median of {args.repeats} "
-          f"after 1 warm-up, {torch.get_num_threads()} threads:")
+    print(
+        f"forward+backward, batch {args.batch} x seq {args.seq}, median of {args.repeats} "
+        f"after 1 warm-up, {torch.get_num_threads()} threads:"
+    )
     t_dense = time_step(dense, cfg, args.batch, args.seq, args.repeats, device)
     print(f"  dense       {t_dense * 1e3:9.1f} ms")
     t_tt = time_step(tt, cfg, args.batch, args.seq, args.repeats, device)

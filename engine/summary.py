@@ -121,9 +121,15 @@ class CompressionSummary:
             for row in self.layers
         ]
         total = (
-            f"total ({len(self.layers)})", "", "", "", "",
-            f"{self.dense_params:,}", f"{self.tt_params:,}", f"{self.ratio:.1f}x",
-        )  # fmt: skip
+            f"total ({len(self.layers)})",
+            "",
+            "",
+            "",
+            "",
+            f"{self.dense_params:,}",
+            f"{self.tt_params:,}",
+            f"{self.ratio:.1f}x",
+        )
         widths = [max(len(r[i]) for r in [head, *rows, total]) for i in range(len(head))]
         right = {5, 6, 7}  # numeric columns
 

@@ -1,12 +1,12 @@
-"""Alembic environment: the URL comes from the caller (``service.db.migrate``) or Settings."""
+"""Alembic environment: the URL comes from the caller (``service.store.db.migrate``) or Settings."""
 
 from __future__ import annotations
 
 from alembic import context
 
-from service.core.config import get_settings
-from service.db.models import Base
-from service.db.session import make_engine
+from service.store.db.models import Base
+from service.store.db.session import make_engine
+from service.store.settings import get_settings
 
 config = context.config
 target_metadata = Base.metadata
@@ -17,8 +17,9 @@ def _url() -> str:
 
 
 def run_migrations_offline() -> None:
-    context.configure(url=_url(), target_metadata=target_metadata, literal_binds=True,
-                      render_as_batch=True)  # fmt: skip
+    context.configure(
+        url=_url(), target_metadata=target_metadata, literal_binds=True, render_as_batch=True
+    )
     with context.begin_transaction():
         context.run_migrations()
 
@@ -26,8 +27,11 @@ def run_migrations_offline() -> None:
 def run_migrations_online() -> None:
     engine = make_engine(_url())
     with engine.connect() as connection:
-        context.configure(connection=connection, target_metadata=target_metadata,
-                          render_as_batch=connection.dialect.name == "sqlite")  # fmt: skip
+        context.configure(
+            connection=connection,
+            target_metadata=target_metadata,
+            render_as_batch=connection.dialect.name == "sqlite",
+        )
         with context.begin_transaction():
             context.run_migrations()
     engine.dispose()

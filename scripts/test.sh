@@ -13,4 +13,10 @@ fi
 # PostgreSQL, Redis, Chromium and Triton are part of the suite: a test that would skip for
 # want of one fails instead (tests/conftest.py); set 0 to let them skip on a bare laptop
 export COMERA_TEST_REQUIRE_SERVICES="${COMERA_TEST_REQUIRE_SERVICES:-1}"
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# the tree is formatted and linted as part of the suite
+.venv/bin/ruff format --check --quiet . || { echo "ruff format: files above need formatting"; exit 1; }
+.venv/bin/ruff check --quiet .
+# two test processes on the two cores (tests/conftest.py gives each one thread); the 15
+# slowest tests are listed, so a test that grows shows in the log
+exec .venv/bin/python -m pytest -q -p no:cacheprovider -n "${COMERA_TEST_WORKERS:-2}" \
+  --dist worksteal --durations=15 "$@"

@@ -1,1 +1,1 @@
-"""The CoMERA service: FastAPI app, SQL store and settings (no torch here)."""
+"""The CoMERA service: the FastAPI app and the shared job store (``service.store``); no torch."""

@@ -27,8 +27,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from api_schemas import JobCreate, JobState
-from service.db.crud.checkpoints import newest_export
-from service.db.models import Checkpoint, Job
+from service.store.db.crud.checkpoints import newest_export
+from service.store.db.models import Checkpoint, Job
 
 __all__ = ["BASELINE_SCAN", "baseline_key", "find_baseline", "metric_deltas"]
 
@@ -44,9 +44,13 @@ def baseline_key(spec: dict[str, Any]) -> dict[str, Any] | None:
         return None
     training = {k: v for k, v in norm["training"].items() if k not in IGNORED_TRAINING}
     stages = norm["schedule"]
-    return {"model": norm["model"], "dataset": norm["dataset"], "training": training,
-            "steps": sum(s.get("steps") or 0 for s in stages),
-            "epochs": sum(s.get("epochs") or 0 for s in stages)}  # fmt: skip
+    return {
+        "model": norm["model"],
+        "dataset": norm["dataset"],
+        "training": training,
+        "steps": sum(s.get("steps") or 0 for s in stages),
+        "epochs": sum(s.get("epochs") or 0 for s in stages),
+    }
 
 
 def find_baseline(*, session: Session, job: Job) -> tuple[Job, Checkpoint] | None:
@@ -54,12 +58,18 @@ def find_baseline(*, session: Session, job: Job) -> tuple[Job, Checkpoint] | Non
     key = baseline_key(job.spec)
     if key is None:
         return None
-    q = (select(Job).where(Job.tenant_id == job.tenant_id, Job.id != job.id,
-                           Job.state == JobState.SUCCEEDED.value,
-                           Job.spec[("compression", "method")].as_string() == "dense",
-                           Job.spec[("model", "arch")].as_string() == key["model"]["arch"])
-         .order_by(func.coalesce(Job.finished_at, Job.created_at).desc(), Job.id.desc())
-         .limit(BASELINE_SCAN))  # fmt: skip
+    q = (
+        select(Job)
+        .where(
+            Job.tenant_id == job.tenant_id,
+            Job.id != job.id,
+            Job.state == JobState.SUCCEEDED.value,
+            Job.spec[("compression", "method")].as_string() == "dense",
+            Job.spec[("model", "arch")].as_string() == key["model"]["arch"],
+        )
+        .order_by(func.coalesce(Job.finished_at, Job.created_at).desc(), Job.id.desc())
+        .limit(BASELINE_SCAN)
+    )
     for other in session.scalars(q):
         if baseline_key(other.spec) != key:
             continue

@@ -18,88 +18,132 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
 
-from service.core.config import Settings
+from service.cli_settings import load_settings
+from service.store.placement import queue_name
+from service.store.settings import Settings
 
 __all__ = ["app", "worker_command"]
 
-app = typer.Typer(help="CoMERA compression service.", no_args_is_help=True,
-                  pretty_exceptions_enable=False)  # fmt: skip
+app = typer.Typer(
+    help="CoMERA compression service.", no_args_is_help=True, pretty_exceptions_enable=False
+)
 
 HomeOpt = Annotated[Path | None, typer.Option(help="state directory (COMERA_HOME)")]
-
-
-def _settings(home: Path | None) -> Settings:
-    if home is not None:
-        os.environ["COMERA_HOME"] = str(home.resolve())
-    try:
-        return Settings()
-    except ValidationError as err:  # fail fast, naming the variable
-        lines = [f"  COMERA_{'_'.join(map(str, e['loc'])).upper() or '?'}: {e['msg']}"
-                 for e in err.errors()]  # fmt: skip
-        typer.echo("invalid settings:\n" + "\n".join(lines), err=True)
-        raise typer.Exit(2) from None
 
 
 def _env(settings: Settings) -> dict[str, str]:
     """The resolved settings as environment variables, for child processes."""
     env = dict(os.environ)
-    env.update(COMERA_HOME=str(settings.home), COMERA_DATABASE_URL=settings.db_url,
-               COMERA_BROKER_URL=settings.broker, COMERA_ARTIFACT_DIR=str(settings.artifacts),
-               COMERA_DATA_ROOT=str(settings.data), COMERA_QUEUE=settings.queue)  # fmt: skip
+    env.update(
+        COMERA_HOME=str(settings.home),
+        COMERA_DATABASE_URL=settings.db_url,
+        COMERA_BROKER_URL=settings.broker,
+        COMERA_ARTIFACT_DIR=str(settings.artifacts),
+        COMERA_DATA_ROOT=str(settings.data),
+        COMERA_QUEUE=settings.queue,
+    )
     return env
 
 
-def worker_command(settings: Settings, *, hostname: str = "gpu0@%h") -> list[str]:
-    """One worker: one job at a time, no prefetch, a fresh child per job (design c.1)."""
-    return [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
-            "--pool", "prefork", "--concurrency", "1", "--max-tasks-per-child", "1",
-            "--queues", settings.queue, "--hostname", hostname, "--loglevel", "INFO",
-            "--without-gossip", "--without-mingle"]  # fmt: skip
+def worker_command(
+    settings: Settings, *, hostname: str = "gpu0@%h", devices: int = 1, nodes: int = 1
+) -> list[str]:
+    """One worker: one job at a time, no prefetch, a fresh child per job
+    (docs/service.md#celery-settings), on the
+    queue of jobs placed on ``devices`` per node and ``nodes`` (``service.store.placement``)."""
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "worker.celery_app",
+        "worker",
+        "--pool",
+        "prefork",
+        "--concurrency",
+        "1",
+        "--max-tasks-per-child",
+        "1",
+        "--queues",
+        queue_name(settings.queue, devices=devices, nodes=nodes),
+        "--hostname",
+        hostname,
+        "--loglevel",
+        "INFO",
+        "--without-gossip",
+        "--without-mingle",
+    ]
 
 
 @app.command()
 def migrate(home: HomeOpt = None) -> None:
     """Apply the database migrations (run once before the API and workers start)."""
-    from service.db.migrate import upgrade
+    from service.store.db.migrate import upgrade
 
-    settings = _settings(home)
+    settings = load_settings(home)
     settings.ensure_dirs()
     upgrade(settings.db_url)
     typer.echo(f"database at head: {settings.db_url.split('@')[-1]}")
 
 
 @app.command()
-def up(home: HomeOpt = None, host: str = "127.0.0.1", port: int = 8000,
-       workers: Annotated[int, typer.Option(min=0, max=16)] = 1) -> None:  # fmt: skip
+def up(
+    home: HomeOpt = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    workers: Annotated[int, typer.Option(min=0, max=16)] = 1,
+) -> None:
     """Run the API and local worker processes with an embedded store and broker."""
     import uvicorn
 
-    from service.db.migrate import upgrade
     from service.main import create_app
+    from service.store.db.migrate import upgrade
+    from service.store.reaper import LocalControl, ReaperThread
 
-    settings = _settings(home)
+    settings = load_settings(home)
     settings.ensure_dirs()
     upgrade(settings.db_url)
     _first_key(settings)
-    procs = [subprocess.Popen(worker_command(settings, hostname=f"gpu{i}@%h"), env=_env(settings),
-                              start_new_session=True) for i in range(workers)]  # fmt: skip
-    typer.echo(f"comera up: store {settings.db_url}, broker {settings.broker}, "
-               f"{workers} worker(s), API on http://{host}:{port}/v1", err=True)  # fmt: skip
-    # the reaper (lost workers and messages, forced cancels) as a thread of this process; the
-    # SQLite broker has no broadcast, so forced cancellation signals our own workers' children
-    from service.reaper import LocalControl, ReaperThread
-
-    local = not settings.broker.startswith(("redis://", "rediss://"))
-    control = LocalControl(lambda: [p.pid for p in procs]) if local else None
-    reaper = ReaperThread(settings, control=control)
-    reaper.start()
+    procs: list[subprocess.Popen[bytes]] = []
+    reaper: ReaperThread | None = None
+    previous = signal.signal(signal.SIGTERM, _terminated)  # SIGTERM: out through finally
     try:
+        procs.extend(
+            subprocess.Popen(
+                worker_command(settings, hostname=f"gpu{i}@%h"),
+                env=_env(settings),
+                start_new_session=True,
+            )
+            for i in range(workers)
+        )
+        typer.echo(
+            f"comera up: store {settings.db_url}, broker {settings.broker}, "
+            f"{workers} worker(s), API on http://{host}:{port}/v1",
+            err=True,
+        )
+        # the reaper (lost workers and messages, forced cancels) as a thread of this process;
+        # the SQLite broker has no broadcast, so forced cancellation signals our own workers'
+        # children
+        local = not settings.broker.startswith(("redis://", "rediss://"))
+        control = LocalControl(lambda: [p.pid for p in procs]) if local else None
+        reaper = ReaperThread(settings, control=control)
+        reaper.start()
         uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
     finally:
-        reaper.stop()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the cleanup
+        if reaper is not None:
+            reaper.stop()
         _stop(procs)
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    """SIGTERM to ``comera up``: uvicorn shuts the API down on it, then raises the signal again
+    once it has put this handler back; the default action would kill the process before the
+    workers are stopped (they run in their own sessions and would outlive it). Raising here
+    unwinds ``up`` through its ``finally`` instead: exit status 143 (128 + SIGTERM)."""
+    raise SystemExit(128 + signum)
 
 
 def _first_key(settings: Settings) -> None:
@@ -107,8 +151,11 @@ def _first_key(settings: Settings) -> None:
 
     key = ensure_first_key(settings)
     if key is not None:  # printed this once; the file is for the local ``comera`` client
-        typer.echo(f"comera up: first API key (admin, tenant 'default'), shown once and kept "
-                   f"in {settings.home / KEY_FILE}:\n  {key}", err=True)  # fmt: skip
+        typer.echo(
+            f"comera up: first API key (admin, tenant 'default'), shown once and kept "
+            f"in {settings.home / KEY_FILE}:\n  {key}",
+            err=True,
+        )
 
 
 def _stop(procs: list[subprocess.Popen], grace: float = 60.0) -> None:
@@ -126,34 +173,44 @@ def _stop(procs: list[subprocess.Popen], grace: float = 60.0) -> None:
 
 
 @app.command()
-def api(home: HomeOpt = None, host: str = "127.0.0.1", port: int = 8000,
-        workers: Annotated[int, typer.Option(min=1, max=64, help="server processes")] = 1,
-        access_log: bool = True) -> None:  # fmt: skip
+def api(
+    home: HomeOpt = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    workers: Annotated[int, typer.Option(min=1, max=64, help="server processes")] = 1,
+    access_log: bool = True,
+) -> None:
     """Serve only the API (deployments run workers separately)."""
     import uvicorn
 
-    settings = _settings(home)
+    settings = load_settings(home)
     if workers == 1:
         from service.main import create_app
 
         uvicorn.run(create_app(settings), host=host, port=port, access_log=access_log)
         return
     os.environ.update(_env(settings))  # each server process reads the same settings
-    uvicorn.run("service.main:create_app", factory=True, host=host, port=port,
-                workers=workers, access_log=access_log)  # fmt: skip
+    uvicorn.run(
+        "service.main:create_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        access_log=access_log,
+    )
 
 
 @app.command()
 def reaper(home: HomeOpt = None) -> None:
     """Run the reaper every COMERA_REAPER_INTERVAL_SECONDS until stopped: re-queue jobs whose
     worker was lost, re-send unsent and lost messages, force overdue cancellations
-    (``service.reaper``; the celery beat task ``comera.reap`` does the same)."""
+    (``service.store.reaper``; the celery beat task ``comera.reap`` does the same)."""
     import logging
 
-    from service.reaper import ReaperThread
+    from service.store.reaper import ReaperThread
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    thread = ReaperThread(_settings(home))
+    thread = ReaperThread(load_settings(home))
     signal.signal(signal.SIGTERM, lambda *_: thread.stop())
     typer.echo(f"comera reaper: every {thread.settings.reaper_interval_seconds:g} s", err=True)
     try:
@@ -163,17 +220,39 @@ def reaper(home: HomeOpt = None) -> None:
 
 
 @app.command()
-def worker(home: HomeOpt = None, hostname: str | None = None,
-           gpu: Annotated[int | None, typer.Option(min=0, help="pin to this GPU")] = None,
-           ) -> None:  # fmt: skip
+def worker(
+    home: HomeOpt = None,
+    hostname: str | None = None,
+    gpu: Annotated[int | None, typer.Option(min=0, help="pin to this GPU")] = None,
+    devices: Annotated[
+        int, typer.Option(min=1, max=64, help="run jobs of training.devices N (queue QUEUE.xN)")
+    ] = 1,
+    nodes: Annotated[
+        int,
+        typer.Option(min=1, max=256, help="drive Ray Train jobs of training.nodes M (QUEUE.nMxN)"),
+    ] = 1,
+) -> None:
     """Run one Celery worker: one job at a time, on one GPU (``--gpu i`` sets
-    ``CUDA_VISIBLE_DEVICES=i`` and the node name ``gpu<i>@host``)."""
-    settings = _settings(home)
+    ``CUDA_VISIBLE_DEVICES=i`` and the node name ``gpu<i>@host``), or on the GPUs of its
+    machine for jobs of ``training.devices`` N (``--devices N``: ``CUDA_VISIBLE_DEVICES`` as
+    the operator set it, the node name ``gpus<N>@host``), or as the driver of Ray Train jobs
+    across ``--nodes M`` machines (docs/distributed.md). Each consumes the queue of its
+    placement (``service.store.placement``)."""
+    settings = load_settings(home)
+    if gpu is not None and (devices > 1 or nodes > 1):
+        typer.echo("--gpu pins one GPU: use it without --devices and --nodes", err=True)
+        raise typer.Exit(2)
     env = _env(settings)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    name = hostname or f"gpu{0 if gpu is None else gpu}@%h"
-    os.execve(sys.executable, worker_command(settings, hostname=name), env)
+    if nodes > 1:
+        default = f"ray{nodes}x{devices}@%h"
+    elif devices > 1:
+        default = f"gpus{devices}@%h"
+    else:
+        default = f"gpu{0 if gpu is None else gpu}@%h"
+    command = worker_command(settings, hostname=hostname or default, devices=devices, nodes=nodes)
+    os.execve(sys.executable, command, env)
 
 
 def _keys_app() -> typer.Typer:

@@ -1,4 +1,4 @@
-"""Conditional requests on jobs (RFC 9110 §13): ``ETag``, ``If-None-Match`` (304) and
+"""Conditional requests on jobs (RFC 9110 section 13): ``ETag``, ``If-None-Match`` (304) and
 ``If-Match`` (412 / 428 on PATCH).
 
 The tag is ``W/"<version>.<updated>"``: ``version`` moves with every state or user change,

@@ -1,4 +1,4 @@
-"""Checkpoint downloads: one file, whole or one byte range (RFC 9110 §14), with digests.
+"""Checkpoint downloads: one file, whole or one byte range (RFC 9110 section 14), with digests.
 
 Headers on every answer: ``Accept-Ranges: bytes``, ``ETag: "sha256:<hex>"`` (a strong tag:
 the content hash), ``Repr-Digest: sha-256=:<base64>:`` (RFC 9530; the digest of the whole
@@ -8,12 +8,13 @@ file, also on a 206), ``Content-Disposition`` and ``Content-Length``.
 206 with ``Content-Range``; a range that starts past the end (or ``-0``) gives 416 with
 ``Content-Range: bytes */<size>``. A malformed or multi-range header is ignored (a full 200,
 as RFC 9110 allows), and so is any ``Range`` whose ``If-Range`` does not equal the ETag.
+A position of any length is read (one past 19 digits lies beyond every file: a first byte
+there is a 416, a last byte or suffix length there means "to the end").
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,16 +23,22 @@ from pathlib import Path
 from fastapi import HTTPException
 from fastapi.responses import Response, StreamingResponse
 
-from service.core.config import Settings
-from service.db.models import Checkpoint
 from service.errors import problem_response
-from service.storage import artifact_path
+from service.store.db.models import Checkpoint
+from service.store.settings import Settings
+from service.store.storage import artifact_path, sha256_file
 
-__all__ = ["ByteRange", "Unsatisfiable", "checkpoint_file", "file_response", "parse_range",
-           "sha256_file"]  # fmt: skip
+__all__ = [
+    "ByteRange",
+    "Unsatisfiable",
+    "checkpoint_file",
+    "file_response",
+    "parse_range",
+]
 
 CHUNK = 1 << 20
 _SPEC = re.compile(r"^(\d*)-(\d*)$")
+BEYOND = 10**19  # more bytes than any file has: what a longer position reads as
 
 
 class Unsatisfiable(Exception):
@@ -48,6 +55,13 @@ class ByteRange:
         return self.end - self.start + 1
 
 
+def _position(digits: str) -> int:
+    """A byte position of the header; past 19 digits it is ``BEYOND`` (Python refuses to
+    convert strings of more than 4,300 digits, and no file is that long anyway)."""
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) <= 19 else BEYOND
+
+
 def parse_range(header: str | None, size: int) -> ByteRange | None:
     """The one range of ``header`` clipped to ``size``; None: serve the whole file."""
     if header is None or not header.strip().lower().startswith("bytes="):
@@ -57,24 +71,16 @@ def parse_range(header: str | None, size: int) -> ByteRange | None:
     if m is None or m[1] == m[2] == "":
         return None
     if m[1] == "":  # suffix: the last n bytes
-        n = int(m[2])
+        n = _position(m[2])
         if n == 0 or size == 0:
             raise Unsatisfiable
         return ByteRange(max(0, size - n), size - 1)
-    start = int(m[1])
-    if m[2] and int(m[2]) < start:
+    start = _position(m[1])
+    if m[2] and _position(m[2]) < start:
         return None  # invalid: ignored
     if start >= size:
         raise Unsatisfiable
-    return ByteRange(start, min(int(m[2]) if m[2] else size - 1, size - 1))
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+    return ByteRange(start, min(_position(m[2]) if m[2] else size - 1, size - 1))
 
 
 def checkpoint_file(settings: Settings, ckpt: Checkpoint) -> Path:
@@ -103,17 +109,25 @@ def _read(path: Path, start: int, length: int) -> Iterator[bytes]:
             yield chunk
 
 
-def file_response(*, path: Path, sha256: str | None, filename: str, head: bool,
-                  range_header: str | None, if_range: str | None) -> Response:  # fmt: skip
+def file_response(
+    *,
+    path: Path,
+    sha256: str | None,
+    filename: str,
+    head: bool,
+    range_header: str | None,
+    if_range: str | None,
+) -> Response:
     """200 / 206 / 416 for ``path`` (HEAD: the same headers, no body)."""
     size = path.stat().st_size
     digest = sha256 or sha256_file(path)
     etag = f'"sha256:{digest}"'
     headers = {
-        "Accept-Ranges": "bytes", "ETag": etag,
+        "Accept-Ranges": "bytes",
+        "ETag": etag,
         "Repr-Digest": f"sha-256=:{base64.b64encode(bytes.fromhex(digest)).decode()}:",
         "Content-Disposition": f'attachment; filename="{filename}"',
-    }  # fmt: skip
+    }
     if if_range is not None and if_range.strip() != etag:
         range_header = None  # the client's copy is stale: send the whole file
     try:
@@ -127,7 +141,10 @@ def file_response(*, path: Path, sha256: str | None, filename: str, head: bool,
         headers["Content-Range"] = f"bytes {rng.start}-{rng.end}/{size}"
     headers["Content-Length"] = str(length)
     if head:
-        return Response(status_code=status, headers=headers,
-                        media_type="application/octet-stream")  # fmt: skip
-    return StreamingResponse(_read(path, start, length), status_code=status, headers=headers,
-                             media_type="application/octet-stream")  # fmt: skip
+        return Response(status_code=status, headers=headers, media_type="application/octet-stream")
+    return StreamingResponse(
+        _read(path, start, length),
+        status_code=status,
+        headers=headers,
+        media_type="application/octet-stream",
+    )

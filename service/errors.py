@@ -6,11 +6,14 @@ listing *every* failing field as ``{pointer, message, code}``, where ``pointer``
 Pointer (RFC 6901) into the request body (``/schedule/1/target_ratio``); a failing query,
 path or header parameter is named in ``parameter`` instead. ``FieldProblem`` is the same
 shape for checks that run after parsing (dataset references, the engine's own validation).
+A 422 lists at most ``MAX_ERRORS`` fields (the first, in input order); when more fail, the
+problem's ``error_count`` gives how many and ``detail`` says so, so an error body stays small
+whatever the request held.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
 
@@ -22,19 +25,37 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api_schemas import FieldError, Problem
 
-__all__ = ["PROBLEM_JSON", "FieldProblem", "install_error_handlers", "json_pointer",
-           "problem_response", "problems"]  # fmt: skip
+__all__ = [
+    "MAX_ERRORS",
+    "PROBLEM_JSON",
+    "FieldProblem",
+    "field_errors",
+    "install_error_handlers",
+    "json_pointer",
+    "problem_response",
+    "problems",
+]
 
 PROBLEM_JSON = "application/problem+json"
+MAX_ERRORS = 100  # failing fields listed in one problem
+SHOWN_IN_DETAIL = 10  # of which named in its detail
 
 
 class FieldProblem(HTTPException):
-    """An HTTP error that names the failing fields of the request (``errors``)."""
+    """An HTTP error that names the failing fields of the request (``errors``); ``total``:
+    how many fail in all, when ``errors`` lists only the first of them."""
 
-    def __init__(self, status_code: int, detail: str, errors: Iterable[FieldError],
-                 headers: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        status_code: int,
+        detail: str,
+        errors: Iterable[FieldError],
+        headers: dict[str, str] | None = None,
+        total: int | None = None,
+    ) -> None:
         super().__init__(status_code=status_code, detail=detail, headers=headers)
         self.errors = list(errors)
+        self.total = len(self.errors) if total is None else total
 
     @classmethod
     def one(cls, pointer: str, message: str, code: str = "invalid") -> FieldProblem:
@@ -48,6 +69,19 @@ class FieldProblem(HTTPException):
         err = FieldError(pointer="", message=message, code=code, parameter=name)
         return cls(422, f"{name}: {message}", [err])
 
+    @classmethod
+    def invalid(cls, errors: list[FieldError], total: int) -> FieldProblem:
+        """The 422 of a request that failed validation: ``errors`` (the first failing fields)
+        of ``total``; the detail names the first ``SHOWN_IN_DETAIL``."""
+        names = [e.pointer or e.parameter or "body" for e in errors[:SHOWN_IN_DETAIL]]
+        more = f", and {total - len(names)} more" if total > len(names) else ""
+        detail = f"{total} invalid field{'s' if total != 1 else ''}: {', '.join(names)}{more}"
+        return cls(422, detail, errors, total=total)
+
+    def extensions(self) -> dict[str, Any]:
+        """Problem members beyond RFC 9457's: ``error_count`` when ``errors`` is cut short."""
+        return {"error_count": self.total} if self.total > len(self.errors) else {}
+
 
 def _title(status: int) -> str:
     try:
@@ -56,21 +90,38 @@ def _title(status: int) -> str:
         return "Error"
 
 
-def problem_response(status: int, detail: str | None = None, *, headers: dict[str, str] | None
-                     = None, errors: list[FieldError] | None = None, instance: str | None = None,
-                     **extra: Any) -> JSONResponse:  # fmt: skip
+def problem_response(
+    status: int,
+    detail: str | None = None,
+    *,
+    headers: dict[str, str] | None = None,
+    errors: list[FieldError] | None = None,
+    instance: str | None = None,
+    **extra: Any,
+) -> JSONResponse:
     """A ``JSONResponse`` holding a problem object; ``extra`` become extension members."""
-    body = Problem(title=_title(status), status=status, detail=detail, instance=instance,
-                   errors=errors, **extra)  # fmt: skip
+    body = Problem(
+        title=_title(status),
+        status=status,
+        detail=detail,
+        instance=instance,
+        errors=errors,
+        **extra,
+    )
     content = body.model_dump(mode="json", exclude_none=True)
     return JSONResponse(content, status_code=status, headers=headers, media_type=PROBLEM_JSON)
 
 
 def problems(*codes: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` entries documenting problem+json errors for ``codes``."""
-    return {code: {"model": Problem, "description": _title(code),
-                   "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}}
-            for code in codes}  # fmt: skip
+    return {
+        code: {
+            "model": Problem,
+            "description": _title(code),
+            "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+        }
+        for code in codes
+    }
 
 
 def json_pointer(parts: Sequence[str | int]) -> str:
@@ -99,14 +150,19 @@ def _message(err: dict[str, Any]) -> str:
     return str(err.get("msg", "invalid")).removeprefix("Value error, ")
 
 
-def field_errors(exc: RequestValidationError) -> list[FieldError]:
-    """One ``FieldError`` per failing field (union alternatives merged), in input order."""
+def field_errors(
+    errors: Iterable[Mapping[str, Any]], body: Any, limit: int = MAX_ERRORS
+) -> tuple[list[FieldError], int]:
+    """The first ``limit`` failing fields of FastAPI-style ``errors`` (``loc`` starting with
+    ``body``, ``query``, ...; union alternatives merged), in input order, and how many fields
+    fail in all."""
     merged: dict[tuple[str, str | None], FieldError] = {}
-    for err in exc.errors():
+    beyond: set[tuple[str, str | None]] = set()
+    for err in errors:
         loc = list(err.get("loc", ()))
         where, rest = (loc[0], loc[1:]) if loc else ("body", [])
         if where == "body":
-            path = _body_path(rest, exc.body, missing=err.get("type") == "missing")
+            path = _body_path(rest, body, missing=err.get("type") == "missing")
             key = (json_pointer(path), None)
         else:
             key = ("", ".".join(str(p) for p in rest) or str(where))
@@ -114,32 +170,36 @@ def field_errors(exc: RequestValidationError) -> list[FieldError]:
         if key in merged:
             if msg not in merged[key].message:
                 merged[key].message += f"; {msg}"
-            continue
-        merged[key] = FieldError(pointer=key[0], message=msg, code=str(err.get("type", "")),
-                                 parameter=key[1])  # fmt: skip
-    return list(merged.values())
+        elif len(merged) < limit:
+            merged[key] = FieldError(
+                pointer=key[0], message=msg, code=str(err.get("type", "")), parameter=key[1]
+            )
+        else:
+            beyond.add(key)
+    return list(merged.values()), len(merged) + len(beyond)
 
 
 async def _validation_handler(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's own checks (query, path and header parameters; the ``/v1/jobs`` bodies are
+    checked by ``service.request_body``, off the event loop)."""
     if any(e.get("type") == "json_invalid" for e in exc.errors()):
         err = FieldError(pointer="", message="the body is not valid JSON", code="json_invalid")
         return problem_response(400, "The request body is not valid JSON.", errors=[err])
-    errors = field_errors(exc)
-    detail = f"{len(errors)} invalid field{'s' if len(errors) != 1 else ''}: " + ", ".join(
-        e.pointer or e.parameter or "body" for e in errors
-    )
-    return problem_response(422, detail, errors=errors)
+    problem = FieldProblem.invalid(*field_errors(exc.errors(), exc.body))
+    return problem_response(422, problem.detail, errors=problem.errors, **problem.extensions())
 
 
 async def _http_handler(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     errors = getattr(exc, "errors", None)
     detail = exc.detail if isinstance(exc.detail, str) else None
-    return problem_response(exc.status_code, detail, headers=exc.headers, errors=errors)
+    extra = exc.extensions() if isinstance(exc, FieldProblem) else {}
+    return problem_response(exc.status_code, detail, headers=exc.headers, errors=errors, **extra)
 
 
 async def _database_down(request: Request, exc: OperationalError) -> JSONResponse:
-    return problem_response(503, "The database is unavailable; nothing was stored.",
-                            headers={"Retry-After": "5"})  # fmt: skip
+    return problem_response(
+        503, "The database is unavailable; nothing was stored.", headers={"Retry-After": "5"}
+    )
 
 
 async def _unhandled(request: Request, exc: Exception) -> JSONResponse:

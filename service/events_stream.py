@@ -7,8 +7,8 @@ and the ``EventPublic`` JSON as data; a comment keeps idle connections open ever
 ``PING_S`` seconds. The stream ends after a terminal ``state`` event, or when the job is
 finished (or gone) and nothing newer is left to send.
 
-Polling SQL instead of tailing Redis (c.4) keeps one source of truth and no extra server;
-the cost is one small indexed query per open stream per half second.
+Polling SQL instead of tailing Redis (docs/service.md#events) keeps one source of truth and
+no extra server; the cost is one small indexed query per open stream per half second.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import anyio
 from sqlalchemy.orm import Session
 
 from api_schemas import TERMINAL_STATES
-from service.db.crud.jobs import get_job
-from service.db.crud.series import events_after
+from service.store.db.crud.jobs import get_job
+from service.store.db.crud.series import events_after
 from service.views import event_public
 
 __all__ = ["PING_S", "POLL_S", "event_stream", "wants_event_stream"]
@@ -51,28 +51,51 @@ def wants_event_stream(accept: str | None) -> bool | None:
     return False if any(r in JSON_TYPES for r in ranges) else None
 
 
-def _poll(sessions: Callable[[], Session], tenant_id: str, job_id: str, after: int,
-          kinds: Sequence[str] | None) -> tuple[list[dict[str, Any]], bool]:  # fmt: skip
+def _poll(
+    sessions: Callable[[], Session],
+    tenant_id: str,
+    job_id: str,
+    after: int,
+    kinds: Sequence[str] | None,
+) -> tuple[list[dict[str, Any]], bool]:
     """(new events as SSE dicts, whether the job is finished or gone)."""
     with sessions() as session:  # the state first: a terminal state's event is then visible
         job = get_job(session=session, job_id=job_id, tenant_id=tenant_id)
         done = job is None or job.state in TERMINAL
-        events = events_after(session=session, tenant_id=tenant_id, job_id=job_id, after=after,
-                              limit=BATCH, kinds=kinds)  # fmt: skip
-        out = [{"seq": e.seq, "kind": e.kind, "terminal": e.kind == "state" and
-                e.data.get("state") in TERMINAL,
-                "json": event_public(e).model_dump_json()} for e in events]  # fmt: skip
+        events = events_after(
+            session=session,
+            tenant_id=tenant_id,
+            job_id=job_id,
+            after=after,
+            limit=BATCH,
+            kinds=kinds,
+        )
+        out = [
+            {
+                "seq": e.seq,
+                "kind": e.kind,
+                "terminal": e.kind == "state" and e.data.get("state") in TERMINAL,
+                "json": event_public(e).model_dump_json(),
+            }
+            for e in events
+        ]
     return out, done
 
 
-async def event_stream(sessions: Callable[[], Session], tenant_id: str, job_id: str, after: int,
-                       kinds: Sequence[str] | None = None,
-                       poll_s: float = POLL_S) -> AsyncIterator[dict[str, str]]:  # fmt: skip
+async def event_stream(
+    sessions: Callable[[], Session],
+    tenant_id: str,
+    job_id: str,
+    after: int,
+    kinds: Sequence[str] | None = None,
+    poll_s: float = POLL_S,
+) -> AsyncIterator[dict[str, str]]:
     """The SSE messages (``id``, ``event``, ``data``) of one job from ``after`` on."""
     last = after
     while True:
-        events, done = await anyio.to_thread.run_sync(_poll, sessions, tenant_id, job_id, last,
-                                                      kinds)  # fmt: skip
+        events, done = await anyio.to_thread.run_sync(
+            _poll, sessions, tenant_id, job_id, last, kinds
+        )
         for e in events:
             last = e["seq"]
             yield {"id": str(e["seq"]), "event": e["kind"], "data": e["json"]}

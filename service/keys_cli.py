@@ -16,10 +16,11 @@ from typing import Annotated
 
 import typer
 
-from service.auth import DEFAULT_SCOPES
-from service.core.config import Settings
-from service.db.crud.api_keys import create_key, has_active_key, list_keys, revoke_key
-from service.db.session import make_engine, make_sessionmaker
+from service.cli_settings import load_settings
+from service.store.auth import DEFAULT_SCOPES
+from service.store.db.crud.api_keys import create_key, has_active_key, list_keys, revoke_key
+from service.store.db.session import make_engine, make_sessionmaker
+from service.store.settings import Settings
 
 __all__ = ["KEY_FILE", "app", "ensure_first_key", "write_key_file"]
 
@@ -49,43 +50,42 @@ def ensure_first_key(settings: Settings) -> str | None:
     with sessions() as session:
         if has_active_key(session=session):
             return None
-        _, key = create_key(session=session, tenant="default",
-                            scopes=(*DEFAULT_SCOPES, "admin"))  # fmt: skip
+        _, key = create_key(session=session, tenant="default", scopes=(*DEFAULT_SCOPES, "admin"))
     write_key_file(settings.home, key)
     return key
 
 
-def _settings() -> Settings:
-    from service.cli import _settings as load  # the CLI's own settings errors
-
-    return load(None)
-
-
 @app.command()
-def create(tenant: Annotated[str, typer.Option(help="tenant name (created if new)")],
-           scope: Annotated[list[str] | None, typer.Option(
-               help="repeatable: jobs:read, jobs:write, artifacts:read, admin")] = None,
-           ) -> None:  # fmt: skip
+def create(
+    tenant: Annotated[str, typer.Option(help="tenant name (created if new)")],
+    scope: Annotated[
+        list[str] | None,
+        typer.Option(help="repeatable: jobs:read, jobs:write, artifacts:read, admin"),
+    ] = None,
+) -> None:
     """Create a key and print it once on stdout (default scopes: read, write, artifacts)."""
     if not 1 <= len(tenant) <= 128:
         raise typer.BadParameter("1 to 128 characters", param_hint="--tenant")
-    settings = _settings()
+    settings = load_settings()
     with _sessions(settings)() as session:
         try:
             row, key = create_key(session=session, tenant=tenant, scopes=scope or DEFAULT_SCOPES)
         except ValueError as err:
             raise typer.BadParameter(str(err), param_hint="--scope") from None
-        typer.echo(f"created key {row.id} (prefix {row.prefix}) for tenant {tenant!r}, "
-                   f"scopes {', '.join(row.scopes)}", err=True)  # fmt: skip
+        typer.echo(
+            f"created key {row.id} (prefix {row.prefix}) for tenant {tenant!r}, "
+            f"scopes {', '.join(row.scopes)}",
+            err=True,
+        )
     typer.echo(key)
 
 
 @app.command("list")
 def list_(show_revoked: bool = False) -> None:
     """Every key: id, prefix, tenant, scopes, created, revoked (never the key)."""
-    from service.db.models import Tenant
+    from service.store.db.models import Tenant
 
-    settings = _settings()
+    settings = load_settings()
     with _sessions(settings)() as session:
         names = {t.id: t.name for t in session.query(Tenant).all()}
         for k in list_keys(session=session):
@@ -93,14 +93,16 @@ def list_(show_revoked: bool = False) -> None:
                 continue
             revoked = f"  revoked {k.revoked_at:%Y-%m-%d %H:%M}" if k.revoked_at else ""
             tenant, scopes = names.get(k.tenant_id, "?"), ",".join(k.scopes)
-            typer.echo(f"{k.id}  cmr_{k.prefix}_…  {tenant:<16} {scopes:<40} "
-                       f"{k.created_at:%Y-%m-%d %H:%M}{revoked}")  # fmt: skip
+            typer.echo(
+                f"{k.id}  cmr_{k.prefix}_…  {tenant:<16} {scopes:<40} "
+                f"{k.created_at:%Y-%m-%d %H:%M}{revoked}"
+            )
 
 
 @app.command()
 def revoke(key_id: str) -> None:
     """Revoke a key by id (API processes notice within ``COMERA_KEY_CACHE_SECONDS``)."""
-    settings = _settings()
+    settings = load_settings()
     with _sessions(settings)() as session:
         if not revoke_key(session=session, key_id=key_id):
             typer.echo(f"no active key {key_id}", err=True)

@@ -2,13 +2,17 @@
 
 The lifespan builds the engine and sessionmaker from ``settings.db_url`` and refuses to start
 unless the database schema is at the Alembic head this code expects (migrations run as their
-own step, c.5: ``service.db.migrate.upgrade``). Middleware: Prometheus request metrics, then
-the request body limit (the dataset upload route has its own). Errors are problem+json
-(``service.errors``). Nothing here imports torch: planning runs in a spawned child process.
+own step, ``service.store.db.migrate.upgrade``: docs/service.md#sql-and-migrations). Middleware,
+outermost first: the guard that answers an unhandled error without dropping the connection,
+Prometheus request metrics, admission control, then the request body limit (the dataset upload
+route has its own).
+Errors are problem+json (``service.errors``). Nothing here imports torch: planning runs in a
+spawned child process.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -18,17 +22,23 @@ from fastapi.routing import APIRoute
 from sqlalchemy import Engine
 
 from api_schemas import Problem
+from service.api.deps import warm_queue
 from service.api.router import api_router
 from service.api.routes.dashboard import router as dashboard_router
 from service.api.routes.health import metrics_router
-from service.auth import KeyCache
-from service.core.config import Settings, get_settings
-from service.db.migrate import current_revision, head_revision
-from service.db.session import make_engine, make_sessionmaker
 from service.errors import install_error_handlers
-from service.middleware import AdmissionMiddleware, BodyLimitMiddleware, long_transfer
+from service.middleware import (
+    AdmissionMiddleware,
+    BodyLimitMiddleware,
+    ServerErrorGuard,
+    long_transfer,
+)
 from service.planner import default_planner
 from service.ratelimit import make_rate_limiter
+from service.store.auth import KeyCache
+from service.store.db.migrate import current_revision, head_revision
+from service.store.db.session import make_engine, make_sessionmaker
+from service.store.settings import Settings, get_settings
 from service.telemetry import RequestMetricsMiddleware, Telemetry
 
 __all__ = ["SchemaNotReady", "create_app"]
@@ -49,9 +59,17 @@ def _check_schema(engine: Engine) -> None:
     if current != head:
         raise SchemaNotReady(
             f"database schema is at revision {current!r}, this code needs {head!r}: run the "
-            f'migrations first (python -c "from service.db.migrate import upgrade; '
+            f'migrations first (python -c "from service.store.db.migrate import upgrade; '
             f"upgrade('<database url>')\")"
         )
+
+
+def _warm(app: FastAPI) -> None:
+    """Start the planner children and import the queue client, off every request."""
+    warm_queue()
+    planner = getattr(app.state, "planner", None)  # a test may run the app without one
+    if planner is not None:
+        planner.warm()
 
 
 def _unique_id(route: APIRoute) -> str:
@@ -64,16 +82,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = make_engine(settings.db_url, pool_size=settings.db_pool_size,
-                             max_overflow=settings.db_max_overflow)  # fmt: skip
+        engine = make_engine(
+            settings.db_url, pool_size=settings.db_pool_size, max_overflow=settings.db_max_overflow
+        )
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.api_threads
         try:
             _check_schema(engine)
             settings.ensure_dirs()
             app.state.engine = engine
             app.state.sessionmaker = make_sessionmaker(engine)
-            app.state.key_cache = KeyCache(ttl=settings.key_cache_seconds)
+            app.state.key_cache = KeyCache(
+                ttl=settings.key_cache_seconds, miss_ttl=settings.key_miss_cache_seconds
+            )
             app.state.rate_limiter = make_rate_limiter(settings)
+            # the first submission must not pay for starting planners or importing the queue
+            threading.Thread(target=_warm, args=(app,), name="comera-warm", daemon=True).start()
             yield
         finally:
             limiter = getattr(app.state, "rate_limiter", None)
@@ -81,12 +104,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 await limiter.aclose()
             engine.dispose()
 
-    app = FastAPI(title="CoMERA compression service", version="1.0.0", lifespan=lifespan,
-                  generate_unique_id_function=_unique_id,
-                  responses={500: {"model": Problem, "description": "Internal Server Error"}},
-                  )  # fmt: skip
+    app = FastAPI(
+        title="CoMERA compression service",
+        version="1.0.0",
+        lifespan=lifespan,
+        generate_unique_id_function=_unique_id,
+        responses={500: {"model": Problem, "description": "Internal Server Error"}},
+    )
     app.state.settings = settings
-    app.state.planner = default_planner()
+    app.state.planner = default_planner(settings.planner_processes)
     app.state.telemetry = Telemetry(lambda: app.state.sessionmaker())
     install_error_handlers(app)
     app.add_middleware(
@@ -96,6 +122,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.add_middleware(AdmissionMiddleware, limit=settings.api_threads, exempt=long_transfer)
     app.add_middleware(RequestMetricsMiddleware, telemetry=app.state.telemetry)
+    app.add_middleware(ServerErrorGuard)  # outermost: a 500 never closes the connection
     app.include_router(api_router)
     app.include_router(metrics_router)
     app.include_router(dashboard_router)

@@ -1,5 +1,5 @@
-"""ASGI middleware: admission control (below) and the request body limit (b.6: bodies up to
-``max_body_bytes``, 1 MiB).
+"""ASGI middleware: admission control, the request body limit (docs/service.md#limits:
+bodies up to ``max_body_bytes``, 1 MiB) and the guard that answers an unhandled error (below).
 
 A declared ``Content-Length`` over the limit is refused before anything is read. A body sent
 without one (chunked) is counted while the application reads it; past the limit the reader
@@ -10,6 +10,8 @@ dataset upload route streams to disk with its own, larger limit and is exempt.
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 from collections.abc import Callable
 
 from fastapi.responses import JSONResponse
@@ -17,17 +19,43 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import problem_response
 
-__all__ = ["AdmissionMiddleware", "BodyLimitMiddleware", "long_transfer"]
+__all__ = [
+    "AdmissionMiddleware",
+    "BodyLimitMiddleware",
+    "ServerErrorGuard",
+    "content_length_exceeds",
+    "long_transfer",
+]
+
+log = logging.getLogger(__name__)
+
+
+_DIGITS = re.compile(r"[0-9]+")
 
 
 def _too_large(limit: int) -> JSONResponse:
     return problem_response(413, f"The request body exceeds {limit} bytes.")
 
 
+def content_length_exceeds(declared: bytes | str, limit: int) -> bool:
+    """Whether a ``Content-Length`` of ASCII digits is over ``limit``. Any number of digits
+    is read (Python refuses to convert more than 4,300, and 20 exceed every limit); anything
+    else (``str.isdigit`` also takes a latin-1 superscript) is left to the server."""
+    text = declared.decode("latin-1") if isinstance(declared, bytes) else declared
+    if _DIGITS.fullmatch(text) is None:
+        return False
+    digits = text.lstrip("0")
+    return len(digits) > 19 or int(digits or "0") > limit
+
+
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, *, max_bytes: int,
-                 exempt: Callable[[str, str], bool] = lambda method, path: False,
-                 ) -> None:  # fmt: skip
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_bytes: int,
+        exempt: Callable[[str, str], bool] = lambda method, path: False,
+    ) -> None:
         self.app, self.max_bytes, self.exempt = app, max_bytes, exempt
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -35,7 +63,7 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+        if declared is not None and content_length_exceeds(declared, self.max_bytes):
             await _too_large(self.max_bytes)(scope, receive, send)
             return
         seen = 0
@@ -84,8 +112,9 @@ class AdmissionMiddleware:
     connection (event streams, file downloads, uploads) are not counted.
     """
 
-    def __init__(self, app: ASGIApp, *, limit: int,
-                 exempt: Callable[[Scope], bool] = lambda scope: False) -> None:  # fmt: skip
+    def __init__(
+        self, app: ASGIApp, *, limit: int, exempt: Callable[[Scope], bool] = lambda scope: False
+    ) -> None:
         self.app, self.exempt = app, exempt
         self.slots = asyncio.Semaphore(limit)
 
@@ -101,5 +130,42 @@ def long_transfer(scope: Scope) -> bool:
     """Event streams, checkpoint downloads and dataset uploads (see AdmissionMiddleware)."""
     path, method = scope["path"], scope["method"]
     accept = dict(scope["headers"]).get(b"accept", b"")
-    return (b"text/event-stream" in accept or path.endswith("/content")
-            or (method == "POST" and path.rstrip("/").endswith("/datasets")))
+    return (
+        b"text/event-stream" in accept
+        or path.endswith("/content")
+        or (method == "POST" and path.rstrip("/").endswith("/datasets"))
+    )
+
+
+class ServerErrorGuard:
+    """Answers an exception no handler took with the 500 problem and keeps the connection.
+
+    Starlette's outermost middleware sends that 500 through the app's handler and then
+    re-raises, and uvicorn closes a connection whose application raised after its response
+    began: the client's next request on the kept-alive connection was reset. Installed as
+    the outermost middleware of the app, this logs the error and sends the problem itself,
+    so nothing is raised past it; only a response already under way (its start sent, the
+    body cut short) still raises, since that connection cannot be reused.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked_send)
+        except Exception:
+            log.exception("unhandled error in %s %s", scope["method"], scope["path"])
+            if started:
+                raise
+            await problem_response(500, "Internal server error.")(scope, receive, send)

@@ -1,52 +1,76 @@
-"""The dry-run planner: ``worker.plan.plan_job`` in a separate, spawned process.
+"""The planner: a pool of spawned processes running ``worker.plan.plan_job``, shared fairly.
 
-Planning builds the model (torch), and the API process must never import torch (the API
-image is CPU-only and small; tests/service/test_import.py checks it). So one long-lived child,
-started with the ``spawn`` context (no fork of a process with threads and sockets), imports
-``worker.plan`` by name and answers plan requests. The child is shared by every app in the
-process and started on first use; a request waits at most ``timeout_s``, after which the child
-is killed and replaced. A child that dies (a signal to the process group) is not restarted
-behind the API's back: the next request starts a fresh one. The child exits when the API
-process does, however that ends. When the worker package is not installed, or the child fails, the
-planner is *unavailable*: job submission then accepts the job and lets the worker validate it,
-and the dry run answers 503.
+Every submission and dry run is planned before anything is stored (the model built on the
+``meta`` device, the data's real sizes read, the memory estimate checked against the worker's
+capacity; :mod:`worker.plan`). One planner process for every tenant let one tenant's slow
+plan hold everyone's: ``dataset.params.n_words: 1e9`` held it 60 s, another tenant's
+``:validate`` took 64 s, and the submission itself was accepted "without a plan check". So:
 
-Engine errors name their field as a dotted path of the engine config
-(``schedule[1].target_ratio``); :func:`engine_field_to_pointer` turns it into a JSON Pointer
-into the submitted body (``/schedule/1/target_ratio``), renaming the sections whose wire
-names differ (``data`` -> ``dataset``, ``checkpoint.every_steps`` ->
-``checkpointing/every_n_steps``, ...).
+* ``COMERA_PLANNER_PROCESSES`` children (:mod:`service.planner_child`), each running one plan
+  at a time; a request takes a free one or waits for one;
+* a per-request deadline, ``COMERA_PLAN_TIMEOUT_SECONDS``, over the wait and the plan: past it
+  the request is a 503 with ``Retry-After`` (:class:`PlannerBusy`) and a plan still running
+  is killed with its child, which is started afresh in the background;
+* per tenant at most ``COMERA_PLANS_PER_TENANT`` plans at once, so one tenant cannot take
+  every child; up to ``COMERA_PLAN_QUEUE_PER_TENANT`` more of its requests wait for its turn
+  (within their deadline), and past those a 429 with ``Retry-After`` (:class:`PlanThrottled`):
+  waiting requests hold API threads, so the queue is short;
+* a plan that could not be made is never "accepted without a plan check", unless the operator
+  sets ``COMERA_ACCEPT_UNPLANNED_JOBS`` (then the worker's own plan is the check).
+
+Starting a child (spawn, import torch) is not counted against a request's deadline. Engine
+errors name their field as a dotted path of the engine config (``schedule[1].target_ratio``);
+:func:`api_schemas.engine_spec.engine_pointer` turns it into a JSON Pointer into the submitted
+body, the same one a failed job's problem gives (``worker.problems``).
 """
 
 from __future__ import annotations
 
 import atexit
-import importlib
-import multiprocessing as mp
-import os
-import re
+import logging
+import queue
 import threading
-from concurrent.futures import ProcessPoolExecutor
+import time
+from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from typing import Any
 
-from service.errors import json_pointer
+from api_schemas import JobCreate
+from api_schemas.engine_spec import engine_pointer
+from service.planner_child import PlannerChild
 
-__all__ = ["PlanFailed", "Planner", "PlannerUnavailable", "default_planner",
-           "engine_field_to_pointer"]  # fmt: skip
+__all__ = [
+    "PlanFailed",
+    "PlanThrottled",
+    "Planner",
+    "PlannerBusy",
+    "PlannerUnavailable",
+    "TenantPlanner",
+    "default_planner",
+]
 
-PLAN_TIMEOUT_S = 60.0
-_SECTIONS = {"data": "dataset", "checkpoint": "checkpointing"}
-_RENAMES = {  # (wire section, engine field) -> wire field
-    ("dataset", "train"): "path", ("dataset", "valid"): "valid_path",
-    ("dataset", "kind"): "format", ("checkpointing", "every_steps"): "every_n_steps",
-    ("compression", "shapes"): "modes",
-}  # fmt: skip
+log = logging.getLogger(__name__)
+START_TIMEOUT_S = 300.0  # a child's spawn and torch import (a loaded 2-core host: ~10 s)
 
 
 class PlannerUnavailable(RuntimeError):
-    """No plan could be made (no worker package, a crash or a timeout): not the user's fault."""
+    """No plan could be made (no worker package, a crash): not the user's fault."""
+
+    retry_after = 30
+
+
+class PlannerBusy(PlannerUnavailable):
+    """No plan within the request's deadline (every child busy, or the plan too slow)."""
+
+    retry_after = 5
+
+
+class PlanThrottled(RuntimeError):
+    """The tenant already has its share of plans running or waiting."""
+
+    retry_after = 1
 
 
 class PlanFailed(ValueError):
@@ -57,112 +81,238 @@ class PlanFailed(ValueError):
         self.pointer, self.message = pointer, message
 
 
-def engine_field_to_pointer(field: str | None) -> str:
-    """``schedule[1].target_ratio`` -> ``/schedule/1/target_ratio``; ``data.train`` ->
-    ``/dataset/path``; unknown or empty -> ``""`` (the whole body)."""
-    parts: list[str | int] = [int(p) if p.isdigit() else p
-                              for p in re.findall(r"[^.\[\]]+", field or "")]  # fmt: skip
-    if not parts or parts[0] in ("version", "galore"):
-        return ""
-    if parts == ["method"]:
-        return "/compression/method"
-    section = _SECTIONS.get(str(parts[0]), str(parts[0]))
-    parts[0] = section
-    if len(parts) > 1:
-        parts[1] = _RENAMES.get((section, str(parts[1])), parts[1])
-    return json_pointer(parts)
-
-
-def _exit_with_parent() -> None:
-    """Child initializer: the child exits as soon as the API process is gone (however it
-    ends: a SIGKILL runs no clean-up), instead of living on as an orphan."""
-    parent = mp.parent_process()
-    if parent is None:
-        return
-
-    def watch() -> None:
-        parent.join()  # returns when the parent's sentinel closes: the parent has exited
-        os._exit(0)
-
-    threading.Thread(target=watch, name="planner-parent-watch", daemon=True).start()
-
-
-def _plan_in_child(job: dict[str, Any]) -> dict[str, Any]:
-    """Runs in the child: never raises (exceptions do not always survive pickling)."""
-    try:
-        module = importlib.import_module("worker.plan")
-    except ImportError as err:
-        return {"status": "unavailable", "message": f"worker.plan cannot be imported: {err}"}
-    try:
-        return {"status": "ok", "plan": module.plan_job(job)}
-    except ValueError as err:  # engine ConfigError (has .field) or a plain ValueError
-        field = getattr(err, "field", None)
-        message = str(err)
-        if field and message.startswith(f"{field}: "):
-            message = message[len(field) + 2 :]
-        return {"status": "invalid", "field": field, "message": message}
-    except Exception as err:  # noqa: BLE001 (a planner bug must not fail the submission)
-        return {"status": "unavailable", "message": f"planner error: {err!r}"}
+@dataclass
+class _TenantState:
+    running: int = 0
+    waiting: int = 0
 
 
 class Planner:
-    """A one-process spawned executor running :func:`_plan_in_child`; thread-safe."""
+    """``processes`` planner children shared by every request of this process; thread-safe."""
 
-    def __init__(self, timeout_s: float = PLAN_TIMEOUT_S) -> None:
-        self.timeout_s = timeout_s
-        self._pool: ProcessPoolExecutor | None = None
-        self._lock = threading.Lock()
+    def __init__(
+        self,
+        processes: int = 2,
+        timeout_s: float = 30.0,
+        child: Callable[[], PlannerChild] = PlannerChild,
+    ) -> None:
+        self.processes, self.timeout_s = processes, timeout_s
+        self._children = [child() for _ in range(processes)]
+        self._idle: queue.Queue[PlannerChild] = queue.Queue()
+        for child in self._children:
+            self._idle.put(child)
+        self._tenants: dict[str, _TenantState] = {}
+        self._cond = threading.Condition()
+        self._closed = False
 
-    def _get_pool(self) -> ProcessPoolExecutor:
-        with self._lock:
-            if self._pool is None:
-                self._pool = ProcessPoolExecutor(max_workers=1,
-                                                 mp_context=mp.get_context("spawn"),
-                                                 initializer=_exit_with_parent)  # fmt: skip
-            return self._pool
-
-    def close(self) -> None:
-        """Stop the child now (killed: it may be stuck in a plan); never waits on it long."""
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is None:
+    # -- admission ----------------------------------------------------------------------
+    def _enter(
+        self, tenant: str | None, per_tenant: int | None, queue_per_tenant: int, deadline: float
+    ) -> None:
+        """Take one of the tenant's ``per_tenant`` slots, waiting behind at most
+        ``queue_per_tenant`` of its requests until ``deadline`` (429 / 503 otherwise)."""
+        if tenant is None or per_tenant is None:
             return
-        children = list((getattr(pool, "_processes", None) or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for child in children:
-            child.kill()
-            child.join(5)
+        with self._cond:
+            state = self._tenants.setdefault(tenant, _TenantState())
+            if state.running >= per_tenant:
+                if state.waiting >= queue_per_tenant:
+                    self._forget(tenant, state)
+                    raise PlanThrottled(
+                        f"this tenant already has {state.running} plan(s) in progress and "
+                        f"{state.waiting} waiting (at most {per_tenant} and {queue_per_tenant})"
+                    )
+                state.waiting += 1
+                try:
+                    while state.running >= per_tenant:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            raise PlannerBusy("this tenant's earlier plans took the whole deadline")
+                        self._cond.wait(left)
+                finally:
+                    state.waiting -= 1
+            state.running += 1
 
-    def plan(self, job: dict[str, Any]) -> dict[str, Any]:
-        """The plan of an engine job dict; raises ``PlanFailed`` or ``PlannerUnavailable``."""
+    def saturated(self, tenant: str, per_tenant: int, queue_per_tenant: int) -> bool:
+        """Whether a plan of ``tenant`` would be throttled now (a cheap early answer: the
+        request is refused before its body is read or the store is touched)."""
+        with self._cond:
+            state = self._tenants.get(tenant)
+            return state is not None and (
+                state.running >= per_tenant and state.waiting >= queue_per_tenant
+            )
+
+    def _leave(self, tenant: str | None, per_tenant: int | None) -> None:
+        if tenant is None or per_tenant is None:
+            return
+        with self._cond:
+            state = self._tenants[tenant]
+            state.running -= 1
+            self._forget(tenant, state)
+            self._cond.notify_all()
+
+    def _forget(self, tenant: str, state: _TenantState) -> None:
+        if state.running == 0 and state.waiting == 0:
+            self._tenants.pop(tenant, None)
+
+    def _release(self, child: PlannerChild) -> None:
+        """Back to the idle children; a killed one is started again first, off the request."""
+        if self._closed or child.started:
+            self._idle.put(child)
+            return
+
+        def restart() -> None:
+            try:
+                child.start(START_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 (the next request starts it, or reports why)
+                log.warning("a planner child could not be restarted", exc_info=True)
+            self._idle.put(child)
+
+        threading.Thread(target=restart, name="planner-restart", daemon=True).start()
+
+    # -- planning -----------------------------------------------------------------------
+    def plan(
+        self,
+        job: dict[str, Any],
+        *,
+        tenant: str | None = None,
+        per_tenant: int | None = None,
+        queue_per_tenant: int = 0,
+        timeout_s: float | None = None,
+        options: dict[str, Any] | None = None,
+        spec: JobCreate | None = None,
+    ) -> dict[str, Any]:
+        """The plan of an engine job dict (``options``: ``worker.plan.plan_job`` keywords):
+        at most ``per_tenant`` of ``tenant``'s plans at once, ``queue_per_tenant`` more
+        waiting. Raises ``PlanFailed`` (the spec's fault, its pointer into ``spec``, the
+        submitted body the job came from), ``PlanThrottled`` (the tenant's limit),
+        ``PlannerBusy`` (the deadline) or ``PlannerUnavailable``."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
+        self._enter(tenant, per_tenant, queue_per_tenant, deadline)
         try:
             try:
-                out = self._get_pool().submit(_plan_in_child, job).result(self.timeout_s)
-            except BrokenProcessPool:  # the child died since the last request: a fresh one
-                self.close()
-                out = self._get_pool().submit(_plan_in_child, job).result(self.timeout_s)
-        except FutureTimeout:
-            self.close()  # the child may be stuck: start a fresh one next time
-            raise PlannerUnavailable(f"planning took longer than {self.timeout_s:g} s") from None
-        except Exception as err:  # noqa: BLE001 (start-up failure, a child that died)
-            self.close()
-            raise PlannerUnavailable(f"the planner failed: {err!r}") from None
+                child = self._idle.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise PlannerBusy(f"every planner was busy for {timeout:g} s") from None
+            try:
+                out = self._run(child, job, options or {}, deadline, timeout)
+            finally:
+                self._release(child)
+        finally:
+            self._leave(tenant, per_tenant)
         if out["status"] == "invalid":
-            raise PlanFailed(engine_field_to_pointer(out["field"]), out["message"])
+            pointer = out.get("pointer")
+            if pointer is None:
+                pointer = engine_pointer(out.get("field"), spec)
+            raise PlanFailed(pointer, out["message"])
         if out["status"] != "ok":
             raise PlannerUnavailable(out["message"])
-        return out["plan"]
+        return out["plan"]  # type: ignore[no-any-return]
+
+    def _run(
+        self,
+        child: PlannerChild,
+        job: dict[str, Any],
+        options: dict[str, Any],
+        deadline: float,
+        timeout: float,
+    ) -> dict[str, Any]:
+        for attempt in (1, 2):  # a child that died since its last plan: once more, fresh
+            try:
+                if not child.started:
+                    start = time.monotonic()
+                    child.start(START_TIMEOUT_S)
+                    deadline += time.monotonic() - start  # starting is not the request's time
+                future = child.submit(job, options)
+                return future.result(max(0.0, deadline - time.monotonic()))
+            except FutureTimeout:
+                child.kill()  # it may be stuck: a fresh one next time
+                raise PlannerBusy(f"planning took longer than {timeout:g} s") from None
+            except BrokenProcessPool:
+                child.kill()
+                if attempt == 2:
+                    raise PlannerUnavailable("the planner process died") from None
+            except Exception as err:  # noqa: BLE001 (start-up failure)
+                child.kill()
+                raise PlannerUnavailable(f"the planner failed: {err!r}") from None
+        raise AssertionError("unreachable")
+
+    def warm(self) -> None:
+        """Start every child now, off any request (an app calls it in a thread at start-up):
+        each is taken from the idle queue while it starts, so a request waits for a started
+        child instead of starting one on its own time."""
+        for _ in self._children:
+            try:
+                child = self._idle.get_nowait()
+            except queue.Empty:
+                return  # the rest are in use: started by their requests
+            try:
+                if not self._closed:
+                    child.start(START_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 (a request starts it again, or reports why)
+                log.warning("a planner child could not be started", exc_info=True)
+            finally:
+                self._idle.put(child)
+
+    def pids(self) -> list[int]:
+        """The process ids of the running children."""
+        return [pid for child in self._children for pid in child.pids()]
+
+    def close(self) -> None:
+        """Stop every child now (killed: they may be stuck in a plan)."""
+        self._closed = True
+        for child in self._children:
+            child.kill()
+
+
+@dataclass(frozen=True)
+class TenantPlanner:
+    """The planner as one request of one tenant uses it, with the app's settings."""
+
+    planner: Planner
+    tenant: str
+    per_tenant: int
+    queue_per_tenant: int
+    timeout_s: float
+    capacity_bytes: int
+    accept_unplanned: bool
+
+    def check_turn(self) -> None:
+        """Raise ``PlanThrottled`` now if this tenant's plans are at their limit."""
+        if self.planner.saturated(self.tenant, self.per_tenant, self.queue_per_tenant):
+            raise PlanThrottled(
+                f"this tenant already has {self.per_tenant} plan(s) in progress and "
+                f"{self.queue_per_tenant} waiting"
+            )
+
+    def plan(self, job: dict[str, Any], spec: JobCreate) -> dict[str, Any]:
+        """The plan of ``job``, the engine job dict of the submitted ``spec``."""
+        options = {
+            "capacity_bytes": self.capacity_bytes,
+            "dataset_pointer": engine_pointer("data.train", spec),
+        }
+        return self.planner.plan(
+            job,
+            tenant=self.tenant,
+            per_tenant=self.per_tenant,
+            queue_per_tenant=self.queue_per_tenant,
+            timeout_s=self.timeout_s,
+            options=options,
+            spec=spec,
+        )
 
 
 _default: Planner | None = None
 _default_lock = threading.Lock()
 
 
-def default_planner() -> Planner:
-    """The process-wide planner (one child for every app in this process)."""
+def default_planner(processes: int = 2) -> Planner:
+    """The process-wide planner (its children shared by every app in this process; the
+    first call decides how many)."""
     global _default
     with _default_lock:
         if _default is None:
-            _default = Planner()
+            _default = Planner(processes)
             atexit.register(_default.close)
         return _default

@@ -6,7 +6,8 @@ off). ``take`` answers 0.0 when the request may pass, else the seconds until it 
 the API sends as ``Retry-After`` with a 429.
 
 * :class:`RateLimiter` keeps the buckets in this process. It is the embedded mode's limiter
-  (one API process) and the fallback of the shared one.
+  (one API process), the fallback of the shared one, and the limit on failed authentication
+  per client address (``COMERA_AUTH_FAILURES_PER_MINUTE``, ``service.api.deps``).
 * :class:`RedisRateLimiter` keeps each bucket in a Redis hash and updates it in one Lua
   script, with Redis's clock, so every API process of a deployment (``comera api --workers
   N``, several containers) draws from the same bucket: the limit holds per key, not per
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from service.core.config import Settings
+    from service.store.settings import Settings
 
 __all__ = ["RateLimiter", "RedisRateLimiter", "make_rate_limiter", "retry_after"]
 
@@ -74,6 +75,19 @@ class RateLimiter:
                 return 0.0
             return (1.0 - b.tokens) / rate
 
+    def peek(self, key: str, now: float | None = None) -> float:
+        """The wait :meth:`take` would answer now, without taking a token."""
+        if self.per_minute <= 0:
+            return 0.0
+        now = time.monotonic() if now is None else now
+        rate = self.per_minute / 60.0
+        with self._lock:
+            b = self._buckets.get(key)
+            if b is None:
+                return 0.0
+            tokens = min(float(self.burst), b.tokens + (now - b.stamp) * rate)
+        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / rate
+
     async def take_async(self, key: str) -> float:
         return self.take(key)
 
@@ -111,14 +125,21 @@ class RedisRateLimiter:
     seconds.
     """
 
-    def __init__(self, url: str, per_minute: int, burst: int,
-                 prefix: str = "comera:ratelimit:", timeout: float = 0.25) -> None:  # fmt: skip
+    def __init__(
+        self,
+        url: str,
+        per_minute: int,
+        burst: int,
+        prefix: str = "comera:ratelimit:",
+        timeout: float = 0.25,
+    ) -> None:
         from redis import asyncio as aioredis
 
         self.per_minute, self.burst, self.prefix = per_minute, burst, prefix
         self.local = RateLimiter(per_minute, burst)  # while Redis is away
         self._client: Any = aioredis.Redis.from_url(
-            url, socket_timeout=timeout, socket_connect_timeout=timeout)  # fmt: skip
+            url, socket_timeout=timeout, socket_connect_timeout=timeout
+        )
         self._script = self._client.register_script(_TAKE)
         self._down = False
 
@@ -131,12 +152,15 @@ class RedisRateLimiter:
             return 0.0
         rate = self.per_minute / 60.0
         try:
-            wait = await self._script(keys=[self.prefix + key],
-                                      args=[repr(rate), self.burst, self._idle_ttl])  # fmt: skip
+            wait = await self._script(
+                keys=[self.prefix + key], args=[repr(rate), self.burst, self._idle_ttl]
+            )
         except Exception as exc:  # noqa: BLE001 (any Redis failure: judge locally)
             if not self._down:
-                log.warning("rate limit store unreachable (%s); limiting per process until "
-                            "it answers", type(exc).__name__)  # fmt: skip
+                log.warning(
+                    "rate limit store unreachable (%s); limiting per process until it answers",
+                    type(exc).__name__,
+                )
                 self._down = True
             return self.local.take(key)
         if self._down:

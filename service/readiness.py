@@ -46,8 +46,9 @@ def check_broker(url: str) -> str | None:
     options = {"socket_connect_timeout": TIMEOUT_S, "socket_timeout": TIMEOUT_S}
     try:
         with Connection(url, connect_timeout=TIMEOUT_S, transport_options=options) as conn:
-            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0,
-                                   timeout=TIMEOUT_S)  # fmt: skip
+            conn.ensure_connection(
+                max_retries=1, interval_start=0, interval_step=0, timeout=TIMEOUT_S
+            )
     except Exception as err:  # noqa: BLE001 (any failure: not ready)
         return _reason(err)
     return None

@@ -23,11 +23,11 @@ from sqlalchemy.orm import Session
 from api_schemas import CheckpointFile, CheckpointManifestPublic, CompressionReport, LayerReport
 from api_schemas.artifacts import BaselineReport, FidelityReport
 from service.baseline import find_baseline, metric_deltas
-from service.core.config import Settings
-from service.db.crud.checkpoints import newest_export, stage_events
-from service.db.models import Checkpoint, Job
-from service.downloads import checkpoint_file, sha256_file
-from service.storage import artifact_path
+from service.downloads import checkpoint_file
+from service.store.db.crud.checkpoints import newest_export, stage_events
+from service.store.db.models import Checkpoint, Job
+from service.store.settings import Settings
+from service.store.storage import artifact_path, sha256_file
 
 __all__ = ["checkpoint_manifest", "compression_report"]
 
@@ -54,9 +54,15 @@ def _layer(rec: dict[str, Any]) -> LayerReport:
     else:
         modes = {"in": rec.get("in_modes"), "out": rec.get("out_modes")}
     params, dense = int(rec.get("params", 0)), int(rec.get("dense_params", 0))
-    return LayerReport(name=rec["name"], kind=rec.get("kind", "?"), modes=modes,
-                       ranks=rec.get("ranks", []), dense_params=dense, params=params,
-                       ratio=dense / params if params else None)  # fmt: skip
+    return LayerReport(
+        name=rec["name"],
+        kind=rec.get("kind", "?"),
+        modes=modes,
+        ranks=rec.get("ranks", []),
+        dense_params=dense,
+        params=params,
+        ratio=dense / params if params else None,
+    )
 
 
 def _metrics(manifest: dict[str, Any] | None, ckpt: Checkpoint) -> dict[str, float]:
@@ -69,15 +75,17 @@ def _fidelity(manifest: dict[str, Any]) -> FidelityReport | None:
     return FidelityReport.model_validate(found) if isinstance(found, dict) else None
 
 
-def _baseline(session: Session, settings: Settings, job: Job,
-              metrics: dict[str, float]) -> BaselineReport | None:  # fmt: skip
+def _baseline(
+    session: Session, settings: Settings, job: Job, metrics: dict[str, float]
+) -> BaselineReport | None:
     found = find_baseline(session=session, job=job)
     if found is None:
         return None
     base, export = found
     base_metrics = _metrics(_stored_manifest(settings, export), export)
-    return BaselineReport(job_id=base.id, metrics=base_metrics,
-                          deltas=metric_deltas(metrics, base_metrics))  # fmt: skip
+    return BaselineReport(
+        job_id=base.id, metrics=base_metrics, deltas=metric_deltas(metrics, base_metrics)
+    )
 
 
 def compression_report(*, session: Session, settings: Settings, job: Job) -> CompressionReport:
@@ -96,29 +104,47 @@ def compression_report(*, session: Session, settings: Settings, job: Job) -> Com
     )
     metrics = _metrics(manifest, ckpt)
     return CompressionReport(
-        job_id=job.id, checkpoint_id=ckpt.id, file_bytes=file_bytes, dense_bytes=dense_bytes,
-        file_ratio=dense_bytes / file_bytes if file_bytes else 0.0, params=params,
-        params_dense=params_dense, tensorized_ratio=totals.get("tensorized_ratio"),
+        job_id=job.id,
+        checkpoint_id=ckpt.id,
+        file_bytes=file_bytes,
+        dense_bytes=dense_bytes,
+        file_ratio=dense_bytes / file_bytes if file_bytes else 0.0,
+        params=params,
+        params_dense=params_dense,
+        tensorized_ratio=totals.get("tensorized_ratio"),
         model_ratio=totals.get("model_ratio"),
         layers=[_layer(r) for r in manifest.get("layers", [])],
-        metrics=metrics, stages=stages,
+        metrics=metrics,
+        stages=stages,
         engine_version=manifest.get("engine_version") or job.engine_version,
-        spec_hash=job.spec_hash, fidelity=_fidelity(manifest),
+        spec_hash=job.spec_hash,
+        fidelity=_fidelity(manifest),
         baseline=_baseline(session, settings, job, metrics),
         execution=(manifest.get("extra") or {}).get("execution"),
-    )  # fmt: skip
+        target=(manifest.get("extra") or {}).get("target"),
+        chance=(manifest.get("extra") or {}).get("chance"),
+    )
 
 
 def checkpoint_manifest(*, settings: Settings, ckpt: Checkpoint) -> CheckpointManifestPublic:
     """One sha256 per file of the checkpoint, and the engine manifest when there is one."""
     content = checkpoint_file(settings, ckpt)  # 409 / 410 as for the content
     manifest = _stored_manifest(settings, ckpt)
-    files = [CheckpointFile(name=content.name, size_bytes=content.stat().st_size,
-                            sha256=ckpt.sha256 or sha256_file(content))]  # fmt: skip
+    files = [
+        CheckpointFile(
+            name=content.name,
+            size_bytes=content.stat().st_size,
+            sha256=ckpt.sha256 or sha256_file(content),
+        )
+    ]
     folder = artifact_path(settings, ckpt.path)
     side = None if folder is None or not folder.is_dir() else folder / MANIFEST_FILE
     if side is not None and side.is_file():
-        files.append(CheckpointFile(name=MANIFEST_FILE, size_bytes=side.stat().st_size,
-                                    sha256=sha256_file(side)))  # fmt: skip
-    return CheckpointManifestPublic(checkpoint_id=ckpt.id, kind=ckpt.kind, files=files,
-                                    manifest=manifest)  # fmt: skip
+        files.append(
+            CheckpointFile(
+                name=MANIFEST_FILE, size_bytes=side.stat().st_size, sha256=sha256_file(side)
+            )
+        )
+    return CheckpointManifestPublic(
+        checkpoint_id=ckpt.id, kind=ckpt.kind, files=files, manifest=manifest
+    )

@@ -1,6 +1,6 @@
 """From a validated ``JobCreate`` to a stored, enqueued job (``POST /v1/jobs``), and the dry run.
 
-Order (service-design c.2 step 4): every check first (dataset references, the engine
+Order (docs/service.md#outbox-re-drive): every check first (dataset references, the engine
 translation, the planner's model build), then the row is committed, and only then is the
 message sent. If sending fails the job stays QUEUED with ``enqueue_pending`` and the reaper
 sends it later; the client still gets its 202.
@@ -17,48 +17,67 @@ from fastapi import HTTPException
 from sqlalchemy.orm import Session
 
 from api_schemas import JobCreate, JobState, ValidationReport
-from service.core.config import Settings
-from service.db.crud.datasets import get_dataset
-from service.db.crud.idempotency import link_job
-from service.db.crud.job_actions import mark_enqueued
-from service.db.crud.job_queries import count_jobs
-from service.db.crud.jobs import create_job
-from service.db.crud.tenants import one_at_a_time
-from service.db.models import Job
+from api_schemas.engine_spec import SpecError, to_engine
 from service.errors import FieldProblem
-from service.model_source import resolve_model_source
-from service.planner import PlanFailed, Planner, PlannerUnavailable
-from service.spec import SpecError, spec_hash, to_engine
+from service.planner import (
+    PlanFailed,
+    PlannerBusy,
+    PlannerUnavailable,
+    PlanThrottled,
+    TenantPlanner,
+)
+from service.store.db.crud.datasets import get_dataset
+from service.store.db.crud.idempotency import link_job
+from service.store.db.crud.job_actions import mark_enqueued
+from service.store.db.crud.job_queries import count_jobs
+from service.store.db.crud.jobs import create_job
+from service.store.db.crud.tenants import one_at_a_time
+from service.store.db.models import Job
+from service.store.model_source import resolve_model_source
+from service.store.placement import placement
+from service.store.settings import Settings
+from service.store.spec import spec_hash
 
 __all__ = ["Enqueue", "dispatch", "dry_run", "plan", "prepare", "resolve_dataset", "submit"]
 
 log = logging.getLogger(__name__)
-Enqueue = Callable[..., bool]  # (job_id=, attempt=, max_wall_time_s=) -> sent
+Enqueue = Callable[..., bool]  # (job_id=, attempt=, max_wall_time_s=, devices=, nodes=) -> sent
 
 
 def _data_file(settings: Settings, rel: str, pointer: str) -> str:
     root = settings.data.resolve()
-    path = (root / rel).resolve()
+    try:  # a component over NAME_MAX, a NUL byte, a symlink loop: the user's path, not a 500
+        path = (root / rel).resolve()
+        found = path.is_relative_to(root) and path.is_file()
+    except (OSError, ValueError) as err:
+        reason = getattr(err, "strerror", None) or str(err)
+        raise FieldProblem.one(pointer, f"cannot read {rel[:200]!r}: {reason}", "invalid") from None
     if not path.is_relative_to(root):
         raise FieldProblem.one(pointer, "must stay under the server's data root", "outside_root")
-    if not path.is_file():
-        raise FieldProblem.one(pointer, f"no file {rel!r} under the server's data root",
-                               "not_found")  # fmt: skip
+    if not found:
+        raise FieldProblem.one(
+            pointer, f"no file {rel!r} under the server's data root", "not_found"
+        )
     return str(path)
 
 
-def resolve_dataset(*, session: Session, settings: Settings, tenant_id: str,
-                    spec: JobCreate) -> tuple[str | None, str | None]:  # fmt: skip
+def resolve_dataset(
+    *, session: Session, settings: Settings, tenant_id: str, spec: JobCreate
+) -> tuple[str | None, str | None]:
     """(train, valid) file paths of an uploaded or server-side dataset; 422 naming the field."""
     ds = spec.dataset
     if ds.source == "upload":
         row = get_dataset(session=session, tenant_id=tenant_id, dataset_id=ds.dataset_id or "")
         if row is None or row.state != "ready":
-            raise FieldProblem.one("/dataset/dataset_id", f"no ready dataset {ds.dataset_id!r}",
-                                   "not_found")  # fmt: skip
+            raise FieldProblem.one(
+                "/dataset/dataset_id", f"no ready dataset {ds.dataset_id!r}", "not_found"
+            )
         if row.format != ds.format:
-            raise FieldProblem.one("/dataset/format", f"dataset {row.id} was uploaded as "
-                                   f"{row.format!r}, not {ds.format!r}", "mismatch")  # fmt: skip
+            raise FieldProblem.one(
+                "/dataset/format",
+                f"dataset {row.id} was uploaded as {row.format!r}, not {ds.format!r}",
+                "mismatch",
+            )
         return str(Path(settings.artifacts) / row.path), None
     if ds.source == "path":
         valid = ds.valid_path and _data_file(settings, ds.valid_path, "/dataset/valid_path")
@@ -66,34 +85,49 @@ def resolve_dataset(*, session: Session, settings: Settings, tenant_id: str,
     return None, None
 
 
-def prepare(*, session: Session, settings: Settings, tenant_id: str,
-            spec: JobCreate) -> dict[str, Any]:  # fmt: skip
-    """The engine job dict of ``spec`` (``service.spec.to_engine``); 422 naming the field."""
-    train, valid = resolve_dataset(session=session, settings=settings, tenant_id=tenant_id,
-                                   spec=spec)  # fmt: skip
+def prepare(
+    *, session: Session, settings: Settings, tenant_id: str, spec: JobCreate
+) -> dict[str, Any]:
+    """The engine job dict of ``spec`` (:func:`api_schemas.engine_spec.to_engine`); 422 naming
+    the field."""
+    train, valid = resolve_dataset(
+        session=session, settings=settings, tenant_id=tenant_id, spec=spec
+    )
     device = "cuda" if spec.training.device == "cuda" else "cpu"
     try:
         # hf_bert: the model directory
         model = resolve_model_source(data_root=settings.data, model=spec.model)
-        return to_engine(spec, train_path=train, valid_path=valid, device=device,
-                         model_path=model)  # fmt: skip
+        return to_engine(spec, train_path=train, valid_path=valid, device=device, model_path=model)
     except SpecError as err:
         raise FieldProblem.one(err.pointer, err.message, "unsupported") from None
 
 
-def plan(planner: Planner, engine_job: dict[str, Any], *, required: bool) -> dict[str, Any] | None:
-    """The planner's report; 422 when the engine refuses the job. When the planner is
-    unavailable: 503 if ``required`` (the dry run), else None (the worker validates)."""
+def plan(
+    planner: TenantPlanner, engine_job: dict[str, Any], spec: JobCreate, *, required: bool
+) -> dict[str, Any] | None:
+    """The planner's report; 422 when the plan refuses the job, 429 past the tenant's share of
+    the planner. Without a plan (the planner busy past the deadline, or unavailable): 503 with
+    ``Retry-After``; a submission (``required`` false) is accepted unplanned only when the
+    operator allows it (``COMERA_ACCEPT_UNPLANNED_JOBS``; the worker plans it again)."""
     try:
-        return planner.plan(engine_job)
+        return planner.plan(engine_job, spec)
     except PlanFailed as err:
         raise FieldProblem.one(err.pointer, err.message, "config") from None
+    except PlanThrottled as err:
+        raise HTTPException(
+            429, f"Too many plans at once: {err}.", headers={"Retry-After": str(err.retry_after)}
+        ) from None
     except PlannerUnavailable as err:
-        if required:
-            raise HTTPException(503, "The planner is unavailable; try again later.",
-                                headers={"Retry-After": "30"}) from None  # fmt: skip
-        log.warning("job accepted without a plan check: %s", err)
-        return None
+        if not required and planner.accept_unplanned:
+            log.warning("job accepted without a plan check: %s", err)
+            return None
+        busy = isinstance(err, PlannerBusy)
+        detail = (
+            f"The planner is busy ({err}); try again later."
+            if busy
+            else ("The planner is unavailable; try again later.")
+        )
+        raise HTTPException(503, detail, headers={"Retry-After": str(err.retry_after)}) from None
 
 
 def dry_run(spec: JobCreate, report: dict[str, Any]) -> ValidationReport:
@@ -102,7 +136,8 @@ def dry_run(spec: JobCreate, report: dict[str, Any]) -> ValidationReport:
 
 
 def dispatch(*, session: Session, job: Job, enqueue: Enqueue) -> Job:
-    """Send the job's message (after its row is committed) and record whether it went."""
+    """Send the job's message (after its row is committed, to the queue of its placement)
+    and record whether it went."""
     limits = (job.spec or {}).get("limits", {})
     try:
         sent = bool(
@@ -110,6 +145,7 @@ def dispatch(*, session: Session, job: Job, enqueue: Enqueue) -> Job:
                 job_id=job.id,
                 attempt=job.attempt,
                 max_wall_time_s=int(limits.get("max_wall_time_s", 6 * 3600)),
+                **placement(job.spec),
             )
         )
     except Exception:  # noqa: BLE001 (any broker failure: the reaper re-sends it)
@@ -121,10 +157,18 @@ def dispatch(*, session: Session, job: Job, enqueue: Enqueue) -> Job:
     return job
 
 
-def submit(*, session: Session, settings: Settings, tenant_id: str, spec: JobCreate,
-           engine_job: dict[str, Any], enqueue: Enqueue,
-           idempotency_key: str | None = None) -> Job:  # fmt: skip
-    """Store the QUEUED job and its attempt 1, commit, then enqueue (c.2 step 4). The quota
+def submit(
+    *,
+    session: Session,
+    settings: Settings,
+    tenant_id: str,
+    spec: JobCreate,
+    engine_job: dict[str, Any],
+    enqueue: Enqueue,
+    idempotency_key: str | None = None,
+) -> Job:
+    """Store the QUEUED job and its attempt 1, commit, then enqueue
+    (docs/service.md#outbox-re-drive). The quota
     count and the insert run one request at a time per tenant, so concurrent submissions
     cannot queue more than ``max_queued_jobs_per_tenant``. The job id goes onto the
     in-flight ``idempotency_key`` in the same transaction (:func:`link_job`)."""
@@ -132,12 +176,18 @@ def submit(*, session: Session, settings: Settings, tenant_id: str, spec: JobCre
         queued = count_jobs(session=session, tenant_id=tenant_id, states=[JobState.QUEUED])
         if queued >= settings.max_queued_jobs_per_tenant:
             session.rollback()  # releases the tenant lock
-            raise HTTPException(429, "Too many queued jobs for this tenant.",
-                                headers={"Retry-After": "60"})  # fmt: skip
-        job = create_job(session=session, tenant_id=tenant_id, name=spec.name,
-                         labels=dict(spec.labels), spec=spec.model_dump(mode="json"),
-                         spec_hash=spec_hash(spec),
-                         max_attempts=spec.limits.max_attempts)  # fmt: skip
+            raise HTTPException(
+                429, "Too many queued jobs for this tenant.", headers={"Retry-After": "60"}
+            )
+        job = create_job(
+            session=session,
+            tenant_id=tenant_id,
+            name=spec.name,
+            labels=dict(spec.labels),
+            spec=spec.model_dump(mode="json"),
+            spec_hash=spec_hash(spec),
+            max_attempts=spec.limits.max_attempts,
+        )
         job.engine_config = engine_job
         if idempotency_key is not None:
             link_job(session=session, tenant_id=tenant_id, key=idempotency_key, job_id=job.id)

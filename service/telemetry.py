@@ -1,4 +1,4 @@
-"""Prometheus metrics of the API (``GET /metrics``; service-design c.8).
+"""Prometheus metrics of the API (``GET /metrics``; docs/service.md#observability).
 
 Each app owns a ``CollectorRegistry`` (several apps in one process, as in tests, never clash):
 a request counter and a latency histogram labelled by the *route template*
@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api_schemas import JobState
-from service.db.models import Job, utcnow
+from service.store.db.models import Job, utcnow
 
 __all__ = ["JobsCollector", "RequestMetricsMiddleware", "Telemetry", "route_template"]
 
@@ -42,13 +42,15 @@ class JobsCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         jobs = GaugeMetricFamily("comera_jobs", "Jobs by state (all tenants)", labels=["state"])
-        oldest = GaugeMetricFamily("comera_oldest_queued_job_age_seconds",
-                                   "Age of the oldest QUEUED job (0 when none)")  # fmt: skip
+        oldest = GaugeMetricFamily(
+            "comera_oldest_queued_job_age_seconds", "Age of the oldest QUEUED job (0 when none)"
+        )
         with self.sessions() as session:
             by_state = select(Job.state, func.count()).group_by(Job.state)
             counts = dict(session.execute(by_state).all())
-            first = session.scalar(select(func.min(Job.created_at))
-                                   .where(Job.state == JobState.QUEUED.value))  # fmt: skip
+            first = session.scalar(
+                select(func.min(Job.created_at)).where(Job.state == JobState.QUEUED.value)
+            )
         for state in JobState:
             jobs.add_metric([state.value], counts.get(state.value, 0))
         if first is not None and first.tzinfo is None:
@@ -63,10 +65,18 @@ class Telemetry:
 
     def __init__(self, sessions: Callable[[], Session]) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter("comera_http_requests_total", "HTTP requests",
-                                ["method", "route", "status"], registry=self.registry)  # fmt: skip
-        self.latency = Histogram("comera_http_request_duration_seconds", "Request latency",
-                                 ["method", "route"], registry=self.registry)  # fmt: skip
+        self.requests = Counter(
+            "comera_http_requests_total",
+            "HTTP requests",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "comera_http_request_duration_seconds",
+            "Request latency",
+            ["method", "route"],
+            registry=self.registry,
+        )
         self.registry.register(JobsCollector(sessions))
 
 

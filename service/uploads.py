@@ -1,10 +1,12 @@
 """Dataset uploads: a raw body streamed to disk, hashed, size-limited, then format-checked.
 
 The body goes to a temporary file in ``<artifacts>/datasets/`` while its sha256 is computed;
-past ``max_upload_bytes`` (declared or streamed) the request fails with 413 and the partial
-file is removed. The complete file is checked (``service.upload_checks``) in a worker
-thread; a malformed file is a 422 with the reason and nothing is kept. Only a file that
-passed is renamed to ``datasets/<id>`` and gets its row.
+past ``max_upload_bytes`` or the tenant's storage quota (declared or streamed) the request
+fails with 413 and the partial file is removed, as it is after 30 s without data (408); a
+tenant runs a few uploads at once (429 past that; ``service.upload_limits``). The complete
+file is checked (``service.upload_checks``) in a worker thread; a malformed file is a 422
+with the reason and nothing is kept. Only a file that passed is renamed to
+``datasets/<id>`` and gets its row.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from fastapi import HTTPException, Request
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from service.core.config import Settings
-from service.db.crud.datasets import create_dataset
-from service.db.models import Dataset
 from service.errors import FieldProblem
-from service.ids import new_id
+from service.middleware import content_length_exceeds
+from service.store.db.crud.datasets import create_dataset
+from service.store.db.models import Dataset
+from service.store.ids import new_id
+from service.store.settings import Settings
 from service.upload_checks import UploadRejected, check_format
+from service.upload_limits import UploadSlots, idle_stream, over_quota, quota_left, stored_bytes
 
 __all__ = ["DATASETS_DIR", "receive_to_file", "store_upload"]
 
@@ -34,16 +38,22 @@ def _too_large(limit: int) -> HTTPException:
     return HTTPException(413, f"The upload exceeds {limit} bytes.")
 
 
-async def receive_to_file(request: Request, folder: Path, max_bytes: int) -> tuple[Path, int, str]:
-    """(temporary file, size, sha256 hex) of the request body; 413 past ``max_bytes``."""
+async def receive_to_file(
+    request: Request, folder: Path, max_bytes: int, idle_seconds: float | None = None
+) -> tuple[Path, int, str]:
+    """(temporary file, size, sha256 hex) of the request body; 413 past ``max_bytes``, 408
+    when no data comes for ``idle_seconds``."""
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_bytes:
+    if content_length_exceeds(declared, max_bytes):
         raise _too_large(max_bytes)
     fd, name = tempfile.mkstemp(dir=folder, prefix=".upload-", suffix=".tmp")
     tmp, digest, size = Path(name), hashlib.sha256(), 0
     try:
         with os.fdopen(fd, "wb") as f:
-            async for chunk in request.stream():
+            chunks = (
+                request.stream() if idle_seconds is None else idle_stream(request, idle_seconds)
+            )
+            async for chunk in chunks:
                 size += len(chunk)
                 if size > max_bytes:
                     raise _too_large(max_bytes)
@@ -57,12 +67,39 @@ async def receive_to_file(request: Request, folder: Path, max_bytes: int) -> tup
     return tmp, size, digest.hexdigest()
 
 
-async def store_upload(*, request: Request, session: Session, settings: Settings,
-                       tenant_id: str, name: str, fmt: str) -> Dataset:  # fmt: skip
-    """Receive, check and keep one dataset; 413 / 422 leave nothing behind."""
+async def store_upload(
+    *, request: Request, session: Session, settings: Settings, tenant_id: str, name: str, fmt: str
+) -> Dataset:
+    """Receive, check and keep one dataset; 408 / 413 / 422 / 429 leave nothing behind."""
+    with _slots(request, settings).hold(tenant_id):
+        return await _store(request, session, settings, tenant_id, name, fmt)
+
+
+def _slots(request: Request, settings: Settings) -> UploadSlots:
+    """This API process's upload slots (service.upload_limits)."""
+    state = request.app.state
+    slots: UploadSlots | None = getattr(state, "upload_slots", None)
+    if slots is None:
+        slots = state.upload_slots = UploadSlots(
+            settings.max_uploads_per_tenant, settings.max_uploads
+        )
+    return slots
+
+
+async def _store(
+    request: Request, session: Session, settings: Settings, tenant_id: str, name: str, fmt: str
+) -> Dataset:
     folder = Path(settings.artifacts) / DATASETS_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    tmp, size, sha = await receive_to_file(request, folder, settings.max_upload_bytes)
+    quota = settings.max_dataset_bytes_per_tenant
+    left = await run_in_threadpool(quota_left, session, tenant_id, quota)
+    limit = min(settings.max_upload_bytes, left)
+    try:
+        tmp, size, sha = await receive_to_file(request, folder, limit, settings.upload_idle_seconds)
+    except HTTPException as err:
+        if err.status_code == 413 and limit < settings.max_upload_bytes:
+            raise over_quota(quota, quota - left) from None  # the quota, not the size limit
+        raise
     try:
         rows = await run_in_threadpool(check_format, tmp, fmt)
     except UploadRejected as err:
@@ -76,9 +113,20 @@ async def store_upload(*, request: Request, session: Session, settings: Settings
     os.replace(tmp, final)
 
     def record() -> Dataset:
-        row = create_dataset(session=session, dataset_id=dataset_id, tenant_id=tenant_id,
-                             name=name, fmt=fmt, path=f"{DATASETS_DIR}/{dataset_id}",
-                             size_bytes=size, sha256=sha, rows=rows)  # fmt: skip
+        used = stored_bytes(session, tenant_id)  # uploads that finished meanwhile count too
+        if used + size > quota:
+            raise over_quota(quota, used)
+        row = create_dataset(
+            session=session,
+            dataset_id=dataset_id,
+            tenant_id=tenant_id,
+            name=name,
+            fmt=fmt,
+            path=f"{DATASETS_DIR}/{dataset_id}",
+            size_bytes=size,
+            sha256=sha,
+            rows=rows,
+        )
         session.commit()
         return row
 

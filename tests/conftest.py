@@ -12,9 +12,19 @@ import os
 import pytest
 import torch
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # one of several test processes sharing the cores (scripts/test.sh runs two): one thread
+    # each, here and in the processes the tests start, so they do not wait on each other
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+
 # reasons of the skips that stand for a missing service or tool (see the test modules)
-SERVICE_SKIPS = ("PostgreSQL is not reachable", "redis-server", "chromium is absent",
-                 "Triton kernels cannot run")  # fmt: skip
+SERVICE_SKIPS = (
+    "PostgreSQL is not reachable",
+    "redis-server",
+    "chromium is absent",
+    "Triton kernels cannot run",
+)
 
 
 @pytest.fixture(autouse=True)

@@ -8,9 +8,14 @@ Layout under ``settings.artifacts``::
 
 The engine writes every file atomically (temporary name, fsync, rename); the export directory
 is written under a temporary name and renamed into place. A ``checkpoints`` row is created
-only after its file is complete, with its size and sha256 (streamed, service-design c.6), so a
+only after its file is complete, with its size and sha256 (streamed,
+docs/service.md#artifacts), so a
 row in state ``complete`` always names a whole file; rows whose file the engine has since
 rotated away become ``deleted``. Paths in rows are relative to the artifact directory.
+
+``checkpointing.keep`` holds for the job, not per attempt: the engine rotates an attempt's own
+checkpoints, and :func:`enforce_keep` deletes the older attempts' beyond the ``keep`` newest
+(when an attempt starts and when the job succeeds).
 """
 
 from __future__ import annotations
@@ -23,14 +28,21 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.db.models import Checkpoint, utcnow
-from service.downloads import sha256_file  # the API hashes downloads with the same function
-from service.ids import new_id
+from service.store.db.models import Checkpoint, utcnow
+from service.store.ids import new_id
+from service.store.storage import sha256_file  # the API hashes downloads with the same function
 
 __all__ = [
-    "RESUMABLE_KINDS", "checkpoint_row", "find_checkpoint", "mark_deleted", "publish_dir",
-    "relative", "sha256_file", "workdir",
-]  # fmt: skip
+    "RESUMABLE_KINDS",
+    "checkpoint_row",
+    "enforce_keep",
+    "find_checkpoint",
+    "mark_deleted",
+    "publish_dir",
+    "relative",
+    "sha256_file",
+    "workdir",
+]
 
 RESUMABLE_KINDS = ("latest", "partial")
 
@@ -64,62 +76,139 @@ def publish_dir(tmp: Path, final: Path) -> Path:
     return final
 
 
-def checkpoint_row(*, path: Path, artifacts: Path, job_id: str, tenant_id: str, attempt: int,
-                   kind: str, step: int, stage: str | None, metrics: dict[str, float],
-                   manifest: dict[str, Any] | None = None) -> Checkpoint:  # fmt: skip
+def checkpoint_row(
+    *,
+    path: Path,
+    artifacts: Path,
+    job_id: str,
+    tenant_id: str,
+    attempt: int,
+    kind: str,
+    step: int,
+    stage: str | None,
+    metrics: dict[str, float],
+    manifest: dict[str, Any] | None = None,
+) -> Checkpoint:
     """A ``complete`` catalogue row for the finished file ``path`` (hashed now)."""
-    return Checkpoint(id=new_id("ckpt"), job_id=job_id, tenant_id=tenant_id, attempt=attempt,
-                      kind=kind, step=step, stage=stage, metrics=dict(metrics),
-                      path=relative(path, artifacts), size_bytes=path.stat().st_size,
-                      sha256=sha256_file(path), format="safetensors", state="complete",
-                      manifest=manifest, created_at=utcnow())  # fmt: skip
+    return Checkpoint(
+        id=new_id("ckpt"),
+        job_id=job_id,
+        tenant_id=tenant_id,
+        attempt=attempt,
+        kind=kind,
+        step=step,
+        stage=stage,
+        metrics=dict(metrics),
+        path=relative(path, artifacts),
+        size_bytes=path.stat().st_size,
+        sha256=sha256_file(path),
+        format="safetensors",
+        state="complete",
+        manifest=manifest,
+        created_at=utcnow(),
+    )
 
 
-def mark_deleted(session: Session, *, job_id: str, tenant_id: str,
-                 artifacts: Path) -> list[str]:  # fmt: skip
+def mark_deleted(session: Session, *, job_id: str, tenant_id: str, artifacts: Path) -> list[str]:
     """Mark the job's complete training checkpoints whose files are gone as ``deleted``."""
-    rows = session.scalars(select(Checkpoint).where(
-        Checkpoint.job_id == job_id, Checkpoint.tenant_id == tenant_id,
-        Checkpoint.state == "complete",
-        Checkpoint.kind.in_(RESUMABLE_KINDS))).all()  # fmt: skip
+    rows = session.scalars(
+        select(Checkpoint).where(
+            Checkpoint.job_id == job_id,
+            Checkpoint.tenant_id == tenant_id,
+            Checkpoint.state == "complete",
+            Checkpoint.kind.in_(RESUMABLE_KINDS),
+        )
+    ).all()
     gone = [r for r in rows if not (artifacts / r.path).is_file()]
     for r in gone:
         r.state = "deleted"
     return [r.id for r in gone]
 
 
-def drop_partial(session: Session, *, job_id: str, tenant_id: str, attempt: int,
-                 artifacts: Path) -> list[str]:  # fmt: skip
+def drop_partial(
+    session: Session, *, job_id: str, tenant_id: str, attempt: int, artifacts: Path
+) -> list[str]:
     """``save_partial: false``: delete this attempt's partial checkpoints (files and rows
     marked ``deleted``); returns their ids."""
-    rows = session.scalars(select(Checkpoint).where(
-        Checkpoint.job_id == job_id, Checkpoint.tenant_id == tenant_id,
-        Checkpoint.attempt == attempt,
-        Checkpoint.kind == "partial", Checkpoint.state == "complete")).all()  # fmt: skip
+    rows = session.scalars(
+        select(Checkpoint).where(
+            Checkpoint.job_id == job_id,
+            Checkpoint.tenant_id == tenant_id,
+            Checkpoint.attempt == attempt,
+            Checkpoint.kind == "partial",
+            Checkpoint.state == "complete",
+        )
+    ).all()
     for r in rows:
         r.state = "deleted"
-        shared = session.scalars(select(Checkpoint.id).where(  # a stop right at a periodic
-            Checkpoint.job_id == job_id, Checkpoint.path == r.path,  # checkpoint rewrote it
-            Checkpoint.tenant_id == tenant_id, Checkpoint.state == "complete",
-            Checkpoint.id != r.id)).first()  # fmt: skip
+        shared = session.scalars(
+            select(Checkpoint.id).where(  # a stop right at a periodic
+                Checkpoint.job_id == job_id,
+                Checkpoint.path == r.path,  # checkpoint rewrote it
+                Checkpoint.tenant_id == tenant_id,
+                Checkpoint.state == "complete",
+                Checkpoint.id != r.id,
+            )
+        ).first()
         if shared is None:
             (artifacts / r.path).unlink(missing_ok=True)
     return [r.id for r in rows]
 
 
+def enforce_keep(
+    session: Session,
+    *,
+    job_id: str,
+    tenant_id: str,
+    artifacts: Path,
+    keep: int,
+    protect: tuple[str, ...] = (),
+) -> list[str]:
+    """Keep the ``keep`` newest complete resumable checkpoints of the job, of any attempt (and
+    those in ``protect``); delete the files of the rest and mark their rows ``deleted``.
+    Returns the ids deleted, oldest first. Final checkpoints and exports are not touched."""
+    rows = session.scalars(
+        select(Checkpoint)
+        .where(
+            Checkpoint.job_id == job_id,
+            Checkpoint.tenant_id == tenant_id,
+            Checkpoint.state == "complete",
+            Checkpoint.kind.in_(RESUMABLE_KINDS),
+        )
+        .order_by(Checkpoint.created_at.desc(), Checkpoint.id.desc())
+    ).all()
+    old = [r for r in rows[keep:] if r.id not in protect]
+    kept_paths = {r.path for r in rows if r not in old}
+    for r in reversed(old):
+        r.state = "deleted"
+        if r.path not in kept_paths:  # a partial written at a periodic step shares its file
+            (artifacts / r.path).unlink(missing_ok=True)
+    return [r.id for r in reversed(old)]
+
+
 def _usable(row: Checkpoint, artifacts: Path) -> bool:
     path = artifacts / row.path
-    return (path.is_file() and path.stat().st_size == row.size_bytes
-            and sha256_file(path) == row.sha256)  # fmt: skip
+    return (
+        path.is_file() and path.stat().st_size == row.size_bytes and sha256_file(path) == row.sha256
+    )
 
 
-def find_checkpoint(session: Session, *, job_id: str, tenant_id: str, artifacts: Path,
-                    checkpoint_id: str | None = None) -> Checkpoint | None:  # fmt: skip
+def find_checkpoint(
+    session: Session,
+    *,
+    job_id: str,
+    tenant_id: str,
+    artifacts: Path,
+    checkpoint_id: str | None = None,
+) -> Checkpoint | None:
     """The checkpoint to resume from: ``checkpoint_id`` (None if it is not a complete,
     resumable checkpoint of this job whose file is intact), or else the newest complete
     ``latest``/``partial`` checkpoint of any attempt whose file is intact."""
-    q = select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.tenant_id == tenant_id,
-                                 Checkpoint.state == "complete")  # fmt: skip
+    q = select(Checkpoint).where(
+        Checkpoint.job_id == job_id,
+        Checkpoint.tenant_id == tenant_id,
+        Checkpoint.state == "complete",
+    )
     if checkpoint_id is not None:
         row = session.scalars(
             q.where(

@@ -30,7 +30,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from service.db.crud.jobs import append_event
+from service.store.db.crud.jobs import append_event
 from worker.artifacts import checkpoint_row, mark_deleted
 from worker.recorder import Recorder, finite
 
@@ -54,10 +54,15 @@ class JobCallback:
     needs no torch.
     """
 
-    def __init__(self, *, recorder: Recorder, stage_names: list[str], artifacts: Path,
-                 tenant_id: str) -> None:  # fmt: skip
+    def __init__(
+        self, *, recorder: Recorder, stage_names: list[str], artifacts: Path, tenant_id: str
+    ) -> None:
         self.rec, self.names, self.artifacts, self.tenant_id = (
-            recorder, stage_names, artifacts, tenant_id)  # fmt: skip
+            recorder,
+            stage_names,
+            artifacts,
+            tenant_id,
+        )
         self.stage = 0
         self.epoch: float | None = None
         self.checkpoints: list[str] = []  # ids registered by this attempt, in order
@@ -86,8 +91,9 @@ class JobCallback:
         self.epoch = event.get("epoch", self.epoch)
         for key, value in event.items():
             if key not in STEP_SKIP:
-                self.rec.metric(key.removeprefix("train_"), step, value, stage=name,
-                                epoch=self.epoch)  # fmt: skip
+                self.rec.metric(
+                    key.removeprefix("train_"), step, value, stage=name, epoch=self.epoch
+                )
         for group, lr in (event.get("lr") or {}).items():
             self.rec.metric(f"lr/{group}", step, lr, stage=name, epoch=self.epoch)
         self.rec.maybe_flush()
@@ -104,54 +110,107 @@ class JobCallback:
         step, name = event["step"], self._name(event["stage"])
         for tensor, layer in event["layers"].items():
             params, dense = int(layer["params"]), int(layer["dense"])
-            self.rec.rank(tensor, step, stage=name, kind=layer["kind"],
-                          ranks=list(layer["active_ranks"]), params=params, dense=dense,
-                          ratio=dense / max(params, 1))  # fmt: skip
+            self.rec.rank(
+                tensor,
+                step,
+                stage=name,
+                kind=layer["kind"],
+                ranks=list(layer["active_ranks"]),
+                params=params,
+                dense=dense,
+                ratio=dense / max(params, 1),
+            )
         totals = event.get("totals") or {}
-        self.rec.set_compression(current_ratio=totals.get("model_ratio"),
-                                 params_before=totals.get("model_params_dense"),
-                                 params_now=totals.get("model_params"),
-                                 tensorized_ratio=totals.get("tensorized_ratio"))  # fmt: skip
+        self.rec.set_compression(
+            current_ratio=totals.get("model_ratio"),
+            params_before=totals.get("model_params_dense"),
+            params_now=totals.get("model_params"),
+            tensorized_ratio=totals.get("tensorized_ratio"),
+        )
         ranks = {t: layer["active_ranks"] for t, layer in event["layers"].items()}
-        self.rec.event("rank", {
-            "step": step, "stage": name, "ratio": totals.get("tensorized_ratio"),
-            "params": totals.get("tensorized_params"), "dense": totals.get("tensorized_dense"),
-            "model_ratio": totals.get("model_ratio"), "ranks": ranks})  # fmt: skip
+        self.rec.event(
+            "rank",
+            {
+                "step": step,
+                "stage": name,
+                "ratio": totals.get("tensorized_ratio"),
+                "params": totals.get("tensorized_params"),
+                "dense": totals.get("tensorized_dense"),
+                "model_ratio": totals.get("model_ratio"),
+                "ranks": ranks,
+            },
+        )
         self.rec.maybe_flush()
 
     def on_stage_start(self, event: Event) -> None:
         index = event["stage"]
         self._at_stage(index)
         data = {k: v for k, v in event.items() if k not in ("event", "stage", "label")}
-        self.rec.event("stage", {"phase": "start", "index": index, "name": self._name(index),
-                                 **data})  # fmt: skip
+        self.rec.event(
+            "stage", {"phase": "start", "index": index, "name": self._name(index), **data}
+        )
         self.rec.flush()
 
     def on_stage_end(self, event: Event) -> None:
         index = event["stage"]
         data = {k: v for k, v in event.items() if k not in ("event", "stage", "label")}
-        self.rec.event("stage", {"phase": "end", "index": index, "name": self._name(index),
-                                 **data})  # fmt: skip
+        if event.get("size_ref") is not None and "target_reached" in event:
+            self.rec.set_compression(
+                target_reached=bool(event["target_reached"]),
+                size_ratio_reached=event.get("ratio_reached"),
+                target_reason=event.get("reason"),
+            )
+        self.rec.event("stage", {"phase": "end", "index": index, "name": self._name(index), **data})
         self.rec.flush()
 
     def on_checkpoint(self, event: Event) -> None:
         path = Path(event["path"])
-        kind = "partial" if event.get("partial") else (
-            "final" if path.stem == "final" else "latest")  # fmt: skip
-        row = checkpoint_row(path=path, artifacts=self.artifacts, job_id=self.rec.job_id,
-                             tenant_id=self.tenant_id, attempt=self.rec.attempt, kind=kind,
-                             step=int(event["step"]), stage=self._name(self.stage),
-                             metrics=dict(self.rec.latest))  # fmt: skip
+        kind = (
+            "partial" if event.get("partial") else ("final" if path.stem == "final" else "latest")
+        )
+        try:
+            row = checkpoint_row(
+                path=path,
+                artifacts=self.artifacts,
+                job_id=self.rec.job_id,
+                tenant_id=self.tenant_id,
+                attempt=self.rec.attempt,
+                kind=kind,
+                step=int(event["step"]),
+                stage=self._name(self.stage),
+                metrics=dict(self.rec.latest),
+            )
+        except FileNotFoundError:
+            if kind != "latest":
+                raise
+            # training in processes of its own: their events are read after the fact, and a
+            # periodic checkpoint can be gone already, replaced under ``keep``: nothing to list
+            return
         self.rec.row(row)
-        self.rec.event("checkpoint", {"id": row.id, "kind": kind, "step": row.step,
-                                      "stage": row.stage, "size_bytes": row.size_bytes,
-                                      "sha256": row.sha256, "state": "complete"})  # fmt: skip
+        self.rec.event(
+            "checkpoint",
+            {
+                "id": row.id,
+                "kind": kind,
+                "step": row.step,
+                "stage": row.stage,
+                "size_bytes": row.size_bytes,
+                "sha256": row.sha256,
+                "state": "complete",
+            },
+        )
 
         def deleted(session: Any) -> None:
-            for cid in mark_deleted(session, job_id=self.rec.job_id, tenant_id=self.tenant_id,
-                                    artifacts=self.artifacts):  # fmt: skip
-                append_event(session=session, job_id=self.rec.job_id, attempt=self.rec.attempt,
-                             kind="checkpoint", data={"id": cid, "state": "deleted"})  # fmt: skip
+            for cid in mark_deleted(
+                session, job_id=self.rec.job_id, tenant_id=self.tenant_id, artifacts=self.artifacts
+            ):
+                append_event(
+                    session=session,
+                    job_id=self.rec.job_id,
+                    attempt=self.rec.attempt,
+                    kind="checkpoint",
+                    data={"id": cid, "state": "deleted"},
+                )
 
         self.checkpoints.append(row.id)
         self.rec.flush(extra=deleted)

@@ -1,4 +1,4 @@
-"""The worker's Celery app, configured as service-design c.1 says.
+"""The worker's Celery app, configured as docs/service.md#celery-settings says.
 
 Ack early (``task_acks_late=False``) and never prefetch: a Celery message only says "try job
 X, attempt N"; duplicates and lost messages are handled by the claim check and the reaper, so
@@ -10,7 +10,11 @@ The database engine is created in each child after fork (``worker_process_init``
 connection pool must never be shared across processes. This module imports no torch; the
 parent process never touches CUDA.
 
-The reaper (``service.reaper``) runs as the beat task ``comera.reap`` every
+A shutdown of the main process (SIGTERM from ``docker stop``) forwards SIGTERM to the pool
+child running a job, which checkpoints and requeues it (``worker.shutdown``) instead of
+training on to its end under Celery's warm shutdown.
+
+The reaper (``service.store.reaper``) runs as the beat task ``comera.reap`` every
 ``reaper_interval_seconds``, routed to ``maintenance_queue``: a GPU worker runs one job at a
 time, so a reap message in its queue would wait behind hours of training. One small worker
 with embedded beat consumes that queue (``docker-compose.yml``, service ``beat``)::
@@ -29,14 +33,20 @@ import logging
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_init, worker_process_init, worker_process_shutdown
+from celery.signals import (
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_shutting_down,
+)
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.core.config import Settings, get_settings
-from service.db.migrate import current_revision, head_revision
-from service.db.session import make_engine, make_sessionmaker
-from service.queue import transport_options
+from service.store.db.migrate import current_revision, head_revision
+from service.store.db.session import make_engine, make_sessionmaker
+from service.store.queue import transport_options
+from service.store.settings import Settings, get_settings
+from worker.shutdown import preempt_running_jobs
 
 __all__ = ["app", "check_schema", "make_celery", "session_factory"]
 
@@ -49,8 +59,11 @@ def make_celery(settings: Settings) -> Celery:
     redis = settings.broker.startswith(("redis://", "rediss://"))
     # a reap pass that waited longer than an interval is superseded by the next one
     every = settings.reaper_interval_seconds
-    reap = {"task": "comera.reap", "schedule": every,
-            "options": {"queue": settings.maintenance_queue, "expires": every}}  # fmt: skip
+    reap = {
+        "task": "comera.reap",
+        "schedule": every,
+        "options": {"queue": settings.maintenance_queue, "expires": every},
+    }
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],
@@ -111,8 +124,10 @@ def check_schema(url: str) -> None:
     finally:
         engine.dispose()  # the parent keeps no pool: children open their own after fork
     if current != head:
-        raise SystemExit(f"database schema is at revision {current!r}, this worker needs "
-                         f"{head!r}: run the migrations first")  # fmt: skip
+        raise SystemExit(
+            f"database schema is at revision {current!r}, this worker needs "
+            f"{head!r}: run the migrations first"
+        )
 
 
 def _check_schema_on_start(**_: Any) -> None:
@@ -122,3 +137,5 @@ def _check_schema_on_start(**_: Any) -> None:
 worker_init.connect(_check_schema_on_start, weak=False)
 worker_process_init.connect(_open_database, weak=False)
 worker_process_shutdown.connect(_close_database, weak=False)
+# SIGTERM (or Ctrl-C) to the main process: the running job checkpoints and is requeued
+worker_shutting_down.connect(preempt_running_jobs, weak=False)

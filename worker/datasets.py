@@ -7,8 +7,8 @@
   (symlinks followed) and must stay inside the root and name an existing file: a user can
   never make a worker read ``/etc/passwd`` or another tenant's upload.
 
-Anything that does not resolve raises :class:`service.spec.SpecError` with the JSON Pointer of
-the failing field, so the job fails as a validation error that names it.
+Anything that does not resolve raises :class:`api_schemas.engine_spec.SpecError` with the JSON
+Pointer of the failing field, so the job fails as a validation error that names it.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api_schemas import DatasetSpec
-from service.core.config import Settings
-from service.db.models import Dataset
-from service.spec import SpecError
+from api_schemas.engine_spec import SpecError
+from service.store.db.models import Dataset
+from service.store.settings import Settings
 
 __all__ = ["inside", "resolve_dataset"]
 
@@ -39,20 +39,26 @@ def inside(root: Path, rel: str, pointer: str, what: str = "the data root") -> P
     return path
 
 
-def resolve_dataset(*, session: Session, settings: Settings, tenant_id: str,
-                    spec: DatasetSpec) -> tuple[str | None, str | None]:  # fmt: skip
+def resolve_dataset(
+    *, session: Session, settings: Settings, tenant_id: str, spec: DatasetSpec
+) -> tuple[str | None, str | None]:
     """``(train_path, valid_path)`` as absolute paths (``None`` for what is not a file)."""
     if spec.source == "synthetic":
         return None, None
     if spec.source == "upload":
-        row = session.scalars(select(Dataset).where(
-            Dataset.id == spec.dataset_id, Dataset.tenant_id == tenant_id,
-            Dataset.state == "ready")).first()  # fmt: skip
+        row = session.scalars(
+            select(Dataset).where(
+                Dataset.id == spec.dataset_id,
+                Dataset.tenant_id == tenant_id,
+                Dataset.state == "ready",
+            )
+        ).first()
         if row is None:
             raise SpecError("/dataset/dataset_id", f"no ready dataset {spec.dataset_id!r}")
         if spec.format is not None and row.format != spec.format:
-            raise SpecError("/dataset/format", f"dataset {row.id} is {row.format!r}, "
-                            f"not {spec.format!r}")  # fmt: skip
+            raise SpecError(
+                "/dataset/format", f"dataset {row.id} is {row.format!r}, not {spec.format!r}"
+            )
         return str(
             inside(settings.artifacts, row.path, "/dataset/dataset_id", "the artifact store")
         ), None

@@ -1,7 +1,7 @@
 """The worker's hold on a job: the lease heartbeat and the trainer's ``should_stop`` poll.
 
 :class:`Heartbeat` is a daemon thread that extends ``lease_expires_at`` every
-``heartbeat_seconds`` while the lease is still ours (service-design c.2 step 2) and appends a
+``heartbeat_seconds`` while the lease is still ours (docs/service.md#claim-and-lease) and appends a
 ``heartbeat`` event with the current step and stage. When the conditional UPDATE matches no
 row (the reaper gave the job to someone else, or it is terminal) the lease is lost and the
 thread ends.
@@ -34,9 +34,9 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from api_schemas import JobState
-from service.db.crud.jobs import append_event
-from service.db.models import Job, utcnow
-from service.db.session import session_scope
+from service.store.db.crud.jobs import append_event
+from service.store.db.models import Job, utcnow
+from service.store.db.session import session_scope
 
 __all__ = ["ACTIVE_STATES", "Heartbeat", "Preemption", "Stopper", "extend_lease"]
 
@@ -47,16 +47,26 @@ ACTIVE_STATES = (JobState.STARTING.value, JobState.RUNNING.value, JobState.CANCE
 
 def extend_lease(session: Session, *, job_id: str, owner: str, lease_seconds: float) -> bool:
     """Push the lease to now + ``lease_seconds`` if it is still ours; False if it is not."""
-    q = (update(Job).where(Job.id == job_id, Job.lease_owner == owner,
-                           Job.state.in_(ACTIVE_STATES))
-         .values(lease_expires_at=utcnow() + timedelta(seconds=lease_seconds)))  # fmt: skip
+    q = (
+        update(Job)
+        .where(Job.id == job_id, Job.lease_owner == owner, Job.state.in_(ACTIVE_STATES))
+        .values(lease_expires_at=utcnow() + timedelta(seconds=lease_seconds))
+    )
     return session.execute(q).rowcount == 1
 
 
 class Heartbeat(threading.Thread):
-    def __init__(self, *, factory: sessionmaker[Session], job_id: str, attempt: int, owner: str,
-                 lease_seconds: float, interval: float,
-                 status: Callable[[], dict[str, Any]] = dict) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        factory: sessionmaker[Session],
+        job_id: str,
+        attempt: int,
+        owner: str,
+        lease_seconds: float,
+        interval: float,
+        status: Callable[[], dict[str, Any]] = dict,
+    ) -> None:
         super().__init__(name=f"heartbeat-{job_id}", daemon=True)
         self.factory, self.job_id, self.attempt, self.owner = factory, job_id, attempt, owner
         self.lease_seconds, self.interval, self.status = lease_seconds, interval, status
@@ -66,11 +76,17 @@ class Heartbeat(threading.Thread):
 
     def beat(self) -> bool:
         with session_scope(self.factory) as s:
-            if not extend_lease(s, job_id=self.job_id, owner=self.owner,
-                                lease_seconds=self.lease_seconds):  # fmt: skip
+            if not extend_lease(
+                s, job_id=self.job_id, owner=self.owner, lease_seconds=self.lease_seconds
+            ):
                 return False
-            append_event(session=s, job_id=self.job_id, attempt=self.attempt, kind="heartbeat",
-                         data={"worker": self.owner, **self.status()})  # fmt: skip
+            append_event(
+                session=s,
+                job_id=self.job_id,
+                attempt=self.attempt,
+                kind="heartbeat",
+                data=self.status(),  # no worker name: tenants read events
+            )
         self.beats += 1
         return True
 
@@ -118,10 +134,17 @@ class Preemption:
 class Stopper:
     """``should_stop`` for the trainer (see the module doc); ``reason`` says why it stopped."""
 
-    def __init__(self, *, factory: sessionmaker[Session], job_id: str, owner: str,
-                 poll_seconds: float = 1.0, deadline: float | None = None,
-                 heartbeat: Heartbeat | None = None,
-                 preempted: threading.Event | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        factory: sessionmaker[Session],
+        job_id: str,
+        owner: str,
+        poll_seconds: float = 1.0,
+        deadline: float | None = None,
+        heartbeat: Heartbeat | None = None,
+        preempted: threading.Event | None = None,
+    ) -> None:
         self.factory, self.job_id, self.owner = factory, job_id, owner
         self.poll_seconds, self.deadline, self.heartbeat = poll_seconds, deadline, heartbeat
         self.preempted = preempted
@@ -146,8 +169,11 @@ class Stopper:
     def poll(self) -> str | None:
         try:
             with session_scope(self.factory) as s:
-                row = s.execute(select(Job.state, Job.cancel_requested_at, Job.lease_owner)
-                                .where(Job.id == self.job_id)).first()  # fmt: skip
+                row = s.execute(
+                    select(Job.state, Job.cancel_requested_at, Job.lease_owner).where(
+                        Job.id == self.job_id
+                    )
+                ).first()
         except Exception:  # a database hiccup must not stop training
             log.exception("job %s: cancellation poll failed", self.job_id)
             return None

@@ -1,6 +1,6 @@
 """Why a job failed, as the RFC 9457 problem object stored in ``jobs.error``.
 
-Failure classes (service-design c.2 step 5); the class is also the attempt's ``exit_reason``:
+Failure classes (docs/service.md#failure-classes); the class is also the attempt's ``exit_reason``:
 
 ==============  ======  =========  ===============================================
 class           status  retryable  raised by
@@ -21,7 +21,7 @@ class           status  retryable  raised by
 ``preempted``   503     yes        the worker was told to stop (SIGTERM): written by the
                                    pipeline once no attempts are left (else it requeues)
 ``worker_lost`` 503     yes        the lease expired: written by the reaper
-                                   (``service.reaper``) once no attempts are left
+                                   (``service.store.reaper``) once no attempts are left
 ==============  ======  =========  ===============================================
 
 ``worker_lost`` and ``preempted`` attempts are retried automatically (attempt n+1, resuming
@@ -30,7 +30,7 @@ from the newest complete checkpoint) while attempts are left; the other classes 
 
 Types are ``https://comera.dev/problems/<class>``. Every problem carries ``retryable`` and,
 when known, the ``stage`` and ``step`` where the job stopped. Server paths (the data root,
-the artifact directory) are cut out of messages.
+the artifact directory) are cut out of ``detail`` and of every ``errors[].message``.
 """
 
 from __future__ import annotations
@@ -45,10 +45,10 @@ from typing import Any
 from celery.exceptions import SoftTimeLimitExceeded
 from pydantic import ValidationError
 
-from service.spec import SpecError
+from api_schemas.engine_spec import Spec, SpecError, engine_pointer
 from worker.callback import NanLoss
 
-__all__ = ["PROBLEM_BASE", "JobTimeout", "Preempted", "engine_pointer", "problem_for"]
+__all__ = ["PROBLEM_BASE", "JobTimeout", "Preempted", "problem_for"]
 
 PROBLEM_BASE = "https://comera.dev/problems/"
 TITLES = {
@@ -69,10 +69,6 @@ OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how Rust writers (safetensors) r
 # OutOfMemoryError): "[enforce fail at alloc_cpu.cpp:..] ... DefaultCPUAllocator: can't
 # allocate memory: you tried to allocate N bytes" ("not enough memory" in older versions)
 CPU_ALLOC_FAILED = re.compile(r"DefaultCPUAllocator: (?:can't allocate|not enough) memory")
-# engine config paths -> spec JSON Pointers (sections and the few renamed fields)
-SECTIONS = {"data": "dataset", "checkpoint": "checkpointing", "method": "compression/method"}
-FIELDS = {"compression/shapes": "compression/modes", "dataset/kind": "dataset/format",
-          "checkpointing/every_steps": "checkpointing/every_n_steps"}  # fmt: skip
 
 
 class JobTimeout(Exception):
@@ -83,24 +79,13 @@ class Preempted(Exception):
     """The worker was told to stop (SIGTERM) and the job has no attempts left."""
 
 
-def engine_pointer(field: str) -> str:
-    """``schedule[1].target_ratio`` -> ``/schedule/1/target_ratio`` (best effort)."""
-    parts = [p for p in re.split(r"[.\[\]]+", field) if p]
-    if not parts:
-        return ""
-    parts[0] = SECTIONS.get(parts[0], parts[0])
-    path = "/".join(parts)
-    for old, new in FIELDS.items():
-        if path == old or path.startswith(old + "/"):
-            path = new + path[len(old) :]
-    return "/" + path
-
-
 def _is_oom(exc: BaseException) -> bool:
     torch = sys.modules.get("torch")  # never import torch just to classify an error
-    return (isinstance(exc, MemoryError)
-            or (torch is not None and isinstance(exc, torch.cuda.OutOfMemoryError))
-            or (isinstance(exc, RuntimeError) and CPU_ALLOC_FAILED.search(str(exc)) is not None))
+    return (
+        isinstance(exc, MemoryError)
+        or (torch is not None and isinstance(exc, torch.cuda.OutOfMemoryError))
+        or (isinstance(exc, RuntimeError) and CPU_ALLOC_FAILED.search(str(exc)) is not None)
+    )
 
 
 def _storage_errno(exc: BaseException) -> int | None:
@@ -120,14 +105,23 @@ def _raised_in(exc: BaseException, function: str) -> bool:
     return False
 
 
-def _classify(exc: BaseException) -> tuple[str, str, list[dict[str, str]] | None]:
-    """(class, detail, field errors)."""
+def _classify(
+    exc: BaseException, spec: Spec = None
+) -> tuple[str, str, list[dict[str, str]] | None]:
+    """(class, detail, field errors); ``spec``: the job's submitted spec, which names the wire
+    field of an engine error (:func:`api_schemas.engine_spec.engine_pointer`)."""
     if isinstance(exc, SpecError):
         errors = [{"pointer": exc.pointer, "message": exc.message, "code": "spec"}]
         return "validation", str(exc), errors
     if isinstance(exc, ValidationError):
-        errors = [{"pointer": "/" + "/".join(str(p) for p in e["loc"]), "message": e["msg"],
-                   "code": e["type"]} for e in exc.errors()]  # fmt: skip
+        errors = [
+            {
+                "pointer": "/" + "/".join(str(p) for p in e["loc"]),
+                "message": e["msg"],
+                "code": e["type"],
+            }
+            for e in exc.errors()
+        ]
         return "validation", "the stored spec no longer validates", errors
     if isinstance(exc, NanLoss):
         return "nan_loss", str(exc), None
@@ -146,7 +140,9 @@ def _classify(exc: BaseException) -> tuple[str, str, list[dict[str, str]] | None
     engine_train, engine_data = sys.modules.get("engine.train"), sys.modules.get("engine.data")
     if engine_train is not None and isinstance(exc, engine_train.ConfigError):
         message = str(exc).removeprefix(f"{exc.field}:").strip()
-        errors = [{"pointer": engine_pointer(exc.field), "message": message, "code": "config"}]
+        errors = [
+            {"pointer": engine_pointer(exc.field, spec), "message": message, "code": "config"}
+        ]
         return "validation", f"{exc.field}: {message}", errors
     graphs = sys.modules.get("engine.train.cuda_graphs")
     if graphs is not None and isinstance(exc, graphs.CudaGraphUnavailableError):
@@ -158,16 +154,38 @@ def _classify(exc: BaseException) -> tuple[str, str, list[dict[str, str]] | None
     return "error", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__, None
 
 
-def problem_for(exc: BaseException, *, step: int | None = None, stage: str | None = None,
-                roots: tuple[Path, ...] = ()) -> tuple[str, dict[str, Any]]:  # fmt: skip
-    """``(failure class, problem dict)`` for an exception that ended a job."""
-    kind, detail, errors = _classify(exc)
-    for root in roots:  # never show server paths
-        detail = detail.replace(f"{Path(root).resolve()}/", "").replace(f"{root}/", "")
+def _without_roots(text: str, roots: tuple[Path, ...]) -> str:
+    """``text`` with the server paths ``roots`` cut out (the resolved form first)."""
+    for root in roots:
+        text = text.replace(f"{Path(root).resolve()}/", "").replace(f"{root}/", "")
+    return text
+
+
+def problem_for(
+    exc: BaseException,
+    *,
+    step: int | None = None,
+    stage: str | None = None,
+    roots: tuple[Path, ...] = (),
+    spec: Spec = None,
+) -> tuple[str, dict[str, Any]]:
+    """``(failure class, problem dict)`` for an exception that ended a job; ``spec``: the
+    job's submitted spec (its stored JSON), so an engine error points at the field the planner
+    would have named."""
+    kind, detail, errors = _classify(exc, spec)
+    detail = _without_roots(detail, roots)
+    for error in errors or ():
+        error["message"] = _without_roots(error["message"], roots)
     title, status, retryable = TITLES[kind]
-    out: dict[str, Any] = {"type": PROBLEM_BASE + kind, "title": title, "status": status,
-                           "detail": detail, "retryable": retryable, "stage": stage,
-                           "step": step}  # fmt: skip
+    out: dict[str, Any] = {
+        "type": PROBLEM_BASE + kind,
+        "title": title,
+        "status": status,
+        "detail": detail,
+        "retryable": retryable,
+        "stage": stage,
+        "step": step,
+    }
     if errors:
         out["errors"] = errors
     return kind, out

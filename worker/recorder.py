@@ -2,8 +2,8 @@
 
 The trainer emits many small events; writing each one would make the database the
 bottleneck. The :class:`Recorder` buffers them and flushes every ``flush_seconds`` or
-``flush_points`` points (service-design c.4), at stage ends and at the end, each flush in ONE
-transaction:
+``flush_points`` points (docs/service.md#progress-and-series), at stage ends and at the end,
+each flush in ONE transaction:
 
 * ``metric_points`` / ``rank_points``: upserts on their unique keys ``(job, key, step)`` /
   ``(job, tensor, step)`` (``INSERT … ON CONFLICT DO UPDATE`` on PostgreSQL and SQLite), so a
@@ -33,9 +33,9 @@ from sqlalchemy import Table, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.db.crud.jobs import append_event
-from service.db.models import Job, LatestMetric, MetricPoint, RankPoint, utcnow
-from service.db.session import session_scope
+from service.store.db.crud.jobs import append_event
+from service.store.db.models import Job, LatestMetric, MetricPoint, RankPoint, utcnow
+from service.store.db.session import session_scope
 
 __all__ = ["Recorder", "finite", "json_clean", "upsert"]
 
@@ -58,24 +58,34 @@ def json_clean(value: Any) -> Any:
     return value
 
 
-def upsert(session: Session, table: Table, rows: list[dict[str, Any]], keys: list[str],
-           columns: list[str]) -> None:  # fmt: skip
+def upsert(
+    session: Session, table: Table, rows: list[dict[str, Any]], keys: list[str], columns: list[str]
+) -> None:
     """``INSERT … ON CONFLICT (keys) DO UPDATE SET columns = excluded.columns`` for ``rows``."""
     if not rows:
         return
     dialect = session.get_bind().dialect.name
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     stmt = insert(table)
-    stmt = stmt.on_conflict_do_update(index_elements=keys,
-                                      set_={c: stmt.excluded[c] for c in columns})  # fmt: skip
+    stmt = stmt.on_conflict_do_update(
+        index_elements=keys, set_={c: stmt.excluded[c] for c in columns}
+    )
     session.execute(stmt, rows)
 
 
 class Recorder:
     """Buffers one attempt's points and events and writes them in batches (see module doc)."""
 
-    def __init__(self, *, factory: sessionmaker[Session], job_id: str, tenant_id: str,
-                 attempt: int, flush_seconds: float, flush_points: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        factory: sessionmaker[Session],
+        job_id: str,
+        tenant_id: str,
+        attempt: int,
+        flush_seconds: float,
+        flush_points: int,
+    ) -> None:
         self.factory, self.job_id, self.attempt = factory, job_id, attempt
         self.tenant_id = tenant_id
         self.flush_seconds, self.flush_points = flush_seconds, flush_points
@@ -91,24 +101,57 @@ class Recorder:
         self.flushes = 0
 
     # -- buffering --------------------------------------------------------------------------
-    def metric(self, key: str, step: int, value: Any, *, stage: str | None = None,
-               epoch: float | None = None) -> None:  # fmt: skip
+    def metric(
+        self,
+        key: str,
+        step: int,
+        value: Any,
+        *,
+        stage: str | None = None,
+        epoch: float | None = None,
+    ) -> None:
         """One metric point; a non-finite value is dropped."""
         if not finite(value):
             return
         self._metrics[(key, step)] = {
-            "job_id": self.job_id, "tenant_id": self.tenant_id, "attempt": self.attempt,
-            "key": key, "step": step, "stage": stage, "epoch": epoch, "value": float(value),
-            "t": utcnow()}  # fmt: skip
+            "job_id": self.job_id,
+            "tenant_id": self.tenant_id,
+            "attempt": self.attempt,
+            "key": key,
+            "step": step,
+            "stage": stage,
+            "epoch": epoch,
+            "value": float(value),
+            "t": utcnow(),
+        }
         self.latest[key] = float(value)
 
-    def rank(self, tensor: str, step: int, *, stage: str | None, kind: str, ranks: list[int],
-             params: int, dense: int, ratio: float) -> None:  # fmt: skip
-        self._ranks[(tensor, step)] = {"job_id": self.job_id, "tenant_id": self.tenant_id,
-                                       "attempt": self.attempt, "tensor": tensor, "step": step,
-                                       "stage": stage, "kind": kind, "ranks": list(ranks),
-                                       "params": params, "dense": dense, "ratio": ratio,
-                                       "t": utcnow()}  # fmt: skip
+    def rank(
+        self,
+        tensor: str,
+        step: int,
+        *,
+        stage: str | None,
+        kind: str,
+        ranks: list[int],
+        params: int,
+        dense: int,
+        ratio: float,
+    ) -> None:
+        self._ranks[(tensor, step)] = {
+            "job_id": self.job_id,
+            "tenant_id": self.tenant_id,
+            "attempt": self.attempt,
+            "tensor": tensor,
+            "step": step,
+            "stage": stage,
+            "kind": kind,
+            "ranks": list(ranks),
+            "params": params,
+            "dense": dense,
+            "ratio": ratio,
+            "t": utcnow(),
+        }
 
     def event(self, kind: str, data: dict[str, Any]) -> None:
         self._events.append((kind, json_clean(data), utcnow()))
@@ -155,24 +198,47 @@ class Recorder:
             for p in metrics:  # newest step per key in this batch
                 if p["key"] not in newest or p["step"] >= newest[p["key"]]["step"]:
                     newest[p["key"]] = p
-            upsert(s, LatestMetric.__table__,
-                   [{"job_id": self.job_id, "tenant_id": self.tenant_id, "key": k,
-                     "step": p["step"], "value": p["value"], "t": p["t"]}
-                    for k, p in newest.items()],
-                   ["job_id", "key"], ["step", "value", "t"])  # fmt: skip
+            upsert(
+                s,
+                LatestMetric.__table__,
+                [
+                    {
+                        "job_id": self.job_id,
+                        "tenant_id": self.tenant_id,
+                        "key": k,
+                        "step": p["step"],
+                        "value": p["value"],
+                        "t": p["t"],
+                    }
+                    for k, p in newest.items()
+                ],
+                ["job_id", "key"],
+                ["step", "value", "t"],
+            )
             if self._job_values:  # only while the job is still on our attempt
-                s.execute(update(Job).where(Job.id == self.job_id, Job.attempt == self.attempt)
-                          .values(**self._job_values))  # fmt: skip
+                s.execute(
+                    update(Job)
+                    .where(Job.id == self.job_id, Job.attempt == self.attempt)
+                    .values(**self._job_values)
+                )
             s.add_all(self._rows)
             s.flush()
             for kind, data, t in self._events:
-                append_event(session=s, job_id=self.job_id, attempt=self.attempt, kind=kind,
-                             data=data, t=t)  # fmt: skip
+                append_event(
+                    session=s, job_id=self.job_id, attempt=self.attempt, kind=kind, data=data, t=t
+                )
             if newest:
                 step = max(p["step"] for p in newest.values())
-                append_event(session=s, job_id=self.job_id, attempt=self.attempt, kind="metric",
-                             data={"step": step, "values": {k: p["value"] for k, p in
-                                                            sorted(newest.items())}})  # fmt: skip
+                append_event(
+                    session=s,
+                    job_id=self.job_id,
+                    attempt=self.attempt,
+                    kind="metric",
+                    data={
+                        "step": step,
+                        "values": {k: p["value"] for k, p in sorted(newest.items())},
+                    },
+                )
             if extra is not None:
                 extra(s)
         self._metrics.clear()

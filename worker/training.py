@@ -7,10 +7,14 @@ Fidelity (``hf_bert``): :func:`measure_fidelity` reloads the exported file
 (``engine.export.load_compressed``) and compares its mean-pooled sentence embeddings with the
 original model's (the trainer's frozen teacher) on the held-out sentences, one cosine per
 sentence; the report gets their mean, minimum and count.
+
+Before the trainer is built, :func:`preflight` plans the job again on this worker (the checks
+the planner made at submission, on the files as the worker sees them).
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -18,18 +22,31 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 
 import engine
 from api_schemas import JobCreate
+from api_schemas.engine_spec import engine_pointer, to_engine
 from engine.data import DataError
 from engine.export import ExportInfo, export_compressed, load_compressed
 from engine.models.hf_bert import mean_pool
 from engine.train import ConfigError, JobConfig, Trainer, TrainResult
-from service.spec import to_engine
+from engine.train.checkpoint import FORMAT_VERSION as CHECKPOINT_FORMAT
+from engine.train.resume import check_compatible
+from engine.train.state import TrainState
 from worker.artifacts import publish_dir
 
-__all__ = ["ENGINE_VERSION", "ResumeError", "build_config", "build_trainer", "export_model",
-           "measure_fidelity", "total_steps"]  # fmt: skip
+__all__ = [
+    "ENGINE_VERSION",
+    "ResumeError",
+    "build_config",
+    "build_trainer",
+    "check_resumable",
+    "export_model",
+    "measure_fidelity",
+    "preflight",
+    "total_steps",
+]
 
 ENGINE_VERSION: str | None = getattr(engine, "__version__", None)
 
@@ -38,13 +55,24 @@ class ResumeError(Exception):
     """A checkpoint the trainer cannot continue (another config, device or format)."""
 
 
-def build_config(spec: JobCreate, *, train: str | None, valid: str | None,
-                 model: str | None = None) -> tuple[JobConfig, str]:  # fmt: skip
+def build_config(
+    spec: JobCreate, *, train: str | None, valid: str | None, model: str | None = None
+) -> tuple[JobConfig, str]:
     """The validated engine config and the device it runs on (``auto``: CUDA if present);
     ``model``: the resolved model directory of an ``hf_bert`` source."""
     device = "cuda" if spec.training.device != "cpu" and torch.cuda.is_available() else "cpu"
     data = to_engine(spec, train_path=train, valid_path=valid, device=device, model_path=model)
     return JobConfig.from_dict(data), device
+
+
+def preflight(config: JobConfig, spec: JobCreate, *, capacity_bytes: int) -> dict[str, Any]:
+    """The job's plan on this worker, with its real data (``worker.plan.plan_job``): the
+    data-derived sizes within the bounds of ``model.config`` and the memory estimate within
+    ``capacity_bytes``, checked before anything is built (a ``SpecError`` naming the field)."""
+    from worker.plan import plan_job
+
+    pointer = engine_pointer("data.train", spec)  # the dataset's reference in the spec
+    return plan_job(config.to_dict(), capacity_bytes=capacity_bytes, dataset_pointer=pointer)
 
 
 def build_trainer(config: JobConfig, *, resume: Path | None, **kwargs: Any) -> Trainer:
@@ -58,6 +86,29 @@ def build_trainer(config: JobConfig, *, resume: Path | None, **kwargs: Any) -> T
         raise
     except ValueError as exc:  # engine.train.trainer: a different config, or not a checkpoint
         raise ResumeError(str(exc)) from None
+
+
+def check_resumable(config: JobConfig, path: Path | None) -> Path | None:
+    """``path`` when it is a checkpoint that can continue ``config`` (read from its header:
+    the format and the job config it was written by), else :class:`ResumeError`. What a
+    data-parallel job checks before its processes start, as :func:`build_trainer` does."""
+    if path is None:
+        return None
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            header = f.metadata() or {}
+        meta = json.loads(header["comera"])
+        if meta.get("format_version") != CHECKPOINT_FORMAT:
+            raise ValueError(
+                f"{path}: checkpoint format {meta.get('format_version')!r}, this engine reads "
+                f"{CHECKPOINT_FORMAT}"
+            )
+        check_compatible(meta["job"], config.to_dict(), TrainState.from_dict(meta["state"]), path)
+    except ValueError as exc:  # a different config or format
+        raise ResumeError(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 (safetensors' errors, a header without our keys)
+        raise ResumeError(f"{path}: not a readable CoMERA checkpoint ({exc})") from None
+    return path
 
 
 def total_steps(trainer: Trainer, config: JobConfig) -> int | None:
@@ -74,26 +125,42 @@ def total_steps(trainer: Trainer, config: JobConfig) -> int | None:
     return total
 
 
-def export_model(trainer: Trainer, result: TrainResult, out: Path,
-                 extra: dict[str, Any]) -> ExportInfo:  # fmt: skip
+def export_model(
+    trainer: Trainer, result: TrainResult, out: Path, extra: dict[str, Any]
+) -> ExportInfo:
     """The compressed model into ``out`` (written to a temporary sibling, then renamed)."""
     config = trainer.job
     stages = result.report["stages"]
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
     try:
         info = export_compressed(
-            result.model, tmp, arch=config.model.arch,
+            result.model,
+            tmp,
+            arch=config.model.arch,
             model_config=trainer.model_config.to_dict(),
-            options=config.compression.options.to_dict(), tensorized=config.tensorized,
+            options=config.compression.options.to_dict(),
+            tensorized=config.tensorized,
             metrics=stages[-1]["metrics"] if stages else {},
-            extra={**extra, "method": config.method,
-                   "execution": result.report.get("execution")})  # fmt: skip
+            extra={
+                **extra,
+                "method": config.method,
+                "execution": result.report.get("execution"),
+                "target": result.report.get("target"),
+                "chance": result.report.get("chance"),
+            },
+        )
         publish_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return ExportInfo(out, out / info.weights_path.name, out / info.manifest_path.name,
-                      info.file_bytes, info.sha256, info.manifest)  # fmt: skip
+    return ExportInfo(
+        out,
+        out / info.weights_path.name,
+        out / info.manifest_path.name,
+        info.file_bytes,
+        info.sha256,
+        info.manifest,
+    )
 
 
 @torch.no_grad()
@@ -117,8 +184,14 @@ def measure_fidelity(trainer: Trainer, export_dir: Path) -> dict[str, Any] | Non
     if not cosines:
         return None
     cos = torch.cat(cosines)  # (N,)
-    return {"metric": "cosine", "mean": float(cos.mean()), "min": float(cos.min()),
-            "sentences": int(cos.numel()), "split": "valid", "measured_on": "export"}  # fmt: skip
+    return {
+        "metric": "cosine",
+        "mean": float(cos.mean()),
+        "min": float(cos.min()),
+        "sentences": int(cos.numel()),
+        "split": "valid",
+        "measured_on": "export",
+    }
 
 
 def gpu_memory() -> int | None:

@@ -11,7 +11,7 @@ into ``(G, a_k, s_k, b_k)``, every chain step is one ``bmm`` and::
     L = merge_ltr(G_1 mu_1, .., G_d mu_d)        (G, N, r)   padded input rows dropped
     R = merge_rtl(G_{d+1} mu_{d+1}, .., G_K)     (G, r, M)   padded output columns dropped
 
-with ``mu_k = g_k * 1[g_k > tau]`` (method doc §3.1), applied to the first index of core
+with ``mu_k = g_k * 1[g_k > tau]`` (docs/method.md#rank-gates), applied to the first index of core
 ``k + 1`` (the same chain; for the middle bond it scales ``R``'s rows instead of ``L``'s
 columns, so ``L R`` is unchanged). :class:`GroupMergeFunction` returns both
 and its backward turns ``dL``, ``dR`` into every member's core and gate gradients with the
@@ -37,8 +37,13 @@ from torch import Tensor
 
 from engine.contract.plan import Side
 
-__all__ = ["GroupSpec", "GroupMergeFunction", "merge_batched", "merge_batched_backward",
-           "padded_rank"]
+__all__ = [
+    "GroupSpec",
+    "GroupMergeFunction",
+    "merge_batched",
+    "merge_batched_backward",
+    "padded_rank",
+]
 
 PAD_MULTIPLE = 16  # MKL's fast skinny-output GEMMs (module doc)
 PAD_FROM_ROWS = 256  # below this the products use the transposed form, fast at any rank

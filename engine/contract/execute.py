@@ -33,8 +33,16 @@ from engine.kernels.skinny import skinny_mm, skinny_tmm, wide_mm
 from engine.tt.chain import merge, merge_backward
 from engine.tt.cores import gate_mu, gated_cores
 
-__all__ = ["ACTIVATIONS", "Merged", "TTLinearMeta", "TTLinearFunction", "merge_gated",
-           "param_grads", "run_plan", "with_bias"]
+__all__ = [
+    "ACTIVATIONS",
+    "Merged",
+    "TTLinearMeta",
+    "TTLinearFunction",
+    "merge_gated",
+    "param_grads",
+    "run_plan",
+    "with_bias",
+]
 
 ACTIVATIONS = (None, "gelu")  # input activations the executor can fuse
 
@@ -257,8 +265,9 @@ def run_plan(
     if plan.fused:
         tensors = (x, *cores, *gates) if bias is None else (x, bias, *cores, *gates)
         backend = resolve_backend(meta.kernel, *tensors)
-        return TTLinearFunction.apply(x, bias, meta, (plan.input_side, plan.output_side),
-                                      activation, backend, *cores, *gates)
+        return TTLinearFunction.apply(
+            x, bias, meta, (plan.input_side, plan.output_side), activation, backend, *cores, *gates
+        )
     if activation == "gelu":
         x = F.gelu(x)  # (B, N)
     gated = gated_cores(cores, gates, meta.tau)

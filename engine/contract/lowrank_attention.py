@@ -68,8 +68,13 @@ class AttentionGeometry(NamedTuple):
     out_ones: bool = False  # return [u, 1] (n, r_o + 1): the output projection has a bias
 
 
-def lowrank_pays(n: int, geo: AttentionGeometry, d: int, ranks: tuple[int, int, int, int],
-                 biases: tuple[bool, bool, bool]) -> bool:  # fmt: skip
+def lowrank_pays(
+    n: int,
+    geo: AttentionGeometry,
+    d: int,
+    ranks: tuple[int, int, int, int],
+    biases: tuple[bool, bool, bool],
+) -> bool:
     """Whether the rank-space attention takes fewer multiply-adds than the standard one.
 
     ``ranks`` are ``(r_q, r_k, r_v, r_o)``, ``biases`` whether q, k, v have one. Both sides
@@ -80,24 +85,35 @@ def lowrank_pays(n: int, geo: AttentionGeometry, d: int, ranks: tuple[int, int, 
     return lowrank_macs(n, geo, d, ranks, biases) < standard_macs(n, geo, d, ranks, biases)
 
 
-def standard_macs(n: int, geo: AttentionGeometry, d: int, ranks: tuple[int, int, int, int],
-                  biases: tuple[bool, bool, bool]) -> int:  # fmt: skip
+def standard_macs(
+    n: int,
+    geo: AttentionGeometry,
+    d: int,
+    ranks: tuple[int, int, int, int],
+    biases: tuple[bool, bool, bool],
+) -> int:
     """Multiply-adds of the standard path that :func:`lowrank_pays` compares."""
     rq, rk, rv, ro = ranks
     second = (rq + biases[0] + rk + biases[1] + rv + biases[2]) * d
     return n * (second + 2 * geo.heads * geo.seq * (d // geo.heads) + d * ro)
 
 
-def lowrank_macs(n: int, geo: AttentionGeometry, d: int, ranks: tuple[int, int, int, int],
-                 biases: tuple[bool, bool, bool]) -> int:  # fmt: skip
+def lowrank_macs(
+    n: int,
+    geo: AttentionGeometry,
+    d: int,
+    ranks: tuple[int, int, int, int],
+    biases: tuple[bool, bool, bool],
+) -> int:
     """Multiply-adds of the rank-space path that :func:`lowrank_pays` compares."""
     rq, rk, rv, ro = ranks
     rq1, rv1, h = rq + biases[0], rv + biases[2], geo.heads
     return n * h * (rq1 * rk + geo.seq * (rk + rv1) + rv1 * ro)
 
 
-def attention_factors(rq: Tensor, rk: Tensor, rv: Tensor, bq: Tensor | None, bv: Tensor | None,
-                      lo: Tensor, heads: int) -> tuple[Tensor, Tensor]:  # fmt: skip
+def attention_factors(
+    rq: Tensor, rk: Tensor, rv: Tensor, bq: Tensor | None, bv: Tensor | None, lo: Tensor, heads: int
+) -> tuple[Tensor, Tensor]:
     """``C`` (r_q [+ 1], H r_k) and ``W`` (H (r_v [+ 1]), r_o) of the module doc, from the
     halves ``R_q (r_q, D)``, ``R_k``, ``R_v``, the biases and ``L_o (D, r_o)``."""
     d = rk.shape[1]
@@ -144,9 +160,18 @@ class LowRankAttentionFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: Tensor, lq: Tensor, lk: Tensor, lv: Tensor, c: Tensor, w: Tensor,
-                k_bias: Tensor | None, keep: Tensor | None,
-                geo: AttentionGeometry) -> Tensor:  # fmt: skip
+    def forward(
+        ctx,
+        x: Tensor,
+        lq: Tensor,
+        lk: Tensor,
+        lv: Tensor,
+        c: Tensor,
+        w: Tensor,
+        k_bias: Tensor | None,
+        keep: Tensor | None,
+        geo: AttentionGeometry,
+    ) -> Tensor:
         b, s, h = geo.batch, geo.seq, geo.heads
         rq, rk, rv = lq.shape[1], lk.shape[1], lv.shape[1]
         q_ones, v_ones = c.shape[0] > rq, w.shape[0] > h * rv
@@ -162,8 +187,11 @@ class LowRankAttentionFunction(torch.autograd.Function):
         mask = None
         if geo.p > 0.0:
             mask = dropout_mask((b * h, s, s), 1.0 - geo.p, x.device)  # (B H, S, T) bool
-            pm = torch.mul(prob.view(b, s, h, s), _bshd(as_bytes(mask), geo),
-                           out=torch.empty_like(prob).view(b, s, h, s))  # fmt: skip
+            pm = torch.mul(
+                prob.view(b, s, h, s),
+                _bshd(as_bytes(mask), geo),
+                out=torch.empty_like(prob).view(b, s, h, s),
+            )
             pm = pm.view(b, s * h, s)  # (B, S H, T)
             z = torch.bmm(pm, tv3).mul_(1.0 / (1.0 - geo.p))  # (B, S H, r_v [+ 1])
             del pm
@@ -177,8 +205,9 @@ class LowRankAttentionFunction(torch.autograd.Function):
             u[:, ro].fill_(1.0)  # [u, 1]: the output bias rides along as one more rank
         ctx.geo, ctx.ranks = geo, (rq, rk, rv)
         ctx.k_bias = None if k_bias is None else k_bias.shape
-        ctx.save_for_backward(x, lcat, tq1, tk3, tv3, c, w, qp, zf, keep_b, mask,
-                              prob if geo.save_probs else None)  # fmt: skip
+        ctx.save_for_backward(
+            x, lcat, tq1, tk3, tv3, c, w, qp, zf, keep_b, mask, prob if geo.save_probs else None
+        )
         return u
 
     @staticmethod
@@ -196,8 +225,9 @@ class LowRankAttentionFunction(torch.autograd.Function):
         if mask is not None:
             g.mul_(1.0 / (1.0 - geo.p))
             m01 = _bshd(as_bytes(mask), geo).to(prob.dtype)  # (B, S, H, T) 0/1, transposed
-            pm = torch.mul(prob.view(b, s, h, s), m01, out=torch.empty_like(prob)
-                           .view(b, s, h, s)).view(b, s * h, s)  # (B, S H, T)  # fmt: skip
+            pm = torch.mul(
+                prob.view(b, s, h, s), m01, out=torch.empty_like(prob).view(b, s, h, s)
+            ).view(b, s * h, s)  # (B, S H, T)
         else:
             m01, pm = None, prob
         d_tv = torch.bmm(pm.mT, g)  # (B, T, r_v [+ 1])

@@ -64,8 +64,9 @@ class PremergedLinearFunction(torch.autograd.Function):
     """``y = act(x) L R + b`` for ``x (B, N)``, ``L (N, r)``, ``R (r, M)``, ``b (M,)``."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, left: Tensor, right: Tensor, bias: Tensor | None,
-                act: str | None) -> Tensor:  # fmt: skip
+    def forward(
+        ctx, x: Tensor, left: Tensor, right: Tensor, bias: Tensor | None, act: str | None
+    ) -> Tensor:
         ctx.dtype = autocast_dtype(x)
         x, left, right, bias = cast_all(ctx.dtype, x, left, right, bias)
         with no_autocast(x):

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from engine.configs import ConfigError
 from engine.data.arrays import build_npz_data
 from engine.data.config import DataConfig
 from engine.data.criteo import build_criteo_data
@@ -40,13 +41,28 @@ from engine.data.source import BatchSource, DataBundle, StreamSource
 from engine.data.synthetic import SyntheticFiles, build_synthetic_data, write_synthetic
 from engine.data.text import build_pair_data, read_pairs
 
-__all__ = ["DataConfig", "DataBundle", "BatchSource", "StreamSource", "DataError", "build_data",
-           "write_synthetic", "SyntheticFiles", "ARCHS", "ARCH_OF_KIND",
-           "OTHER_ARCHS_OF_KIND"]  # fmt: skip
+__all__ = [
+    "DataConfig",
+    "DataBundle",
+    "BatchSource",
+    "StreamSource",
+    "DataError",
+    "build_data",
+    "write_synthetic",
+    "SyntheticFiles",
+    "ARCHS",
+    "ARCH_OF_KIND",
+    "OTHER_ARCHS_OF_KIND",
+]
 
 ARCHS = ("transformer", "dlrm", "mlm", "mlp", "hf_bert")
-ARCH_OF_KIND = {"jsonl": "transformer", "csv": "transformer", "criteo": "dlrm", "text": "mlm",
-                "npz": "mlp"}  # fmt: skip
+ARCH_OF_KIND = {
+    "jsonl": "transformer",
+    "csv": "transformer",
+    "criteo": "dlrm",
+    "text": "mlm",
+    "npz": "mlp",
+}
 OTHER_ARCHS_OF_KIND = {"text": ("hf_bert",)}  # kinds that feed more than their main arch
 
 
@@ -54,7 +70,7 @@ def _check_files(config: DataConfig) -> None:
     for name in ("train", "valid", "tokenizer"):
         path = getattr(config, name)
         if path is not None and not Path(path).is_file():
-            raise ValueError(f"data.{name}: no such file {path!r}")
+            raise ConfigError(f"data.{name}", f"no such file {path!r}")
 
 
 def _hf_tokenizer(config: DataConfig, model_config: Mapping[str, Any] | None) -> str:
@@ -63,19 +79,28 @@ def _hf_tokenizer(config: DataConfig, model_config: Mapping[str, Any] | None) ->
         return config.tokenizer
     path = (model_config or {}).get("path")
     if path is None:
-        raise ValueError("data.tokenizer: model.arch 'hf_bert' needs the model's tokenizer: set "
-                         "model.config.path (its tokenizer.json is used) or data.tokenizer")
-    from engine.models.hf_bert_config import check_model_dir
+        raise ConfigError(
+            "data.tokenizer",
+            "model.arch 'hf_bert' needs the model's tokenizer: set "
+            "model.config.path (its tokenizer.json is used) or data.tokenizer",
+        )
+    from engine.models.hf_bert.config import check_model_dir
 
     try:
         return str(check_model_dir(path) / "tokenizer.json")
-    except ValueError as err:
-        raise ValueError(f"model.config.{err}") from None
+    except ConfigError as err:  # about model.config.path
+        raise err.under("model.config") from None
 
 
-def build_data(config: DataConfig, *, arch: str, batch_size: int, seed: int,
-               workdir: str | Path | None = None,
-               model_config: Mapping[str, Any] | None = None) -> DataBundle:  # fmt: skip
+def build_data(
+    config: DataConfig,
+    *,
+    arch: str,
+    batch_size: int,
+    seed: int,
+    workdir: str | Path | None = None,
+    model_config: Mapping[str, Any] | None = None,
+) -> DataBundle:
     """Sources and model fields for ``arch`` from ``config``.
 
     A trained tokenizer (and inferred label list) is saved in ``workdir`` and reused from
@@ -84,47 +109,64 @@ def build_data(config: DataConfig, *, arch: str, batch_size: int, seed: int,
     ``model_config`` (the job's ``model.config``) names the model directory of ``hf_bert``.
     """
     if arch not in ARCHS:
-        raise ValueError(f"model.arch must be one of {list(ARCHS)} for data, got {arch!r}")
+        raise ConfigError("model.arch", f"must be one of {list(ARCHS)} for data, got {arch!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    if config.kind != "synthetic" and arch not in (ARCH_OF_KIND[config.kind],
-                                                   *OTHER_ARCHS_OF_KIND.get(config.kind, ())):
-        raise ValueError(f"data.kind {config.kind!r} feeds model.arch "
-                         f"{ARCH_OF_KIND[config.kind]!r}, not {arch!r}")
+    if config.kind != "synthetic" and arch not in (
+        ARCH_OF_KIND[config.kind],
+        *OTHER_ARCHS_OF_KIND.get(config.kind, ()),
+    ):
+        raise ConfigError(
+            "data.kind",
+            f"{config.kind!r} feeds model.arch {ARCH_OF_KIND[config.kind]!r}, not {arch!r}",
+        )
     _check_files(config)
     common = {"batch_size": batch_size, "seed": seed}
     train, valid = config.train, config.valid
     names = (train or "", valid or "")
     tokenizer = _hf_tokenizer(config, model_config) if arch == "hf_bert" else None
     if config.kind == "synthetic":
-        bundle = build_synthetic_data(config, arch=arch, workdir=workdir, tokenizer=tokenizer,
-                                      **common)
+        bundle = build_synthetic_data(
+            config, arch=arch, workdir=workdir, tokenizer=tokenizer, **common
+        )
     elif arch == "hf_bert":
         bundle = build_sentence_data(
-            config, tokenizer=tokenizer, in_memory=False,  # type: ignore[arg-type]
+            config,
+            tokenizer=tokenizer,
+            in_memory=False,  # type: ignore[arg-type]
             train_lines=lambda: read_text(names[0]),
-            valid_lines=None if valid is None else (lambda: read_text(names[1])), **common,
-        )  # fmt: skip
+            valid_lines=None if valid is None else (lambda: read_text(names[1])),
+            **common,
+        )
     elif config.kind in ("jsonl", "csv"):
         bundle = build_pair_data(
-            config, workdir=workdir, names=names, in_memory=False,
+            config,
+            workdir=workdir,
+            names=names,
+            in_memory=False,
             train_rows=lambda: read_pairs(names[0], config.kind, config),
-            valid_rows=None if valid is None else (lambda: read_pairs(names[1], config.kind,
-                                                                      config)),
+            valid_rows=None
+            if valid is None
+            else (lambda: read_pairs(names[1], config.kind, config)),
             **common,
-        )  # fmt: skip
+        )
     elif config.kind == "criteo":
         bundle = build_criteo_data(config, **common)
     elif config.kind == "text":
         bundle = build_mlm_data(
-            config, workdir=workdir, names=names, in_memory=False,
+            config,
+            workdir=workdir,
+            names=names,
+            in_memory=False,
             train_lines=lambda: read_text(names[0]),
-            valid_lines=None if valid is None else (lambda: read_text(names[1])), **common,
-        )  # fmt: skip
+            valid_lines=None if valid is None else (lambda: read_text(names[1])),
+            **common,
+        )
     else:
         bundle = build_npz_data(config, **common)
-    bundle.info.update({"kind": config.kind, "arch": arch, "batch_size": batch_size,
-                        "split": _split_doc(config)})  # fmt: skip
+    bundle.info.update(
+        {"kind": config.kind, "arch": arch, "batch_size": batch_size, "split": _split_doc(config)}
+    )
     return bundle
 
 

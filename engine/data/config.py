@@ -17,7 +17,6 @@ Errors name the field as ``data.<field>``, e.g. ``data.max_len must be an intege
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import numbers
 import os
@@ -25,8 +24,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["DataConfig", "KINDS", "FILE_KINDS", "GENERATORS", "N_CATEGORICAL", "params_from_dict",
-           "check_int", "check_real"]  # fmt: skip
+from engine.configs import ConfigError, ConfigMethods, parse, spec, validate
+
+__all__ = [
+    "DataConfig",
+    "KINDS",
+    "FILE_KINDS",
+    "GENERATORS",
+    "N_CATEGORICAL",
+    "params_from_dict",
+    "check_int",
+    "check_real",
+]
 
 CONFIG_VERSION = 1
 FILE_KINDS = ("jsonl", "csv", "criteo", "text", "npz")
@@ -34,28 +43,37 @@ KINDS = ("synthetic", *FILE_KINDS)
 GENERATORS = ("nli", "criteo", "mlm", "mlp", "stdlib_text")
 MAX_LENGTH_BUCKETS = 1024  # batches per length-sorted window
 N_CATEGORICAL = 26  # Criteo: 26 hashed categorical features (and 13 integer ones)
+MAX_PATH = 4096
+MAX_NAME = 64  # JSONL keys / CSV header names
+MAX_VOCAB = 250_000
+MAX_LEN = 2048
+MAX_TABLE_ROWS = 50_000_000
+MAX_ROWS = 10_000_000  # generated training rows
+MAX_VALID_ROWS = 1_000_000
+MAX_SEED = 2**31 - 1
 
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
-def _check_int(name: str, v: Any, lo: int) -> None:
+def check_int(name: str, v: Any, lo: int) -> None:
+    """``v`` an integer ``>= lo``, naming the field ``data.<name>`` (generator parameters)."""
     if not _is_int(v) or v < lo:
-        raise ValueError(f"data.{name} must be an integer >= {lo}, got {v!r}")
-
-
-check_int = _check_int
+        raise ConfigError(f"data.{name}", f"must be an integer >= {lo}, got {v!r}")
 
 
 def check_real(name: str, v: Any, lo: float, hi: float, *, open_lo: bool = False) -> None:
     """``lo <= v <= hi`` (``lo < v`` with ``open_lo``), naming the field ``data.<name>``."""
-    ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and (
-        (v > lo if open_lo else v >= lo) and v <= hi
+    ok = (
+        isinstance(v, numbers.Real)
+        and not isinstance(v, bool)
+        and math.isfinite(v)
+        and ((v > lo if open_lo else v >= lo) and v <= hi)
     )
     if not ok:
         lo_s = f"({lo}" if open_lo else f"[{lo}"
-        raise ValueError(f"data.{name} must be a number in {lo_s}, {hi}], got {v!r}")
+        raise ConfigError(f"data.{name}", f"must be a number in {lo_s}, {hi}], got {v!r}")
 
 
 def params_from_dict(cls: type, data: Mapping[str, Any], generator: str) -> Any:
@@ -63,163 +81,125 @@ def params_from_dict(cls: type, data: Mapping[str, Any], generator: str) -> Any:
     names = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
-        raise ValueError(f"data.params: unknown keys {unknown} for generator {generator!r}; "
-                         f"known: {sorted(names)}")
+        raise ConfigError(
+            f"data.params.{unknown[0]}",
+            f"unknown parameter of generator {generator!r} (all unknown: {unknown}; "
+            f"known: {sorted(names)})",
+        )
     return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
 
-def _check_bool(name: str, v: Any) -> None:
-    if not isinstance(v, bool):
-        raise ValueError(f"data.{name} must be true or false, got {v!r}")
+def _path(value: Any) -> Any:
+    """A path field: ``os.PathLike`` read as its string."""
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
 
 
-def _check_name(name: str, v: Any) -> None:
-    if not isinstance(v, str) or not v:
-        raise ValueError(f"data.{name} must be a non-empty string, got {v!r}")
+def _num_rows(value: Any) -> Any:
+    """One bucket count for every table, or a list of one per table (checked as such)."""
+    if isinstance(value, list | tuple):
+        if len(value) != N_CATEGORICAL or not all(_is_int(n) for n in value):
+            raise ConfigError(
+                "", f"must be an integer or a list of {N_CATEGORICAL} integers, got {value!r}"
+            )
+        for n in value:
+            if not 1 <= n <= MAX_TABLE_ROWS:
+                raise ConfigError("", f"every entry must be in [1, {MAX_TABLE_ROWS}], got {n}")
+        return tuple(int(n) for n in value)
+    if not _is_int(value) or not 1 <= value <= MAX_TABLE_ROWS:
+        raise ConfigError(
+            "",
+            f"must be an integer in [1, {MAX_TABLE_ROWS}] or a list of {N_CATEGORICAL} such "
+            f"integers, got {value!r}",
+        )
+    return value
+
+
+def _labels(value: Any) -> Any:
+    """Class names in id order: strings or integers, read as strings, distinct."""
+    if value is None:
+        return None
+    if isinstance(value, str | bytes) or not isinstance(value, list | tuple) or not value:
+        raise ConfigError("", f"must be a non-empty list of class names, got {value!r}")
+    names = []
+    for v in value:
+        if not (isinstance(v, str) and v) and not _is_int(v):
+            raise ConfigError("", f"entries must be non-empty strings or integers, got {v!r}")
+        names.append(str(v))
+    if len(set(names)) != len(names):
+        raise ConfigError("", f"must be distinct, got {names}")
+    return tuple(names)
 
 
 @dataclass(frozen=True)
-class DataConfig:
+class DataConfig(ConfigMethods):
     """Input data of a training job (see the module docstring for the split rule)."""
 
-    kind: str = "synthetic"
-    train: str | None = None  # path of the training file (file kinds)
-    valid: str | None = None  # path of an explicit validation file
-    valid_every: int = 0  # 0: no split; k >= 2: every k-th training row is validation
-    shuffle_buffer: int = 10_000  # rows held for shuffling; 0 = file order
+    kind: str = spec("synthetic", choices=KINDS)
+    train: str | None = spec(None, length=(1, MAX_PATH), convert=_path)  # file kinds
+    valid: str | None = spec(None, length=(1, MAX_PATH), convert=_path)  # explicit split
+    valid_every: int = spec(0, ge=0, le=1000)  # 0: no split; k >= 2: every k-th row
+    shuffle_buffer: int = spec(10_000, ge=0, le=10_000_000)  # rows held; 0 = file order
     drop_last: bool = False  # drop the last partial batch of an epoch
-    length_buckets: int = 0  # k >= 2: sort windows of k training batches by length (0: off)
+    # k >= 2: sort windows of k training batches by length (0: off)
+    length_buckets: int = spec(0, ge=0, le=MAX_LENGTH_BUCKETS)
     # sentence(-pair) classification: JSONL keys / CSV header names
-    text_a: str = "premise"
-    text_b: str | None = "hypothesis"  # None: single-sentence classification
-    label_field: str = "label"
-    labels: tuple[str, ...] | None = None  # class names in id order; None: sorted, inferred
-    tokenizer: str | None = None  # tokenizer.json to load; None: train a WordPiece one
-    vocab_size: int = 8000  # WordPiece vocabulary size when training
-    max_len: int = 128  # tokens per sequence, [CLS] and [SEP]s included
+    text_a: str = spec("premise", length=(1, MAX_NAME))
+    text_b: str | None = spec("hypothesis", length=(1, MAX_NAME))  # None: one sentence
+    label_field: str = spec("label", length=(1, MAX_NAME))
+    # class names in id order; None: sorted, inferred
+    labels: tuple[str, ...] | None = spec(None, convert=_labels)
+    tokenizer: str | None = spec(None, length=(1, MAX_PATH), convert=_path)  # None: train one
+    vocab_size: int = spec(8000, ge=64, le=MAX_VOCAB)  # WordPiece vocabulary when training
+    max_len: int = spec(128, ge=8, le=MAX_LEN)  # tokens per sequence, [CLS]/[SEP] included
     lowercase: bool = True  # normalizer of a trained tokenizer
     pad_to_max_len: bool = False  # static shapes: pad every batch to max_len
     # Criteo click logs: hash buckets per categorical table (one int for all 26)
-    num_rows: int | tuple[int, ...] = 100_000
+    num_rows: int | tuple[int, ...] = spec(100_000, ge=1, le=MAX_TABLE_ROWS, convert=_num_rows)
     # masked-LM
-    mlm_probability: float = 0.15
+    mlm_probability: float = spec(0.15, gt=0, lt=1)
     mlm_pack: bool = True  # pack consecutive lines into max_len sequences (else: truncate)
     # synthetic data
-    generator: str | None = None  # None: the generator of the architecture
-    n_train: int = 10_000
-    n_valid: int = 1_000
-    synthetic_seed: int = 0  # seed of the generated data set (not of the training run)
+    generator: str | None = spec(None, choices=GENERATORS)  # None: the architecture's
+    n_train: int = spec(10_000, ge=1, le=MAX_ROWS)
+    n_valid: int = spec(1_000, ge=0, le=MAX_VALID_ROWS)
+    synthetic_seed: int = spec(0, ge=0, le=MAX_SEED)  # of the data set, not of the run
     params: dict[str, Any] = field(default_factory=dict)  # generator parameters
-    version: int = CONFIG_VERSION
+    version: int = spec(CONFIG_VERSION, choices=(CONFIG_VERSION,))
 
     def __post_init__(self) -> None:
-        if self.version != CONFIG_VERSION:
-            raise ValueError(f"data.version must be {CONFIG_VERSION}, got {self.version!r}")
-        if self.kind not in KINDS:
-            raise ValueError(f"data.kind must be one of {list(KINDS)}, got {self.kind!r}")
-        for name in ("train", "valid", "tokenizer"):
-            v = getattr(self, name)
-            if isinstance(v, os.PathLike):
-                v = os.fspath(v)
-                object.__setattr__(self, name, v)
-            if v is not None and (not isinstance(v, str) or not v):
-                raise ValueError(f"data.{name} must be a file path or null, got {v!r}")
+        validate(self)
+        if not all(isinstance(k, str) for k in self.params):
+            raise ConfigError("params", f"must have string keys, got {self.params!r}")
         if self.kind == "synthetic":
             for name in ("train", "valid"):
                 if getattr(self, name) is not None:
-                    raise ValueError(f"data.{name} must be null for kind 'synthetic' "
-                                     "(write the files and use their kind instead)")
+                    raise ConfigError(
+                        name,
+                        "must be null for kind 'synthetic' (write the files and use their "
+                        "kind instead)",
+                    )
         elif self.train is None:
-            raise ValueError(f"data.train is required for kind {self.kind!r}")
-        _check_int("valid_every", self.valid_every, 0)
+            raise ConfigError("train", f"is required for kind {self.kind!r}")
         if self.kind == "synthetic" and self.valid_every:
-            raise ValueError("data.valid_every must be 0 for kind 'synthetic' (use data.n_valid)")
+            raise ConfigError("valid_every", "must be 0 for kind 'synthetic' (use data.n_valid)")
         if self.valid_every == 1:
-            raise ValueError("data.valid_every must be 0 (no split) or >= 2, got 1")
+            raise ConfigError("valid_every", "must be 0 (no split) or >= 2, got 1")
         if self.valid_every and self.valid is not None:
-            raise ValueError("data.valid_every must be 0 when data.valid is given")
-        _check_int("shuffle_buffer", self.shuffle_buffer, 0)
-        _check_int("length_buckets", self.length_buckets, 0)
-        if self.length_buckets > MAX_LENGTH_BUCKETS:
-            raise ValueError(f"data.length_buckets must be <= {MAX_LENGTH_BUCKETS}, "
-                             f"got {self.length_buckets}")  # fmt: skip
-        if self.length_buckets > 1 and (self.kind in ("criteo", "npz")
-                                        or self.generator in ("criteo", "mlp")):  # fmt: skip
-            raise ValueError("data.length_buckets: only sentence and text data can be bucketed "
-                             "by length; use 0")  # fmt: skip
-        for name in ("drop_last", "lowercase", "pad_to_max_len", "mlm_pack"):
-            _check_bool(name, getattr(self, name))
-        _check_name("text_a", self.text_a)
-        if self.text_b is not None:
-            _check_name("text_b", self.text_b)
-        _check_name("label_field", self.label_field)
-        self._check_labels()
-        _check_int("vocab_size", self.vocab_size, 32)
-        _check_int("max_len", self.max_len, 8)
-        self._check_num_rows()
-        p = self.mlm_probability
-        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 < p < 1:
-            raise ValueError(f"data.mlm_probability must be in (0, 1), got {p!r}")
-        if self.generator is not None and self.generator not in GENERATORS:
-            raise ValueError(f"data.generator must be one of {list(GENERATORS)} or null, "
-                             f"got {self.generator!r}")
-        _check_int("n_train", self.n_train, 1)
-        _check_int("n_valid", self.n_valid, 0)
-        _check_int("synthetic_seed", self.synthetic_seed, 0)
-        if not isinstance(self.params, Mapping) or not all(isinstance(k, str) for k in self.params):
-            raise ValueError(f"data.params must be a mapping with string keys, got {self.params!r}")
-        object.__setattr__(self, "params", dict(self.params))
-
-    def _check_labels(self) -> None:
-        labels = self.labels
-        if labels is None:
-            return
-        if isinstance(labels, str | bytes) or not isinstance(labels, list | tuple) or not labels:
-            raise ValueError(f"data.labels must be a non-empty list of class names, got {labels!r}")
-        names = []
-        for v in labels:
-            if not (isinstance(v, str) and v) and not _is_int(v):
-                raise ValueError(f"data.labels entries must be non-empty strings or integers, "
-                                 f"got {v!r}")
-            names.append(str(v))
-        if len(set(names)) != len(names):
-            raise ValueError(f"data.labels must be distinct, got {names}")
-        object.__setattr__(self, "labels", tuple(names))
-
-    def _check_num_rows(self) -> None:
-        v = self.num_rows
-        if _is_int(v):
-            _check_int("num_rows", v, 1)
-            return
-        if not isinstance(v, list | tuple) or len(v) != N_CATEGORICAL or not all(
-            _is_int(n) and n >= 1 for n in v
+            raise ConfigError("valid_every", "must be 0 when data.valid is given")
+        if self.length_buckets > 1 and (
+            self.kind in ("criteo", "npz") or self.generator in ("criteo", "mlp")
         ):
-            raise ValueError(f"data.num_rows must be an integer >= 1 or a list of "
-                             f"{N_CATEGORICAL} integers >= 1, got {v!r}")
-        object.__setattr__(self, "num_rows", tuple(int(n) for n in v))
+            raise ConfigError(
+                "length_buckets", "only sentence and text data can be bucketed by length; use 0"
+            )
 
     def table_rows(self) -> tuple[int, ...]:
         """Hash buckets of each of the 26 categorical tables."""
         v = self.num_rows
         return tuple(v) if isinstance(v, tuple) else (int(v),) * N_CATEGORICAL
 
-    def replace(self, **changes: Any) -> DataConfig:
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        for name in ("labels", "num_rows"):
-            if isinstance(out[name], tuple):
-                out[name] = list(out[name])
-        out["params"] = dict(self.params)
-        return out
-
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> DataConfig:
-        """Inverse of :meth:`to_dict`; unknown keys are rejected, ``version`` defaults to 1."""
-        if not isinstance(data, Mapping):
-            raise ValueError(f"data must be a mapping, got {type(data).__name__}")
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ValueError(f"data: unknown keys {unknown}")
-        return cls(**data)
+    def from_dict(cls, data: Mapping[str, Any], path: str = "data") -> DataConfig:
+        """Inverse of :meth:`to_dict`; unknown keys are rejected, ``version`` defaults to 1;
+        errors name ``data.<field>``."""
+        return parse(cls, data, path)

@@ -37,8 +37,14 @@ from engine.data.config import N_CATEGORICAL, DataConfig
 from engine.data.errors import DataError
 from engine.data.source import DataBundle, train_valid_sources
 
-__all__ = ["N_DENSE", "N_FIELDS", "parse_criteo", "read_criteo", "collate_criteo",
-           "build_criteo_data"]  # fmt: skip
+__all__ = [
+    "N_DENSE",
+    "N_FIELDS",
+    "parse_criteo",
+    "read_criteo",
+    "collate_criteo",
+    "build_criteo_data",
+]
 
 N_DENSE = 13
 N_FIELDS = 1 + N_DENSE + N_CATEGORICAL
@@ -56,26 +62,39 @@ def _show(field: bytes) -> str:
 def _diagnose(fields: list[bytes], origin: str | Path, n: int) -> DataError:
     """The error for a line that failed the fast check: the first bad field, by name."""
     if len(fields) != N_FIELDS:
-        return DataError(origin, n, f"expected {N_FIELDS} tab-separated fields (label, "
-                                    f"{N_DENSE} integers, {N_CATEGORICAL} hex categories), "
-                                    f"got {len(fields)}")  # fmt: skip
+        return DataError(
+            origin,
+            n,
+            f"expected {N_FIELDS} tab-separated fields (label, "
+            f"{N_DENSE} integers, {N_CATEGORICAL} hex categories), "
+            f"got {len(fields)}",
+        )
     if fields[0] not in (b"0", b"1"):
         return DataError(origin, n, f"expected label 0 or 1 in field 1, got {_show(fields[0])}")
     for j in range(1, 1 + N_DENSE):
         if fields[j] and not _INT.fullmatch(fields[j]):
-            return DataError(origin, n, f"expected an integer or an empty field in field "
-                                        f"{j + 1} (I{j}), got {_show(fields[j])}")  # fmt: skip
+            return DataError(
+                origin,
+                n,
+                f"expected an integer or an empty field in field "
+                f"{j + 1} (I{j}), got {_show(fields[j])}",
+            )
     for t in range(N_CATEGORICAL):
         v = fields[1 + N_DENSE + t]
         if v and not _HEX.fullmatch(v):
-            return DataError(origin, n, f"expected a hex string of 1-16 digits or an empty "
-                                        f"field in field {2 + N_DENSE + t} (C{t + 1}), got "
-                                        f"{_show(v)}")  # fmt: skip
+            return DataError(
+                origin,
+                n,
+                f"expected a hex string of 1-16 digits or an empty "
+                f"field in field {2 + N_DENSE + t} (C{t + 1}), got "
+                f"{_show(v)}",
+            )
     return DataError(origin, n, "expected a Criteo TSV line")
 
 
-def parse_criteo(lines: Iterable[tuple[int, bytes]], num_rows: tuple[int, ...],
-                 origin: str | Path) -> Iterator[array]:  # fmt: skip
+def parse_criteo(
+    lines: Iterable[tuple[int, bytes]], num_rows: tuple[int, ...], origin: str | Path
+) -> Iterator[array]:
     """Rows ``array('q', [label, I1..I13 (missing 0), bucket of C1..C26])`` from raw lines."""
     if len(num_rows) != N_CATEGORICAL:
         raise ValueError(f"num_rows needs {N_CATEGORICAL} entries, got {len(num_rows)}")
@@ -84,13 +103,16 @@ def parse_criteo(lines: Iterable[tuple[int, bytes]], num_rows: tuple[int, ...],
         fields = line.split(b"\t")
         if not _LINE.fullmatch(line):
             raise _diagnose(fields, origin, n)
-        vals = [int(x) if x else 0 for x in fields[: 1 + N_DENSE]]
-        vals += [int(x, 16) % r if x else r
-                 for x, r in zip(fields[1 + N_DENSE :], num_rows, strict=True)]  # fmt: skip
-        try:
-            yield array("q", vals)
-        except OverflowError:
+        try:  # a count past 64 bits, or past Python's 4,300 digits (a ValueError)
+            vals = [int(x) if x else 0 for x in fields[: 1 + N_DENSE]]
+            vals += [
+                int(x, 16) % r if x else r
+                for x, r in zip(fields[1 + N_DENSE :], num_rows, strict=True)
+            ]
+            row = array("q", vals)
+        except (OverflowError, ValueError):
             raise DataError(origin, n, "expected integer counts within 64 bits") from None
+        yield row
 
 
 def read_criteo(path: str | Path, num_rows: tuple[int, ...]) -> Iterator[array]:
@@ -121,11 +143,20 @@ def build_criteo_data(cfg: DataConfig, *, batch_size: int, seed: int) -> DataBun
     assert train_path is not None
     valid_ex = None if valid_path is None else (lambda: read_criteo(valid_path, rows))
     train, valid = train_valid_sources(
-        lambda: read_criteo(train_path, rows), valid_ex,
-        collate=lambda ex, _seed: collate_criteo(ex), batch_size=batch_size, seed=seed,
-        shuffle_buffer=cfg.shuffle_buffer, drop_last=cfg.drop_last, valid_every=cfg.valid_every,
+        lambda: read_criteo(train_path, rows),
+        valid_ex,
+        collate=lambda ex, _seed: collate_criteo(ex),
+        batch_size=batch_size,
+        seed=seed,
+        shuffle_buffer=cfg.shuffle_buffer,
+        drop_last=cfg.drop_last,
+        valid_every=cfg.valid_every,
         length_buckets=cfg.length_buckets,  # refused: rows have no length
-    )  # fmt: skip
-    info = {"missing_row": "index num_rows[t] of each table", "num_rows": list(rows),
-            "train_examples": None, "valid_examples": None}  # fmt: skip
+    )
+    info = {
+        "missing_row": "index num_rows[t] of each table",
+        "num_rows": list(rows),
+        "train_examples": None,
+        "valid_examples": None,
+    }
     return DataBundle(train, valid, dlrm_overrides(rows), {}, info)

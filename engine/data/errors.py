@@ -16,14 +16,17 @@ __all__ = ["DataError"]
 class DataError(ValueError):
     """A malformed input: ``path``, ``line`` (or row) and a message saying what was expected."""
 
-    def __init__(self, path: str | Path, line: int | None, message: str, *,
-                 unit: str = "line") -> None:  # fmt: skip
+    def __init__(
+        self, path: str | Path, line: int | None, message: str, *, unit: str = "line"
+    ) -> None:
         self.path = str(path)
         self.line = line
         self.unit = unit
         self.message = message
-        where = self.path if line is None else (
-            f"{self.path}:{line}" if unit == "line" else f"{self.path}: {unit} {line}"
+        where = (
+            self.path
+            if line is None
+            else (f"{self.path}:{line}" if unit == "line" else f"{self.path}: {unit} {line}")
         )
         super().__init__(f"{where}: {message}")
 

@@ -40,8 +40,15 @@ __all__ = ["pack_lines", "mask_tokens", "collate_mlm", "build_mlm_data", "IGNORE
 IGNORE_INDEX = -100
 
 
-def pack_lines(lines: Iterable[tuple[int, str]], tok: Tokenizer, special: SpecialIds, *,
-               max_len: int, pack: bool, origin: str | Path) -> Iterator[list[int]]:  # fmt: skip
+def pack_lines(
+    lines: Iterable[tuple[int, str]],
+    tok: Tokenizer,
+    special: SpecialIds,
+    *,
+    max_len: int,
+    pack: bool,
+    origin: str | Path,
+) -> Iterator[list[int]]:
     """Token id sequences (with [CLS] / [SEP]) from ``(line number, text)`` pairs, streamed."""
     cap = max_len - 2
     cur: list[int] = []
@@ -75,9 +82,15 @@ def pack_lines(lines: Iterable[tuple[int, str]], tok: Tokenizer, special: Specia
         yield wrap(cur)
 
 
-def mask_tokens(input_ids: Tensor, attention_mask: Tensor, *, special: SpecialIds,
-                replacements: Tensor, probability: float,
-                generator: torch.Generator) -> tuple[Tensor, Tensor]:  # fmt: skip
+def mask_tokens(
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    *,
+    special: SpecialIds,
+    replacements: Tensor,
+    probability: float,
+    generator: torch.Generator,
+) -> tuple[Tensor, Tensor]:
     """``(masked input_ids, labels)`` for ``input_ids`` (B, S); see the module docstring."""
     b, s = input_ids.shape
     specials = torch.tensor(special.all())
@@ -98,17 +111,28 @@ def mask_tokens(input_ids: Tensor, attention_mask: Tensor, *, special: SpecialId
     return out, labels
 
 
-def collate_mlm(seqs: list[list[int]], batch_seed: int, *, special: SpecialIds,
-                replacements: Tensor, probability: float,
-                length: int | None) -> dict[str, Tensor]:  # fmt: skip
+def collate_mlm(
+    seqs: list[list[int]],
+    batch_seed: int,
+    *,
+    special: SpecialIds,
+    replacements: Tensor,
+    probability: float,
+    length: int | None,
+) -> dict[str, Tensor]:
     """Pad and mask a batch of sequences with the batch's own generator."""
     ids = pad_batch(seqs, special.pad, length)  # (B, S)
     lengths = torch.tensor([len(x) for x in seqs])  # (B,)
     attention_mask = torch.arange(ids.shape[1])[None, :] < lengths[:, None]  # (B, S)
     gen = torch.Generator().manual_seed(batch_seed)
-    input_ids, labels = mask_tokens(ids, attention_mask, special=special,
-                                    replacements=replacements, probability=probability,
-                                    generator=gen)  # fmt: skip
+    input_ids, labels = mask_tokens(
+        ids,
+        attention_mask,
+        special=special,
+        replacements=replacements,
+        probability=probability,
+        generator=gen,
+    )
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
@@ -129,9 +153,12 @@ def build_mlm_data(
 ) -> DataBundle:
     """Tokenizer and masked-LM sources over text lines (files streamed, memory packed once)."""
     tok, tok_path, origin = obtain_tokenizer(
-        given=cfg.tokenizer, workdir=workdir, texts=lambda: (t for _, t in train_lines()),
-        vocab_size=cfg.vocab_size, lowercase=cfg.lowercase,
-    )  # fmt: skip
+        given=cfg.tokenizer,
+        workdir=workdir,
+        texts=lambda: (t for _, t in train_lines()),
+        vocab_size=cfg.vocab_size,
+        lowercase=cfg.lowercase,
+    )
     special = special_ids(tok, tok_path or "<trained tokenizer>")
     tok.no_truncation()
     tok.no_padding()
@@ -142,8 +169,9 @@ def build_mlm_data(
 
     def seqs(lines: Callable[[], Iterable[tuple[int, str]]], name: str) -> Callable[[], Any]:
         def run() -> Iterator[list[int]]:
-            return pack_lines(lines(), tok, special, max_len=cfg.max_len, pack=cfg.mlm_pack,
-                              origin=name)  # fmt: skip
+            return pack_lines(
+                lines(), tok, special, max_len=cfg.max_len, pack=cfg.mlm_pack, origin=name
+            )
 
         if in_memory:
             cached = list(run())
@@ -158,16 +186,33 @@ def build_mlm_data(
     length = cfg.max_len if cfg.pad_to_max_len else None
 
     def collate(ex: list[list[int]], batch_seed: int) -> dict[str, Tensor]:
-        return collate_mlm(ex, batch_seed, special=special, replacements=replacements,
-                           probability=cfg.mlm_probability, length=length)  # fmt: skip
+        return collate_mlm(
+            ex,
+            batch_seed,
+            special=special,
+            replacements=replacements,
+            probability=cfg.mlm_probability,
+            length=length,
+        )
 
     train, valid = train_valid_sources(
-        train_ex, valid_ex, collate=collate, batch_size=batch_size, seed=seed,
-        drop_last=cfg.drop_last, valid_every=cfg.valid_every, counts=counts,
+        train_ex,
+        valid_ex,
+        collate=collate,
+        batch_size=batch_size,
+        seed=seed,
+        drop_last=cfg.drop_last,
+        valid_every=cfg.valid_every,
+        counts=counts,
         shuffle_buffer=(counts[0] or 0) if cfg.shuffle_buffer and in_memory else cfg.shuffle_buffer,
-        length_buckets=cfg.length_buckets, length=len,  # tokens of a (packed) sequence
-    )  # fmt: skip
+        length_buckets=cfg.length_buckets,
+        length=len,  # tokens of a (packed) sequence
+    )
     artifacts = {"tokenizer": tok_path} if tok_path else {}
-    info = {"tokenizer": origin, "vocab_size": vocab, "train_examples": counts[0],
-            "valid_examples": counts[1]}  # fmt: skip
+    info = {
+        "tokenizer": origin,
+        "vocab_size": vocab,
+        "train_examples": counts[0],
+        "valid_examples": counts[1],
+    }
     return DataBundle(train, valid, {"vocab_size": vocab, "max_len": cfg.max_len}, artifacts, info)

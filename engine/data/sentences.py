@@ -41,8 +41,9 @@ def sentence_tokenizer(path: str | Path, max_len: int) -> tuple[Tokenizer, int]:
     return tok, int(pad) if pad is not None else 0
 
 
-def collate_sentences(texts: list[str], tok: Tokenizer, pad_id: int,
-                      length: int | None) -> dict[str, Tensor]:  # fmt: skip
+def collate_sentences(
+    texts: list[str], tok: Tokenizer, pad_id: int, length: int | None
+) -> dict[str, Tensor]:
     """Encode and pad one batch of sentences (see the module docstring)."""
     enc = tok.encode_batch(texts)
     ids = pad_batch([e.ids for e in enc], pad_id, length)  # (B, S)
@@ -86,12 +87,22 @@ def build_sentence_data(
     if in_memory:
         counts = (len(train_ex()), len(valid_ex()) if valid_ex is not None else None)
     train, valid = train_valid_sources(
-        train_ex, valid_ex, collate=lambda ex, _seed: collate_sentences(ex, tok, pad_id, length),
-        batch_size=batch_size, seed=seed, drop_last=cfg.drop_last,
-        valid_every=cfg.valid_every, counts=counts,
+        train_ex,
+        valid_ex,
+        collate=lambda ex, _seed: collate_sentences(ex, tok, pad_id, length),
+        batch_size=batch_size,
+        seed=seed,
+        drop_last=cfg.drop_last,
+        valid_every=cfg.valid_every,
+        counts=counts,
         shuffle_buffer=(counts[0] or 0) if cfg.shuffle_buffer and in_memory else cfg.shuffle_buffer,
-        length_buckets=cfg.length_buckets, length=len,  # characters: a proxy of tokens
-    )  # fmt: skip
-    info = {"tokenizer": str(tokenizer), "vocab_size": tok.get_vocab_size(),
-            "train_examples": counts[0], "valid_examples": counts[1]}  # fmt: skip
+        length_buckets=cfg.length_buckets,
+        length=len,  # characters: a proxy of tokens
+    )
+    info = {
+        "tokenizer": str(tokenizer),
+        "vocab_size": tok.get_vocab_size(),
+        "train_examples": counts[0],
+        "valid_examples": counts[1],
+    }
     return DataBundle(train, valid, {}, {}, info)

@@ -43,10 +43,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from engine.configs import ConfigError
 from engine.data.errors import DataError
 
-__all__ = ["BatchSource", "StreamSource", "DataBundle", "derive_seed", "shuffle_buffered",
-           "pad_batch", "read_lines"]  # fmt: skip
+__all__ = [
+    "BatchSource",
+    "StreamSource",
+    "DataBundle",
+    "derive_seed",
+    "shuffle_buffered",
+    "pad_batch",
+    "read_lines",
+]
 
 Collate = Callable[[list[Any], int], dict[str, Tensor]]  # (examples, batch_seed) -> batch
 
@@ -85,8 +93,9 @@ def read_lines(path: str | Path) -> Iterator[tuple[int, str]]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise DataError(path, n, f"expected UTF-8 text ({e.reason} at byte {e.start})"
-                                ) from None  # fmt: skip
+                raise DataError(
+                    path, n, f"expected UTF-8 text ({e.reason} at byte {e.start})"
+                ) from None
             yield n, (line[1:] if n == 1 and line.startswith("\ufeff") else line)
 
 
@@ -278,19 +287,34 @@ def train_valid_sources(
     ``length_buckets`` > 1 buckets the training batches by ``length`` (module docstring).
     """
     if length_buckets > 1 and length is None:
-        raise ValueError("data.length_buckets: only sentence and text data can be bucketed "
-                         "by length; use 0")  # fmt: skip
+        raise ConfigError(
+            "data.length_buckets", "only sentence and text data can be bucketed by length; use 0"
+        )
     common = {"collate": collate, "batch_size": batch_size, "seed": seed}
     if valid_examples is None and valid_every:
         split_t, split_v = (valid_every, False), (valid_every, True)
         valid_examples = train_examples
     else:
         split_t = split_v = None
-    train = StreamSource(train_examples, shuffle_buffer=shuffle_buffer, drop_last=drop_last,
-                         split=split_t, num_examples=counts[0], bucket_batches=length_buckets,
-                         length=length, **common)  # fmt: skip
+    train = StreamSource(
+        train_examples,
+        shuffle_buffer=shuffle_buffer,
+        drop_last=drop_last,
+        split=split_t,
+        num_examples=counts[0],
+        bucket_batches=length_buckets,
+        length=length,
+        **common,
+    )
     if valid_examples is None:
         return train, None
-    valid = StreamSource(valid_examples, shuffle_buffer=0, split=split_v, name="valid",
-                         num_examples=counts[1], epoch_seeds=False, **common)  # fmt: skip
+    valid = StreamSource(
+        valid_examples,
+        shuffle_buffer=0,
+        split=split_v,
+        name="valid",
+        num_examples=counts[1],
+        epoch_seeds=False,
+        **common,
+    )
     return train, valid

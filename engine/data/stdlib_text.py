@@ -14,17 +14,31 @@ capital. A sentence is kept when it starts with a capital letter, ends with a fu
 letters (identifiers with ``_``, markup characters and numbers-heavy text are out).
 Duplicates (case-insensitive) are removed, keeping the first.
 
-The pool is therefore a pure function of the Python version (``info["python"]`` and
-``info["pool_sha256"]`` record it). :func:`generate_stdlib_text` shuffles the pool with
-``numpy.random.default_rng(seed)`` and returns the first ``n`` sentences: train is the first
-``n_train``, validation the next ``n_valid`` (disjoint, held out).
+Two sources, so that a model can be measured on text it was never trained on:
+
+* ``source: "docstrings"`` (default): the docstrings above. ``modules`` keeps only files whose
+  top-level module name (``email`` for ``email/parser.py``, ``argparse`` for ``argparse.py``)
+  matches one of its ``fnmatch`` patterns (default ``["*"]``), so the library can be split by
+  module family (e.g. ``["[a-l]*"]`` against ``["[m-z]*"]``).
+* ``source: "reference"``: the Python Language Reference as this interpreter ships it for
+  ``help()`` (``pydoc_data.topics``: statements, expressions, the data model), cut into
+  sentences by the same rules. Another author, another register: reference prose rather
+  than API notes.
+
+Each pool is therefore a pure function of the Python version and the parameters
+(``info["python"]`` and ``info["pool_sha256"]`` record it). :func:`generate_stdlib_text`
+shuffles the pool with ``numpy.random.default_rng(seed)`` and returns the first ``n``
+sentences: train is the first ``n_train``, validation the next ``n_valid`` (disjoint, held
+out).
 """
 
 from __future__ import annotations
 
 import ast
+import fnmatch
 import functools
 import hashlib
+import importlib
 import re
 import sysconfig
 import warnings
@@ -34,25 +48,67 @@ from typing import Any
 
 import numpy as np
 
+from engine.configs import ConfigError
 from engine.data.config import check_int
 
-__all__ = ["StdlibTextParams", "stdlib_sentences", "generate_stdlib_text", "docstring_sentences"]
+__all__ = [
+    "StdlibTextParams",
+    "stdlib_sentences",
+    "tagged_sentences",
+    "generate_stdlib_text",
+    "docstring_sentences",
+]
 
-_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "turtledemo",
-              "lib2to3", "ensurepip", "pydoc_data", "__pycache__", "__phello__"}  # fmt: skip
+_SKIP_DIRS = {
+    "site-packages",
+    "dist-packages",
+    "test",
+    "tests",
+    "idlelib",
+    "turtledemo",
+    "lib2to3",
+    "ensurepip",
+    "pydoc_data",
+    "__pycache__",
+    "__phello__",
+}
 _SPLIT = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 _FIELD = re.compile(r"^\s*(:\w+|@\w+|\w+ --|Args:|Returns?:|Raises:|Parameters|-{3,}|={3,})")
 _ALLOWED = re.compile(r"^[A-Za-z0-9 ,.;:'\"()?!-]+$")
+
+
+SOURCES = ("docstrings", "reference")
+MAX_PATTERNS = 64
 
 
 @dataclass(frozen=True)
 class StdlibTextParams:
     min_words: int = 6
     max_words: int = 40
+    source: str = "docstrings"
+    modules: tuple[str, ...] = ("*",)
 
     def __post_init__(self) -> None:
         check_int("params.min_words", self.min_words, 1)
         check_int("params.max_words", self.max_words, self.min_words)
+        if self.source not in SOURCES:
+            raise ConfigError(
+                "data.params.source", f"must be one of {list(SOURCES)}, got {self.source!r}"
+            )
+        mods = self.modules
+        if (
+            not isinstance(mods, tuple)
+            or not 0 < len(mods) <= MAX_PATTERNS
+            or not all(isinstance(m, str) and 0 < len(m) <= 64 for m in mods)
+        ):
+            raise ConfigError(
+                "data.params.modules",
+                f"must be a list of 1-{MAX_PATTERNS} patterns of 1-64 characters, got {mods!r}",
+            )
+        if self.source == "reference" and mods != ("*",):
+            raise ConfigError(
+                "data.params.modules", "selects docstrings: leave it unset with source 'reference'"
+            )
 
 
 def _source_files(root: Path) -> list[Path]:
@@ -70,8 +126,14 @@ def _docstrings(path: Path) -> list[str]:
             tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
         return []
-    nodes = [tree, *(n for n in ast.walk(tree) if isinstance(
-        n, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef))]  # fmt: skip
+    nodes = [
+        tree,
+        *(
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        ),
+    ]
     return [d for n in nodes if (d := ast.get_docstring(n, clean=True))]
 
 
@@ -112,19 +174,51 @@ def docstring_sentences(doc: str, params: StdlibTextParams) -> list[str]:
     return out
 
 
+def _top_module(path: Path, root: Path) -> str:
+    rel = path.relative_to(root)
+    return rel.parts[0] if len(rel.parts) > 1 else path.stem
+
+
 @functools.lru_cache(maxsize=4)
-def stdlib_sentences(params: StdlibTextParams = StdlibTextParams()) -> tuple[str, ...]:
-    """The deduplicated sentence pool of this interpreter's standard library, in file order."""
+def tagged_sentences(min_words: int = 6, max_words: int = 40) -> tuple[tuple[str, str], ...]:
+    """``(top-level module, sentence)`` of every docstring sentence, deduplicated (the first
+    occurrence kept), in file order."""
+    params = StdlibTextParams(min_words=min_words, max_words=max_words)
     root = Path(sysconfig.get_paths()["stdlib"])
     seen: set[str] = set()
-    pool: list[str] = []
+    pool: list[tuple[str, str]] = []
     for path in _source_files(root):
+        module = _top_module(path, root)
         for doc in _docstrings(path):
             for s in docstring_sentences(doc, params):
                 if s.lower() not in seen:
                     seen.add(s.lower())
-                    pool.append(s)
+                    pool.append((module, s))
     return tuple(pool)
+
+
+def _reference_sentences(params: StdlibTextParams) -> tuple[str, ...]:
+    topics = importlib.import_module("pydoc_data.topics").topics  # text only, no code run
+    seen: set[str] = set()
+    pool: list[str] = []
+    for key in sorted(topics):
+        for s in docstring_sentences(topics[key], params):
+            if s.lower() not in seen:
+                seen.add(s.lower())
+                pool.append(s)
+    return tuple(pool)
+
+
+@functools.lru_cache(maxsize=8)
+def stdlib_sentences(params: StdlibTextParams = StdlibTextParams()) -> tuple[str, ...]:
+    """The deduplicated sentence pool of ``params`` (see the module docstring), in file
+    order."""
+    if params.source == "reference":
+        return _reference_sentences(params)
+    tagged = tagged_sentences(params.min_words, params.max_words)
+    if params.modules == ("*",):
+        return tuple(s for _, s in tagged)
+    return tuple(s for m, s in tagged if any(fnmatch.fnmatchcase(m, p) for p in params.modules))
 
 
 def generate_stdlib_text(
@@ -135,14 +229,22 @@ def generate_stdlib_text(
 
     pool = stdlib_sentences(params)
     if n > len(pool):
-        raise ValueError(
-            f"data.n_train + data.n_valid = {n} exceeds the {len(pool)} sentences "
+        raise ConfigError(
+            "data.n_train",
+            f"with data.n_valid asks for {n} sentences, more than the {len(pool)} "
             f"found in the standard library docstrings (Python "
-            f"{platform.python_version()})"
+            f"{platform.python_version()})",
         )
     order = np.random.default_rng(seed).permutation(len(pool))[:n]
     digest = hashlib.sha256("\n".join(pool).encode()).hexdigest()
-    info = {"generator": "stdlib_text", "pool_size": len(pool), "pool_sha256": digest,
-            "python": platform.python_version(), "min_words": params.min_words,
-            "max_words": params.max_words}  # fmt: skip
+    info = {
+        "generator": "stdlib_text",
+        "pool_size": len(pool),
+        "pool_sha256": digest,
+        "python": platform.python_version(),
+        "min_words": params.min_words,
+        "max_words": params.max_words,
+        "source": params.source,
+        "modules": list(params.modules),
+    }
     return [pool[i] for i in order], info

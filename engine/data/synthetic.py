@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.configs import ConfigError
 from engine.data.arrays import build_array_data
 from engine.data.config import DataConfig, params_from_dict
 from engine.data.criteo import collate_criteo, dlrm_overrides, parse_criteo
@@ -44,37 +45,60 @@ from engine.data.synthetic_tabular import (
 from engine.data.synthetic_text import MLMParams, NLIParams, generate_mlm, generate_nli
 from engine.data.text import build_pair_data
 
-__all__ = ["GENERATOR_OF_ARCH", "PARAMS", "SyntheticFiles", "parse_params", "build_synthetic_data",
-           "write_synthetic"]  # fmt: skip
+__all__ = [
+    "GENERATOR_OF_ARCH",
+    "PARAMS",
+    "SyntheticFiles",
+    "parse_params",
+    "build_synthetic_data",
+    "write_synthetic",
+]
 
-GENERATOR_OF_ARCH = {"transformer": "nli", "dlrm": "criteo", "mlm": "mlm", "mlp": "mlp",
-                     "hf_bert": "stdlib_text"}  # fmt: skip
+GENERATOR_OF_ARCH = {
+    "transformer": "nli",
+    "dlrm": "criteo",
+    "mlm": "mlm",
+    "mlp": "mlp",
+    "hf_bert": "stdlib_text",
+}
 ARCH_OF_GENERATOR = {g: a for a, g in GENERATOR_OF_ARCH.items()}
-PARAMS: dict[str, type] = {"nli": NLIParams, "criteo": CriteoParams, "mlm": MLMParams,
-                           "mlp": MLPParams, "stdlib_text": StdlibTextParams}  # fmt: skip
-FILE_KIND = {"nli": "jsonl", "criteo": "criteo", "mlm": "text", "mlp": "npz",
-             "stdlib_text": "text"}  # fmt: skip
+PARAMS: dict[str, type] = {
+    "nli": NLIParams,
+    "criteo": CriteoParams,
+    "mlm": MLMParams,
+    "mlp": MLPParams,
+    "stdlib_text": StdlibTextParams,
+}
+FILE_KIND = {"nli": "jsonl", "criteo": "criteo", "mlm": "text", "mlp": "npz", "stdlib_text": "text"}
 SUFFIX = {"jsonl": ".jsonl", "csv": ".csv", "criteo": ".tsv", "text": ".txt", "npz": ".npz"}
 
 
 def parse_params(generator: str, params: Mapping[str, Any] | None) -> Any:
     """The validated parameter dataclass of ``generator`` (errors name ``data.params.<x>``)."""
     if generator not in PARAMS:
-        raise ValueError(f"data.generator must be one of {sorted(PARAMS)}, got {generator!r}")
+        raise ConfigError("data.generator", f"must be one of {sorted(PARAMS)}, got {generator!r}")
     return params_from_dict(PARAMS[generator], dict(params or {}), generator)
 
 
 def _generator(cfg: DataConfig, arch: str) -> str:
     gen = cfg.generator or GENERATOR_OF_ARCH[arch]
     if ARCH_OF_GENERATOR[gen] != arch:
-        raise ValueError(f"data.generator {gen!r} makes data for model.arch "
-                         f"{ARCH_OF_GENERATOR[gen]!r}, not {arch!r}")
+        raise ConfigError(
+            "data.generator",
+            f"{gen!r} makes data for model.arch {ARCH_OF_GENERATOR[gen]!r}, not {arch!r}",
+        )
     return gen
 
 
-def build_synthetic_data(cfg: DataConfig, *, arch: str, batch_size: int, seed: int,
-                         workdir: str | Path | None,
-                         tokenizer: str | None = None) -> DataBundle:  # fmt: skip
+def build_synthetic_data(
+    cfg: DataConfig,
+    *,
+    arch: str,
+    batch_size: int,
+    seed: int,
+    workdir: str | Path | None,
+    tokenizer: str | None = None,
+) -> DataBundle:
     """In-memory sources for ``cfg.generator`` (every epoch a full random permutation);
     ``tokenizer`` is the tokenizer.json of ``stdlib_text`` sentences (``hf_bert``)."""
     gen = _generator(cfg, arch)
@@ -87,52 +111,75 @@ def build_synthetic_data(cfg: DataConfig, *, arch: str, batch_size: int, seed: i
         pairs = [(i + 1, a, b, y) for i, (a, b, y) in enumerate(rows)]
         tr, va = pairs[:nt], pairs[nt:]
         bundle = build_pair_data(
-            cfg, workdir=workdir, names=names,
-            train_rows=lambda: tr, valid_rows=(lambda: va) if va else None, in_memory=True,
+            cfg,
+            workdir=workdir,
+            names=names,
+            train_rows=lambda: tr,
+            valid_rows=(lambda: va) if va else None,
+            in_memory=True,
             **common,
-        )  # fmt: skip
+        )
     elif gen == "mlm":
         lines, info = generate_mlm(n, cfg.synthetic_seed, params)
         numbered = [(i + 1, s) for i, s in enumerate(lines)]
         tr_l, va_l = numbered[:nt], numbered[nt:]
         bundle = build_mlm_data(
-            cfg, workdir=workdir, names=names, train_lines=lambda: tr_l,
-            valid_lines=(lambda: va_l) if va_l else None, in_memory=True, **common,
-        )  # fmt: skip
+            cfg,
+            workdir=workdir,
+            names=names,
+            train_lines=lambda: tr_l,
+            valid_lines=(lambda: va_l) if va_l else None,
+            in_memory=True,
+            **common,
+        )
     elif gen == "stdlib_text":
         if tokenizer is None:
-            raise ValueError("data.tokenizer: the stdlib_text generator needs a tokenizer.json")
+            raise ConfigError("data.tokenizer", "the stdlib_text generator needs a tokenizer.json")
         sentences, info = generate_stdlib_text(n, cfg.synthetic_seed, params)
         numbered = [(i + 1, s) for i, s in enumerate(sentences)]
         tr_s, va_s = numbered[:nt], numbered[nt:]
         bundle = build_sentence_data(
-            cfg, tokenizer=tokenizer, train_lines=lambda: tr_s,
-            valid_lines=(lambda: va_s) if va_s else None, in_memory=True, **common,
-        )  # fmt: skip
+            cfg,
+            tokenizer=tokenizer,
+            train_lines=lambda: tr_s,
+            valid_lines=(lambda: va_s) if va_s else None,
+            in_memory=True,
+            **common,
+        )
     elif gen == "criteo":
         raw, info = generate_criteo(n, cfg.synthetic_seed, params)
         rows_per_table = cfg.table_rows()
         parsed = list(parse_criteo(enumerate(raw, 1), rows_per_table, names[0]))
         tr_c, va_c = parsed[:nt], parsed[nt:]
         train, valid = train_valid_sources(
-            lambda: tr_c, (lambda: va_c) if va_c else None,
+            lambda: tr_c,
+            (lambda: va_c) if va_c else None,
             collate=lambda ex, _seed: collate_criteo(ex),
-            shuffle_buffer=nt if cfg.shuffle_buffer else 0, drop_last=cfg.drop_last,
-            valid_every=0, counts=(nt, len(va_c) or None), length_buckets=cfg.length_buckets,
+            shuffle_buffer=nt if cfg.shuffle_buffer else 0,
+            drop_last=cfg.drop_last,
+            valid_every=0,
+            counts=(nt, len(va_c) or None),
+            length_buckets=cfg.length_buckets,
             **common,
-        )  # fmt: skip
-        bundle = DataBundle(train, valid, dlrm_overrides(rows_per_table), {},
-                            {"num_rows": list(rows_per_table)})  # fmt: skip
+        )
+        bundle = DataBundle(
+            train, valid, dlrm_overrides(rows_per_table), {}, {"num_rows": list(rows_per_table)}
+        )
     else:
         x, y, info = generate_mlp(n, cfg.synthetic_seed, params)
         flat = x.reshape(n, -1)
         ex = [(flat[i], int(y[i])) for i in range(n)]
         tr_a, va_a = ex[:nt], ex[nt:]
         bundle = build_array_data(
-            cfg, train=lambda: tr_a, valid=(lambda: va_a) if va_a else None,
-            counts=(nt, len(va_a) or None), in_features=flat.shape[1],
-            num_classes=params.num_classes, in_memory=True, **common,
-        )  # fmt: skip
+            cfg,
+            train=lambda: tr_a,
+            valid=(lambda: va_a) if va_a else None,
+            counts=(nt, len(va_a) or None),
+            in_features=flat.shape[1],
+            num_classes=params.num_classes,
+            in_memory=True,
+            **common,
+        )
     bundle.info.update({"synthetic": info, "n_train": nt, "n_valid": cfg.n_valid})
     return bundle
 
@@ -151,9 +198,16 @@ class SyntheticFiles:
         return DataConfig(kind=self.kind, train=self.train, valid=self.valid, **changes)
 
 
-def write_synthetic(generator: str, directory: str | Path, *, n_train: int, n_valid: int = 0,
-                    seed: int = 0, params: Mapping[str, Any] | None = None,
-                    fmt: str | None = None) -> SyntheticFiles:  # fmt: skip
+def write_synthetic(
+    generator: str,
+    directory: str | Path,
+    *,
+    n_train: int,
+    n_valid: int = 0,
+    seed: int = 0,
+    params: Mapping[str, Any] | None = None,
+    fmt: str | None = None,
+) -> SyntheticFiles:
     """Write ``train.<ext>`` (and ``valid.<ext>`` if ``n_valid``) in the real file format.
 
     ``fmt`` only matters for ``nli``: ``"jsonl"`` (default) or ``"csv"`` (columns premise,
@@ -186,8 +240,10 @@ def write_synthetic(generator: str, directory: str | Path, *, n_train: int, n_va
                     w.writerow(["premise", "hypothesis", "label"])
                     w.writerows(part)
                 else:
-                    f.writelines(json.dumps({"premise": a, "hypothesis": b, "label": y}) + "\n"
-                                 for a, b, y in part)  # fmt: skip
+                    f.writelines(
+                        json.dumps({"premise": a, "hypothesis": b, "label": y}) + "\n"
+                        for a, b, y in part
+                    )
     elif generator in ("mlm", "stdlib_text"):
         make = generate_mlm if generator == "mlm" else generate_stdlib_text
         lines, info = make(n, seed, p)

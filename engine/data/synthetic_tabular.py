@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.configs import ConfigError
 from engine.data.config import N_CATEGORICAL, check_int, check_real
 
 __all__ = ["CriteoParams", "MLPParams", "criteo_lines", "generate_criteo", "generate_mlp", "BLOCK"]
@@ -55,22 +56,26 @@ class CriteoParams:
     def __post_init__(self) -> None:
         card = self.cardinality
         card = (card,) if isinstance(card, int) else card
-        if not isinstance(card, tuple) or not card or not all(
-            isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in card
+        if (
+            not isinstance(card, tuple)
+            or not card
+            or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in card)
         ):
-            raise ValueError(f"data.params.cardinality must be an integer >= 1 or a list of "
-                             f"them, got {self.cardinality!r}")
+            raise ConfigError(
+                "data.params.cardinality",
+                f"must be an integer >= 1 or a list of them, got {self.cardinality!r}",
+            )
         object.__setattr__(self, "cardinality", card)
         check_int("params.rank", self.rank, 1)
         check_int("params.interaction_tables", self.interaction_tables, 0)
         if self.interaction_tables > N_CATEGORICAL:
-            raise ValueError(f"data.params.interaction_tables must be <= {N_CATEGORICAL}")
+            raise ConfigError("data.params.interaction_tables", f"must be <= {N_CATEGORICAL}")
         for name in ("effect_scale", "interaction_scale", "dense_scale"):
             check_real(f"params.{name}", getattr(self, name), 0.0, 100.0)
         check_real("params.missing_rate", self.missing_rate, 0.0, 0.9)
         check_real("params.positive_rate", self.positive_rate, 0.0, 1.0, open_lo=True)
         if self.positive_rate >= 1:
-            raise ValueError("data.params.positive_rate must be < 1")
+            raise ConfigError("data.params.positive_rate", "must be < 1")
 
     def table_cardinality(self) -> tuple[int, ...]:
         c = self.cardinality
@@ -86,8 +91,10 @@ class _CriteoModel:
         self.card = params.table_cardinality()
         self.pop = [np.cumsum(1 / np.arange(1, c + 1) ** 1.1) for c in self.card]
         self.pop = [p / p[-1] for p in self.pop]
-        self.hex = [np.array([f"{h:08x}" for h in rng.choice(2**32, size=c, replace=False)],
-                             dtype=object) for c in self.card]  # fmt: skip
+        self.hex = [
+            np.array([f"{h:08x}" for h in rng.choice(2**32, size=c, replace=False)], dtype=object)
+            for c in self.card
+        ]
         # effects of each category, index c = card[t] is "missing"
         self.effect = [rng.normal(0, params.effect_scale, c + 1) for c in self.card]
         k, r = params.interaction_tables, params.rank
@@ -100,8 +107,13 @@ class _CriteoModel:
     def block(self, rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
         """``n`` rows: categories (n, 26) (missing = card), counts (n, 13), missing (n, 13)."""
         miss = self.params.missing_rate
-        cats = np.stack([np.searchsorted(p, rng.random(n), side="right").clip(max=len(p) - 1)
-                         for p in self.pop], axis=1)  # (n, 26)
+        cats = np.stack(
+            [
+                np.searchsorted(p, rng.random(n), side="right").clip(max=len(p) - 1)
+                for p in self.pop
+            ],
+            axis=1,
+        )  # (n, 26)
         cat_missing = rng.random((n, N_CATEGORICAL)) < miss  # (n, 26)
         cats = np.where(cat_missing, np.array(self.card), cats)  # (n, 26)
         counts = np.floor(np.exp(rng.normal(self.mu, 1.2, (n, N_DENSE)))).astype(np.int64) - 1
@@ -154,8 +166,9 @@ def _calibrate(model: _CriteoModel, seed: int) -> None:
     model.bias = (lo + hi) / 2
 
 
-def criteo_lines(n: int, seed: int, params: CriteoParams) -> tuple[Iterator[list[bytes]],
-                                                                   dict[str, Any]]:  # fmt: skip
+def criteo_lines(
+    n: int, seed: int, params: CriteoParams
+) -> tuple[Iterator[list[bytes]], dict[str, Any]]:
     """Blocks of Criteo TSV lines (lazily) and ``info`` filled in once the blocks are drawn."""
     model = _CriteoModel(params, seed)
     _calibrate(model, seed)
@@ -171,14 +184,16 @@ def criteo_lines(n: int, seed: int, params: CriteoParams) -> tuple[Iterator[list
             sums["oracle"] += float(np.maximum(p, 1 - p).sum())
             yield model.lines(b, labels)
         rate = sums["pos"] / max(sums["n"], 1)
-        info.update(positive_rate=rate, base_rate=max(rate, 1 - rate),
-                    oracle_accuracy=sums["oracle"] / max(sums["n"], 1))  # fmt: skip
+        info.update(
+            positive_rate=rate,
+            base_rate=max(rate, 1 - rate),
+            oracle_accuracy=sums["oracle"] / max(sums["n"], 1),
+        )
 
     return blocks(), info
 
 
-def generate_criteo(n: int, seed: int, params: CriteoParams) -> tuple[list[bytes],
-                                                                      dict[str, Any]]:  # fmt: skip
+def generate_criteo(n: int, seed: int, params: CriteoParams) -> tuple[list[bytes], dict[str, Any]]:
     """``n`` Criteo TSV lines (bytes, newline-terminated) and the oracle figures."""
     blocks, info = criteo_lines(n, seed, params)
     lines = [line for block in blocks for line in block]
@@ -194,19 +209,24 @@ class MLPParams:
 
     def __post_init__(self) -> None:
         shape = (self.shape,) if isinstance(self.shape, int) else self.shape
-        if not isinstance(shape, tuple) or not shape or not all(
-            isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in shape
+        if (
+            not isinstance(shape, tuple)
+            or not shape
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in shape)
         ):
-            raise ValueError(f"data.params.shape must be an integer >= 1 or a list of them, "
-                             f"got {self.shape!r}")
+            raise ConfigError(
+                "data.params.shape",
+                f"must be an integer >= 1 or a list of them, got {self.shape!r}",
+            )
         object.__setattr__(self, "shape", shape)
         check_int("params.num_classes", self.num_classes, 2)
         check_int("params.clusters_per_class", self.clusters_per_class, 1)
         check_real("params.noise", self.noise, 0.0, 100.0, open_lo=True)
 
 
-def generate_mlp(n: int, seed: int, params: MLPParams) -> tuple[np.ndarray, np.ndarray,
-                                                                dict[str, Any]]:  # fmt: skip
+def generate_mlp(
+    n: int, seed: int, params: MLPParams
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """``x`` (n, *shape) float32, ``y`` (n,) int64 and the Bayes accuracy on them."""
     shape = params.shape
     assert isinstance(shape, tuple)
@@ -228,6 +248,10 @@ def generate_mlp(n: int, seed: int, params: MLPParams) -> tuple[np.ndarray, np.n
     logp = logp.reshape(n, params.num_classes, params.clusters_per_class)  # (n, C, k)
     post = np.logaddexp.reduce(logp, axis=2)  # (n, C)
     oracle = float((post.argmax(1) == y).mean()) if n else 0.0
-    info = {"generator": "mlp", "in_features": f, "num_classes": params.num_classes,
-            "oracle_accuracy": oracle}  # fmt: skip
+    info = {
+        "generator": "mlp",
+        "in_features": f,
+        "num_classes": params.num_classes,
+        "oracle_accuracy": oracle,
+    }
     return x.reshape(n, *shape).astype(np.float32), y.astype(np.int64), info

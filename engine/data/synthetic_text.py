@@ -37,10 +37,18 @@ from typing import Any
 
 import numpy as np
 
+from engine.configs import ConfigError
 from engine.data.config import check_int
 
-__all__ = ["NLIParams", "MLMParams", "NLI_LABELS", "NEGATIONS", "make_words", "generate_nli",
-           "generate_mlm"]  # fmt: skip
+__all__ = [
+    "NLIParams",
+    "MLMParams",
+    "NLI_LABELS",
+    "NEGATIONS",
+    "make_words",
+    "generate_nli",
+    "generate_mlm",
+]
 
 NLI_LABELS = ("entailment", "neutral", "contradiction")
 NEGATIONS = ("not", "never", "no")
@@ -53,8 +61,9 @@ def make_words(n: int, rng: np.random.Generator, avoid: tuple[str, ...] = ()) ->
     seen, words = set(avoid), []
     while len(words) < n:
         k = int(rng.integers(2, 4))
-        w = "".join(_CONSONANTS[rng.integers(len(_CONSONANTS))] + _VOWELS[rng.integers(5)]
-                    for _ in range(k))  # fmt: skip
+        w = "".join(
+            _CONSONANTS[rng.integers(len(_CONSONANTS))] + _VOWELS[rng.integers(5)] for _ in range(k)
+        )
         if w not in seen:
             seen.add(w)
             words.append(w)
@@ -78,12 +87,16 @@ class NLIParams:
         check_int("params.min_hypothesis", self.min_hypothesis, 2)
         check_int("params.max_hypothesis", self.max_hypothesis, self.min_hypothesis)
         if self.max_hypothesis > self.min_premise:
-            raise ValueError(f"data.params.max_hypothesis must be <= min_premise "
-                             f"({self.min_premise}), got {self.max_hypothesis}")
+            raise ConfigError(
+                "data.params.max_hypothesis",
+                f"must be <= min_premise ({self.min_premise}), got {self.max_hypothesis}",
+            )
         need = self.max_premise + (self.max_hypothesis if self.n_topics == 1 else 0)
         if self.n_words // self.n_topics < need:
-            raise ValueError(f"data.params.n_words / n_topics must be >= {need} words per topic, "
-                             f"got {self.n_words} / {self.n_topics}")
+            raise ValueError(
+                f"data.params.n_words / n_topics must be >= {need} words per topic, "
+                f"got {self.n_words} / {self.n_topics}"
+            )
 
 
 def nli_label(premise: list[str], hypothesis: list[str]) -> str:
@@ -93,8 +106,9 @@ def nli_label(premise: list[str], hypothesis: list[str]) -> str:
     return "entailment" if set(hypothesis) <= set(premise) else "neutral"
 
 
-def generate_nli(n: int, seed: int, params: NLIParams) -> tuple[list[tuple[str, str, str]],
-                                                                dict[str, Any]]:  # fmt: skip
+def generate_nli(
+    n: int, seed: int, params: NLIParams
+) -> tuple[list[tuple[str, str, str]], dict[str, Any]]:
     """``n`` rows ``(premise, hypothesis, label)`` and a description of the task."""
     words = make_words(params.n_words, np.random.default_rng([seed, 0]), avoid=NEGATIONS)
     size = params.n_words // params.n_topics
@@ -122,8 +136,13 @@ def generate_nli(n: int, seed: int, params: NLIParams) -> tuple[list[tuple[str, 
             other = topics[(t + 1 + int(rng.integers(params.n_topics - 1))) % params.n_topics]
             hyp = [other[i] for i in rng.choice(len(other), size=m, replace=False)]
         rows.append((" ".join(premise), " ".join(hyp), label))
-    info = {"generator": "nli", "labels": list(NLI_LABELS), "oracle_accuracy": 1.0,
-            "n_words": len(words) + len(NEGATIONS), "n_topics": params.n_topics}  # fmt: skip
+    info = {
+        "generator": "nli",
+        "labels": list(NLI_LABELS),
+        "oracle_accuracy": 1.0,
+        "n_words": len(words) + len(NEGATIONS),
+        "n_topics": params.n_topics,
+    }
     return rows, info
 
 
@@ -138,7 +157,7 @@ class MLMParams:
         check_int("params.n_words", self.n_words, 10)
         check_int("params.branching", self.branching, 1)
         if 2 * self.branching > self.n_words:
-            raise ValueError("data.params.branching must be <= n_words / 2")
+            raise ConfigError("data.params.branching", "must be <= n_words / 2")
         check_int("params.min_len", self.min_len, 2)
         check_int("params.max_len", self.max_len, self.min_len)
 
@@ -186,6 +205,10 @@ def generate_mlm(n: int, seed: int, params: MLMParams) -> tuple[list[str], dict[
             s.append(min(int(np.searchsorted(cum_t[s[-1]], u[j], side="right")), len(words) - 1))
         sents.append(s)
     oracle, unigram = _oracle(sents[: min(n, 2000)], trans, start)
-    info = {"generator": "mlm", "n_words": len(words), "oracle_accuracy": oracle,
-            "unigram_accuracy": unigram}  # fmt: skip
+    info = {
+        "generator": "mlm",
+        "n_words": len(words),
+        "oracle_accuracy": oracle,
+        "unigram_accuracy": unigram,
+    }
     return [" ".join(words[i] for i in s) for s in sents], info

@@ -4,7 +4,10 @@ Training uses the ``tokenizers`` library exactly like BERT: ``BertNormalizer`` (
 lowercasing, accent stripping with it), ``BertPreTokenizer`` (whitespace and punctuation),
 ``WordPiece`` with ``##`` continuation pieces and the special tokens ``[PAD] [UNK] [CLS] [SEP]
 [MASK]`` at ids 0..4. The text comes from an iterator that reads the file line by line, so the
-file is never held in memory (the trainer only keeps word counts).
+file is never held in memory (the trainer only keeps word counts). The vocabulary is trained
+by :func:`engine.data.wordpiece.train_vocab`, the library's algorithm with its orders fixed:
+the same text gives the same tokenizer, ids included, in every process (the library's own
+trainer breaks ties in a hash-map order seeded at random per process).
 
 Whatever its origin, :func:`prepare` fixes the encoding contract of the loaders: the
 post-processor builds ``[CLS] a [SEP]`` (type ids 0) or ``[CLS] a [SEP] b [SEP]`` (type ids
@@ -12,9 +15,6 @@ post-processor builds ``[CLS] a [SEP]`` (type ids 0) or ``[CLS] a [SEP] b [SEP]`
 tokens, special tokens included; padding is left to the collate function. A loaded
 tokenizer.json must contain the five special tokens; its normalizer and model are used as they
 are (``lowercase`` applies only to training).
-
-Training is not bit-reproducible: the library breaks ties between equally frequent merges in
-hash-map order, so two trainings on the same text may differ in a few pieces.
 
 :func:`obtain_tokenizer` gives a job a stable tokenizer: the configured file, else
 ``workdir/tokenizer.json`` if an earlier run (or the resumed job) saved one, else a freshly
@@ -35,13 +35,20 @@ from tokenizers import (
     normalizers,
     pre_tokenizers,
     processors,
-    trainers,
 )
 
 from engine.data.errors import DataError
+from engine.data.wordpiece import count_words, train_vocab
 
-__all__ = ["SPECIAL_TOKENS", "SpecialIds", "train_wordpiece", "load_tokenizer", "prepare",
-           "obtain_tokenizer", "TOKENIZER_FILE"]  # fmt: skip
+__all__ = [
+    "SPECIAL_TOKENS",
+    "SpecialIds",
+    "train_wordpiece",
+    "load_tokenizer",
+    "prepare",
+    "obtain_tokenizer",
+    "TOKENIZER_FILE",
+]
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 TOKENIZER_FILE = "tokenizer.json"
@@ -63,13 +70,16 @@ class SpecialIds:
 
 def train_wordpiece(texts: Iterable[str], *, vocab_size: int, lowercase: bool) -> Tokenizer:
     """A BERT-style WordPiece tokenizer trained on ``texts`` (consumed once, streamed)."""
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=None)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=None)
+    pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    counts = count_words(texts, normalizer, pre_tokenizer)
+    pieces = train_vocab(counts, vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS)
+    vocab = {p: i for i, p in enumerate(pieces)}
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", continuing_subword_prefix="##"))
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = pre_tokenizer
     tok.decoder = decoders.WordPiece()
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
-                                        show_progress=False)  # fmt: skip
-    tok.train_from_iterator(texts, trainer=trainer)
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
     return tok
 
 

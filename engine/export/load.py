@@ -51,12 +51,16 @@ def read_weights(directory: str | Path, manifest: Mapping[str, Any]) -> dict[str
     blob = path.read_bytes()
     expected = manifest["weights"]
     if "bytes" in expected and len(blob) != expected["bytes"]:
-        raise CheckpointError(f"{WEIGHTS_FILE}: size {len(blob)} bytes does not match the "
-                              f"manifest's {expected['bytes']} (file truncated or replaced)")
+        raise CheckpointError(
+            f"{WEIGHTS_FILE}: size {len(blob)} bytes does not match the "
+            f"manifest's {expected['bytes']} (file truncated or replaced)"
+        )
     digest = hashlib.sha256(blob).hexdigest()
     if digest != expected["sha256"]:
-        raise CheckpointError(f"{WEIGHTS_FILE}: sha256 {digest} does not match the manifest's "
-                              f"{expected['sha256']} (file corrupted or modified)")
+        raise CheckpointError(
+            f"{WEIGHTS_FILE}: sha256 {digest} does not match the manifest's "
+            f"{expected['sha256']} (file corrupted or modified)"
+        )
     try:
         return safetensors.torch.load(blob)
     except Exception as exc:  # safetensors raises its own error types
@@ -68,8 +72,10 @@ def _workload(manifest: Mapping[str, Any]) -> Workload:
     try:
         return get_workload(manifest["arch"])
     except ValueError:
-        raise CheckpointError(f"manifest.json: arch {manifest['arch']!r} is not known to this "
-                              f"engine; known: {sorted(WORKLOADS)}") from None
+        raise CheckpointError(
+            f"manifest.json: arch {manifest['arch']!r} is not known to this "
+            f"engine; known: {sorted(WORKLOADS)}"
+        ) from None
 
 
 def _resize_(model: nn.Module, layers: list[dict[str, Any]]) -> None:
@@ -86,8 +92,10 @@ def _resize_(model: nn.Module, layers: list[dict[str, Any]]) -> None:
         rec = recorded[name]
         kind = "tt_linear" if isinstance(mod, TTLinear) else "ttm_embedding"
         if rec["kind"] != kind:
-            raise CheckpointError(f"manifest.json: layer {name!r} is {rec['kind']} in the "
-                                  f"manifest but {kind} in the built model")
+            raise CheckpointError(
+                f"manifest.json: layer {name!r} is {rec['kind']} in the "
+                f"manifest but {kind} in the built model"
+            )
         first, second = _MODES[kind]
         have = (list(getattr(mod, first)), list(getattr(mod, second)))
         if have != (rec[first], rec[second]):
@@ -114,10 +122,15 @@ def _load_strict_(model: nn.Module, tensors: Mapping[str, Tensor]) -> None:
     expected = set(own) - gates
     missing, unexpected = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
     if missing or unexpected:
-        raise CheckpointError(f"{WEIGHTS_FILE}: keys do not match the model; missing "
-                              f"{missing[:10]}, unexpected {unexpected[:10]}")
-    wrong = [f"{k}: stored {tuple(tensors[k].shape)}, model {tuple(own[k].shape)}"
-             for k in sorted(expected) if tensors[k].shape != own[k].shape]  # fmt: skip
+        raise CheckpointError(
+            f"{WEIGHTS_FILE}: keys do not match the model; missing "
+            f"{missing[:10]}, unexpected {unexpected[:10]}"
+        )
+    wrong = [
+        f"{k}: stored {tuple(tensors[k].shape)}, model {tuple(own[k].shape)}"
+        for k in sorted(expected)
+        if tensors[k].shape != own[k].shape
+    ]
     if wrong:
         raise CheckpointError(f"{WEIGHTS_FILE}: shape mismatches: {wrong[:10]}")
     result = model.load_state_dict(tensors, strict=False)

@@ -16,9 +16,10 @@ TT / TTM core entries; ``tt_dense_params`` the dense weight entries those layers
 ``dense_equivalent_params = stored_params - tt_params + tt_dense_params`` is the size of the
 same model with every tensorized layer dense (gates are never stored, so never counted).
 ``tensorized_ratio = tt_dense_params / tt_params`` and ``model_ratio = dense_equivalent_params
-/ stored_params``. The measured ratio (Part B item 2) is ``weights.file_ratio``: the dense
-model's bytes (same element sizes) over the bytes of the saved file, header included. A ratio
-whose denominator is 0 (a chain cut to rank 0) is written as ``null``: JSON has no infinity.
+/ stored_params``. The measured ratio (docs/method.md#export) is ``weights.file_ratio``: the
+dense model's bytes (same element sizes) over the bytes of the saved file, header included. A
+ratio whose denominator is 0 (a chain cut to rank 0) is written as ``null``: JSON has no
+infinity.
 """
 
 from __future__ import annotations
@@ -87,8 +88,9 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def parse_dtype(name: object, field: str) -> torch.dtype:
     if not isinstance(name, str) or name not in DTYPES:
-        raise CheckpointError(f"manifest.json: {field} must be one of {sorted(DTYPES)}, "
-                              f"got {name!r}")
+        raise CheckpointError(
+            f"manifest.json: {field} must be one of {sorted(DTYPES)}, got {name!r}"
+        )
     return DTYPES[name]
 
 
@@ -113,8 +115,10 @@ def json_safe(value: Any, field: str) -> Any:
         return out
     if isinstance(value, list | tuple):
         return [json_safe(v, f"{field}[{i}]") for i, v in enumerate(value)]
-    raise ValueError(f"{field} must hold only JSON values (numbers, strings, lists, dicts), "
-                     f"got {type(value).__name__}")
+    raise ValueError(
+        f"{field} must hold only JSON values (numbers, strings, lists, dicts), "
+        f"got {type(value).__name__}"
+    )
 
 
 # -- tensorized layers ----------------------------------------------------------------------
@@ -161,17 +165,25 @@ def layer_record(
     }
     if isinstance(mod, TTLinear):
         return {
-            "name": name, "kind": "tt_linear",
-            "in_features": mod.in_features, "out_features": mod.out_features,
+            "name": name,
+            "kind": "tt_linear",
+            "in_features": mod.in_features,
+            "out_features": mod.out_features,
             "bias": mod.bias is not None,
-            "in_modes": list(mod.in_modes), "out_modes": list(mod.out_modes), **common,
-        }  # fmt: skip
+            "in_modes": list(mod.in_modes),
+            "out_modes": list(mod.out_modes),
+            **common,
+        }
     return {
-        "name": name, "kind": "ttm_embedding",
-        "num_embeddings": mod.num_embeddings, "embedding_dim": mod.embedding_dim,
+        "name": name,
+        "kind": "ttm_embedding",
+        "num_embeddings": mod.num_embeddings,
+        "embedding_dim": mod.embedding_dim,
         "padding_idx": mod.padding_idx,
-        "row_modes": list(mod.row_modes), "col_modes": list(mod.col_modes), **common,
-    }  # fmt: skip
+        "row_modes": list(mod.row_modes),
+        "col_modes": list(mod.col_modes),
+        **common,
+    }
 
 
 # -- reading --------------------------------------------------------------------------------
@@ -181,8 +193,7 @@ def _check_layer(i: int, rec: object) -> None:
         raise CheckpointError(f"{where} must be an object, got {type(rec).__name__}")
     kind = rec.get("kind")
     if kind not in ("tt_linear", "ttm_embedding"):
-        raise CheckpointError(f"{where}.kind must be 'tt_linear' or 'ttm_embedding', "
-                              f"got {kind!r}")
+        raise CheckpointError(f"{where}.kind must be 'tt_linear' or 'ttm_embedding', got {kind!r}")
     modes = ("in_modes", "out_modes") if kind == "tt_linear" else ("row_modes", "col_modes")
     if not isinstance(rec.get("name"), str):
         raise CheckpointError(f"{where}.name must be a string, got {rec.get('name')!r}")
@@ -194,8 +205,9 @@ def _check_layer(i: int, rec: object) -> None:
             raise CheckpointError(f"{where}.{key} must be a list of integers >= 0, got {v!r}")
     n_cores = len(rec[modes[0]]) + (len(rec[modes[1]]) if kind == "tt_linear" else 0)
     if len(rec["ranks"]) != n_cores + 1:
-        raise CheckpointError(f"{where}.ranks must have {n_cores + 1} entries for {n_cores} "
-                              f"cores, got {rec['ranks']}")
+        raise CheckpointError(
+            f"{where}.ranks must have {n_cores + 1} entries for {n_cores} cores, got {rec['ranks']}"
+        )
 
 
 def validate_manifest(data: object) -> dict[str, Any]:
@@ -203,12 +215,15 @@ def validate_manifest(data: object) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise CheckpointError(f"manifest.json must hold a JSON object, got {type(data).__name__}")
     if data.get("format") != FORMAT:
-        raise CheckpointError(f"manifest.json: format must be {FORMAT!r}, "
-                              f"got {data.get('format')!r}")
+        raise CheckpointError(
+            f"manifest.json: format must be {FORMAT!r}, got {data.get('format')!r}"
+        )
     version = data.get("format_version")
     if version != FORMAT_VERSION or isinstance(version, bool):
-        raise CheckpointError(f"manifest.json: format_version {version!r} is not supported "
-                              f"(this engine reads version {FORMAT_VERSION})")
+        raise CheckpointError(
+            f"manifest.json: format_version {version!r} is not supported "
+            f"(this engine reads version {FORMAT_VERSION})"
+        )
     missing = [k for k in REQUIRED_KEYS if k not in data]
     if missing:
         raise CheckpointError(f"manifest.json: missing keys {missing}")
@@ -218,8 +233,9 @@ def validate_manifest(data: object) -> dict[str, Any]:
         if not isinstance(data[key], dict):
             raise CheckpointError(f"manifest.json: {key} must be an object, got {data[key]!r}")
     if not isinstance(data["tensorized"], bool):
-        raise CheckpointError(f"manifest.json: tensorized must be true or false, "
-                              f"got {data['tensorized']!r}")
+        raise CheckpointError(
+            f"manifest.json: tensorized must be true or false, got {data['tensorized']!r}"
+        )
     parse_dtype(data["dtype"], "dtype")
     if not isinstance(data["layers"], list):
         raise CheckpointError(f"manifest.json: layers must be a list, got {data['layers']!r}")
@@ -227,11 +243,14 @@ def validate_manifest(data: object) -> dict[str, Any]:
         _check_layer(i, rec)
     weights = data["weights"]
     if not isinstance(weights.get("sha256"), str) or len(weights["sha256"]) != 64:
-        raise CheckpointError(f"manifest.json: weights.sha256 must be a 64-digit hex string, "
-                              f"got {weights.get('sha256')!r}")
+        raise CheckpointError(
+            f"manifest.json: weights.sha256 must be a 64-digit hex string, "
+            f"got {weights.get('sha256')!r}"
+        )
     if weights.get("file") != WEIGHTS_FILE:
-        raise CheckpointError(f"manifest.json: weights.file must be {WEIGHTS_FILE!r}, "
-                              f"got {weights.get('file')!r}")
+        raise CheckpointError(
+            f"manifest.json: weights.file must be {WEIGHTS_FILE!r}, got {weights.get('file')!r}"
+        )
     return data
 
 

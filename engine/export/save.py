@@ -8,6 +8,9 @@ at 1, so the stored cores alone give the layer's output and the gates are not wr
 loader recreates them as ones at the stored ranks). Every other state-dict tensor is written as
 it is. Floating tensors may be cast to ``dtype`` (``torch.bfloat16`` halves the file).
 
+The weights file is byte-identical for identical tensors (its header in one canonical order,
+:func:`_canonical`), so an export's sha256 can be checked against a known-good digest.
+
 Both files are written atomically (temporary file in the same directory, ``fsync``,
 ``os.replace``): weights first, then the manifest that carries their byte size and sha256, so
 a manifest never names a weights file it did not see complete.
@@ -45,6 +48,7 @@ from engine.models.registry import TensorizeOptions, get_workload
 from engine.nn.tt_linear import TTLinear
 from engine.nn.ttm_embedding import TTMEmbedding
 from engine.tt.surgery import fold_gates_chain_, shrink_chain_
+from engine.version import __version__
 
 __all__ = ["ExportInfo", "export_compressed", "atomic_write"]
 
@@ -90,8 +94,10 @@ def _source_dtype(model: nn.Module) -> torch.dtype:
     """The one floating dtype of the model's parameters (float32 when it has none)."""
     found = {p.dtype for p in model.parameters() if p.is_floating_point()}
     if len(found) > 1:
-        raise ValueError(f"model parameters must share one floating dtype to export, "
-                         f"got {sorted(str(d) for d in found)}")
+        raise ValueError(
+            f"model parameters must share one floating dtype to export, "
+            f"got {sorted(str(d) for d in found)}"
+        )
     return found.pop() if found else torch.float32
 
 
@@ -167,6 +173,23 @@ def _normalized(arch: str, model_config: Any, options: Any) -> tuple[dict, dict]
     return json_safe(config_dict, "model_config"), json_safe(options.to_dict(), "options")
 
 
+def _canonical(blob: bytes) -> bytes:
+    """The safetensors file ``blob`` with its header in one order: ``__metadata__`` first, its
+    keys sorted, then the tensors in offset order (as written).
+
+    safetensors keeps the metadata in a hash map, so one model saved twice got two headers
+    (and two sha256s); with this, the same tensors always give the same bytes. The header is
+    re-padded with spaces to a multiple of 8 bytes, as the format asks."""
+    n = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8 : 8 + n])
+    meta = header.pop("__metadata__", None)
+    ordered = {"__metadata__": dict(sorted(meta.items()))} if meta else {}
+    ordered.update(sorted(header.items(), key=lambda item: item[1]["data_offsets"]))
+    text = json.dumps(ordered, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + blob[8 + n :]
+
+
 def _totals(records: list[dict[str, Any]], tensors: Mapping[str, Tensor]) -> dict[str, Any]:
     stored = sum(t.numel() for t in tensors.values())
     tt = sum(r["params"] for r in records)
@@ -238,7 +261,6 @@ def export_compressed(
     architecture (``config.to_dict()``, ``TensorizeOptions.to_dict()``); both are validated
     before anything is written. ``metrics`` and ``extra`` must be JSON-like.
     """
-    import engine  # late: engine/__init__ may import this package
 
     if dtype is not None and dtype not in DTYPES.values():
         raise ValueError(f"dtype must be one of {sorted(DTYPES)} or None, got {dtype}")
@@ -251,11 +273,11 @@ def export_compressed(
 
     cores_by_key, records = _shrunk_cores(model)
     tensors = _stored_tensors(model, cores_by_key, dtype)
-    blob = safetensors.torch.save(tensors, metadata={"format": "pt", "comera": FORMAT})
+    blob = _canonical(safetensors.torch.save(tensors, metadata={"format": "pt", "comera": FORMAT}))
     manifest = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "engine_version": engine.__version__,
+        "engine_version": __version__,
         "torch_version": torch.__version__,
         "arch": arch,
         "model_config": config_dict,
@@ -274,5 +296,6 @@ def export_compressed(
     text = _manifest_text(manifest)
     atomic_write(weights_path, blob)
     atomic_write(manifest_path, text.encode("utf-8"))
-    return ExportInfo(out, weights_path, manifest_path, len(blob),
-                      manifest["weights"]["sha256"], manifest)
+    return ExportInfo(
+        out, weights_path, manifest_path, len(blob), manifest["weights"]["sha256"], manifest
+    )

@@ -27,16 +27,23 @@ have the same variance ``1/(3n)``. The linears keep PyTorch's / ``TTLinear``'s i
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from engine.models.mlp import MLPStack, check_int, check_widths, config_from_dict
+from engine.configs import ConfigMethods, spec, validate
+from engine.models.limits import (
+    MAX_EMBEDDING_DIM,
+    MAX_HIDDEN_LAYERS,
+    MAX_TABLE_ROWS,
+    MAX_TABLES,
+    MAX_WIDTH,
+)
+from engine.models.mlp import MLPStack
 from engine.models.tensorize import (
     TensorizeOptions,
     TensorizeReport,
@@ -52,35 +59,61 @@ CONFIG_VERSION = 1
 
 # rows per categorical feature C1..C26 of Criteo Kaggle, as counted by facebookresearch/dlrm
 KAGGLE_TABLE_SIZES: tuple[int, ...] = (
-    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27,
-    14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
-)  # fmt: skip
+    1460,
+    583,
+    10131227,
+    2202608,
+    305,
+    24,
+    12517,
+    633,
+    3,
+    93145,
+    5683,
+    8351593,
+    3194,
+    27,
+    14992,
+    5461306,
+    10,
+    5652,
+    2173,
+    4,
+    7046547,
+    18,
+    15,
+    286181,
+    105,
+    142572,
+)
 
 MakeLinear = Callable[[int, int], nn.Module]  # (in, out) -> module
 MakeEmbedding = Callable[[int, int], nn.Module]  # (rows, dim) -> module
 
 
 @dataclass(frozen=True)
-class DLRMConfig:
+class DLRMConfig(ConfigMethods):
     """Sizes of the model; the defaults are the Criteo Kaggle DLRM."""
 
-    n_dense: int = 13
-    table_sizes: tuple[int, ...] = KAGGLE_TABLE_SIZES
-    embedding_dim: int = 16
-    bottom_widths: tuple[int, ...] = (512, 256, 64)  # hidden widths; the last layer gives D
-    top_widths: tuple[int, ...] = (512, 256)  # hidden widths; the last layer gives 1 logit
-    version: int = CONFIG_VERSION
+    REQUIRED = ("version",)
+
+    n_dense: int = spec(13, ge=1, le=MAX_WIDTH)
+    table_sizes: tuple[int, ...] = spec(
+        KAGGLE_TABLE_SIZES, ge=1, le=MAX_TABLE_ROWS, length=(1, MAX_TABLES)
+    )
+    embedding_dim: int = spec(16, ge=1, le=MAX_EMBEDDING_DIM)
+    # hidden widths; the last layer gives D
+    bottom_widths: tuple[int, ...] = spec(
+        (512, 256, 64), ge=1, le=MAX_WIDTH, length=(0, MAX_HIDDEN_LAYERS)
+    )
+    # hidden widths; the last layer gives 1 logit
+    top_widths: tuple[int, ...] = spec(
+        (512, 256), ge=1, le=MAX_WIDTH, length=(0, MAX_HIDDEN_LAYERS)
+    )
+    version: int = spec(CONFIG_VERSION, choices=(CONFIG_VERSION,))
 
     def __post_init__(self) -> None:
-        if self.version != CONFIG_VERSION:
-            raise ValueError(f"version must be {CONFIG_VERSION}, got {self.version!r}")
-        check_int(self.n_dense, "n_dense")
-        check_int(self.embedding_dim, "embedding_dim")
-        sizes = check_widths(self.table_sizes, "table_sizes", allow_empty=False)
-        object.__setattr__(self, "table_sizes", sizes)
-        for name in ("bottom_widths", "top_widths"):
-            object.__setattr__(self, name, check_widths(getattr(self, name), name,
-                                                        allow_empty=True))
+        validate(self)
 
     @property
     def n_tables(self) -> int:
@@ -100,22 +133,13 @@ class DLRMConfig:
     @classmethod
     def tiny(cls, **changes: Any) -> DLRMConfig:
         """A small model for tests and smoke runs (some tables large enough for TTM)."""
-        base = {"table_sizes": (300, 7, 200, 50), "embedding_dim": 8, "bottom_widths": (96,),
-                "top_widths": (64,)}  # fmt: skip
+        base = {
+            "table_sizes": (300, 7, 200, 50),
+            "embedding_dim": 8,
+            "bottom_widths": (96,),
+            "top_widths": (64,),
+        }
         return cls(**{**base, **changes})
-
-    def replace(self, **changes: Any) -> DLRMConfig:
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        for name in ("table_sizes", "bottom_widths", "top_widths"):
-            out[name] = list(out[name])
-        return out
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> DLRMConfig:
-        return config_from_dict(cls, data)
 
 
 def dot_interaction(bottom: Tensor, embedded: Sequence[Tensor]) -> Tensor:
@@ -140,11 +164,19 @@ class DLRM(nn.Module):
         self.config = config
         d = config.embedding_dim
         make_embedding = make_embedding or nn.Embedding
-        self.bottom = MLPStack((config.n_dense, *config.bottom_widths, d), make_linear,
-                               activation="relu", last_activation=True)  # fmt: skip
+        self.bottom = MLPStack(
+            (config.n_dense, *config.bottom_widths, d),
+            make_linear,
+            activation="relu",
+            last_activation=True,
+        )
         self.embeddings = nn.ModuleList([make_embedding(n, d) for n in config.table_sizes])
-        self.top = MLPStack((config.interaction_dim, *config.top_widths, 1), make_linear,
-                            activation="relu", last_activation=False)  # fmt: skip
+        self.top = MLPStack(
+            (config.interaction_dim, *config.top_widths, 1),
+            make_linear,
+            activation="relu",
+            last_activation=False,
+        )
         self.reset_embeddings()
 
     def reset_embeddings(self) -> None:
@@ -164,8 +196,10 @@ class DLRM(nn.Module):
         if dense.ndim != 2 or dense.shape[1] != cfg.n_dense:
             raise ValueError(f"dense must be (B, {cfg.n_dense}), got {tuple(dense.shape)}")
         if sparse.shape != (dense.shape[0], cfg.n_tables):
-            raise ValueError(f"sparse must be (B, {cfg.n_tables}) with B = {dense.shape[0]}, "
-                             f"got {tuple(sparse.shape)}")
+            raise ValueError(
+                f"sparse must be (B, {cfg.n_tables}) with B = {dense.shape[0]}, "
+                f"got {tuple(sparse.shape)}"
+            )
         x = self.bottom(dense)  # (B, D)
         embedded = [table(sparse[:, j]) for j, table in enumerate(self.embeddings)]  # (B, D)
         r = dot_interaction(x, embedded)  # (B, D + F(F-1)/2)
@@ -196,9 +230,14 @@ def build_dlrm(
         model.tensorize_report = TensorizeReport()
         return model
     options = TensorizeOptions(
-        max_rank=max_rank, embedding_max_rank=embedding_max_rank, gate_threshold=gate_threshold,
-        d=d, layers=layers, min_size=min_size, modes=modes,
-    )  # fmt: skip
+        max_rank=max_rank,
+        embedding_max_rank=embedding_max_rank,
+        gate_threshold=gate_threshold,
+        d=d,
+        layers=layers,
+        min_size=min_size,
+        modes=modes,
+    )
     model = DLRM(config, lambda n_in, n_out: linear_slot(n_in, n_out), embedding_slot)
     materialize(model, options)
     model.reset_embeddings()

@@ -19,8 +19,7 @@ stay dense. The defaults are BERT-base (12 layers, d = 768, vocabulary 30522).
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -28,7 +27,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.models.mlp import config_from_dict
+from engine.configs import ConfigMethods, spec, validate
+from engine.models.limits import (
+    MAX_FF,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_LEN,
+    MAX_TYPE_VOCAB,
+    MAX_VOCAB,
+    MAX_WIDTH,
+)
 from engine.models.tensorize import (
     TensorizeOptions,
     TensorizeReport,
@@ -42,6 +50,7 @@ from engine.models.transformer import (
     MakeEmbedding,
     MakeLinear,
     TransformerConfig,
+    encoder_inputs,
 )
 
 __all__ = ["MLMConfig", "MLMHead", "MaskedLM", "build_mlm", "masked_lm_loss", "IGNORE_INDEX"]
@@ -51,24 +60,25 @@ IGNORE_INDEX = -100  # label of the positions that carry no loss
 
 
 @dataclass(frozen=True)
-class MLMConfig:
+class MLMConfig(ConfigMethods):
     """Sizes of the encoder and head; the defaults are BERT-base."""
 
-    vocab_size: int = 30522
-    d_model: int = 768
-    n_heads: int = 12
-    d_ff: int = 3072
-    n_layers: int = 12
-    max_len: int = 512
-    type_vocab: int = 2
-    dropout: float = 0.1
-    attn_dropout: float = 0.1
-    ln_eps: float = 1e-12
-    version: int = CONFIG_VERSION
+    REQUIRED = ("version",)
+
+    vocab_size: int = spec(30522, ge=1, le=MAX_VOCAB)
+    d_model: int = spec(768, ge=1, le=MAX_WIDTH)
+    n_heads: int = spec(12, ge=1, le=MAX_HEADS)
+    d_ff: int = spec(3072, ge=1, le=MAX_FF)
+    n_layers: int = spec(12, ge=1, le=MAX_LAYERS)
+    max_len: int = spec(512, ge=1, le=MAX_LEN)
+    type_vocab: int = spec(2, ge=1, le=MAX_TYPE_VOCAB)
+    dropout: float = spec(0.1, ge=0, lt=1)
+    attn_dropout: float = spec(0.1, ge=0, lt=1)
+    ln_eps: float = spec(1e-12, gt=0, le=1)
+    version: int = spec(CONFIG_VERSION, choices=(CONFIG_VERSION,))
 
     def __post_init__(self) -> None:
-        if self.version != CONFIG_VERSION:
-            raise ValueError(f"version must be {CONFIG_VERSION}, got {self.version!r}")
+        validate(self)
         self.encoder_config()  # the encoder's checks name the same fields
 
     def encoder_config(self) -> TransformerConfig:
@@ -79,19 +89,15 @@ class MLMConfig:
     @classmethod
     def tiny(cls, **changes: Any) -> MLMConfig:
         """A small model for tests and smoke runs."""
-        base = {"vocab_size": 120, "d_model": 32, "n_heads": 4, "d_ff": 64, "n_layers": 2,
-                "max_len": 64}  # fmt: skip
+        base = {
+            "vocab_size": 120,
+            "d_model": 32,
+            "n_heads": 4,
+            "d_ff": 64,
+            "n_layers": 2,
+            "max_len": 64,
+        }
         return cls(**{**base, **changes})
-
-    def replace(self, **changes: Any) -> MLMConfig:
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> MLMConfig:
-        return config_from_dict(cls, data)
 
 
 class MLMHead(nn.Module):
@@ -133,16 +139,9 @@ class MaskedLM(nn.Module):
         token_type_ids: Tensor | None = None,
     ) -> Tensor:
         """Hidden states ``(B, S, D)`` of the last encoder block."""
-        if input_ids.ndim != 2:
-            raise ValueError(f"input_ids must be (B, S), got shape {tuple(input_ids.shape)}")
-        if input_ids.shape[1] > self.config.max_len:
-            raise ValueError(f"sequence length {input_ids.shape[1]} > max_len "
-                             f"{self.config.max_len}")
-        if token_type_ids is None:
-            token_type_ids = torch.zeros_like(input_ids)  # (B, S)
-        keep = None
-        if attention_mask is not None:
-            keep = attention_mask.to(torch.bool)[:, None, None, :]  # (B, 1, 1, S) True = attend
+        token_type_ids, keep = encoder_inputs(
+            input_ids, token_type_ids, attention_mask, self.config.max_len
+        )
         x = self.embeddings(input_ids, token_type_ids)  # (B, S, D)
         for block in self.encoder:
             x = block(x, keep)  # (B, S, D)
@@ -184,9 +183,14 @@ def build_mlm(
         model.tensorize_report = TensorizeReport()
         return model
     options = TensorizeOptions(
-        max_rank=max_rank, embedding_max_rank=embedding_max_rank, gate_threshold=gate_threshold,
-        d=d, layers=layers, min_size=min_size, modes=modes,
-    )  # fmt: skip
+        max_rank=max_rank,
+        embedding_max_rank=embedding_max_rank,
+        gate_threshold=gate_threshold,
+        d=d,
+        layers=layers,
+        min_size=min_size,
+        modes=modes,
+    )
     model = MaskedLM(
         config,
         lambda role, n_in, n_out: linear_slot(n_in, n_out, role=role),

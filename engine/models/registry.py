@@ -30,18 +30,22 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine.configs import ConfigError, parse
 from engine.models.dlrm import DLRMConfig, build_dlrm
-from engine.models.hf_bert import build_hf_bert, distill_loss
-from engine.models.hf_bert_cache import attach_teacher_embeddings_
-from engine.models.hf_bert_config import HFBertConfig
-from engine.models.hf_bert_prepare import prepare_student_
+from engine.models.hf_bert import (
+    HFBertConfig,
+    attach_teacher_embeddings_,
+    build_hf_bert,
+    distill_loss,
+    prepare_student_,
+)
 from engine.models.mlm import IGNORE_INDEX, MLMConfig, build_mlm, masked_lm_loss
 from engine.models.mlp import MLPConfig, build_mlp
 from engine.models.tensorize import TensorizeOptions
@@ -75,22 +79,12 @@ def classification_output(logits: Tensor, labels: Tensor) -> StepOutput:
     return StepOutput(loss, {"count": n, "loss_sum": loss.detach() * n, "correct": correct})
 
 
-def _field_error(err: Exception, known: set[str]) -> ValueError:
-    """Prefix a config error with ``model.config.<field>`` when it starts with a field name."""
-    msg = str(err)
-    first = msg.split(" ", 1)[0].rstrip(":,")
-    if first in known:
-        return ValueError(f"model.config.{msg}")
-    return ValueError(f"model.config: {msg}")
-
-
-def _compression_error(err: Exception) -> ValueError:
-    """Name the ``compression.<field>`` a build error is about (``compression`` if unclear)."""
-    msg = str(err)
-    first = msg.split(" ", 1)[0].rstrip(":,")
-    if first in {f.name for f in fields(TensorizeOptions)}:
-        return ValueError(f"compression.{msg}")
-    return ValueError(f"compression: {msg}")
+def _compression_error(err: ValueError) -> ConfigError:
+    """A build error under ``compression``: a ``ConfigError`` keeps its field (re-rooted),
+    anything else is about the compression settings as a whole."""
+    if isinstance(err, ConfigError):
+        return err.under("compression")
+    return ConfigError("compression", str(err))
 
 
 def _lengths(batch: int, seq: int, g: torch.Generator | None) -> Tensor:
@@ -108,29 +102,25 @@ class Workload:
     config_cls: type = object
     batch_keys: tuple[str, ...] = ()
     paper_shapes: bool = False  # whether compression.shapes="paper" means something here
+    guard_metric: str = "accuracy"  # the validation metric the fidelity guard watches
+    # layers with a residual path around them: only these may be pruned to rank 0
+    bypassed: tuple[str, ...] = ()
 
     # -- config and model -------------------------------------------------------------------
     def config_from_dict(self, data: Mapping[str, Any]) -> Any:
         """The config dataclass from ``model.config``; errors name ``model.config.<field>``."""
         if not isinstance(data, Mapping):
-            raise ValueError(f"model.config must be a mapping, got {type(data).__name__}")
-        known = {f.name for f in fields(self.config_cls)}
-        unknown = sorted(str(k) for k in set(data) - known)
-        if unknown:
-            raise ValueError(f"model.config.{unknown[0]}: unknown field (all unknown: {unknown}) "
-                             f"for arch {self.name!r}; known fields are "
-                             f"{sorted(known - {'version'})}")
-        try:
-            return self.config_cls.from_dict({"version": 1, **data})  # type: ignore[attr-defined]
-        except (ValueError, TypeError) as err:
-            raise _field_error(err, known) from None
+            raise ConfigError("model.config", f"must be a mapping, got {type(data).__name__}")
+        return parse(self.config_cls, {"version": 1, **data}, "model.config")
 
     def _config(self, config: Any) -> Any:
         if isinstance(config, Mapping):
             return self.config_from_dict(config)
         if not isinstance(config, self.config_cls):
-            raise TypeError(f"model.config must be a {self.config_cls.__name__} or a mapping, "
-                            f"got {type(config).__name__}")
+            raise TypeError(
+                f"model.config must be a {self.config_cls.__name__} or a mapping, "
+                f"got {type(config).__name__}"
+            )
         return config
 
     def build(self, config: Any, *, tensorized: bool, options: TensorizeOptions) -> nn.Module:
@@ -139,12 +129,15 @@ class Workload:
         if not isinstance(options, TensorizeOptions):
             raise TypeError(f"options must be TensorizeOptions, got {type(options).__name__}")
         if tensorized and options.shapes == "paper" and not self.paper_shapes:
-            raise ValueError(f"compression.shapes='paper' is defined only for the transformer "
-                             f"(the paper's MNLI shapes); use 'auto' for arch {self.name!r}")
+            raise ConfigError(
+                "compression.shapes",
+                f"'paper' is defined only for the transformer "
+                f"(the paper's MNLI shapes); use 'auto' for arch {self.name!r}",
+            )
         try:
             return self._build(config, tensorized, options)
         except ValueError as err:
-            if not tensorized or str(err).startswith(("compression.", "model.")):
+            if not tensorized:
                 raise
             raise _compression_error(err) from None
 
@@ -162,14 +155,17 @@ class Workload:
     ) -> dict[str, Tensor]:
         """A random valid CPU batch (``seq_len`` only for sequence models; default 16)."""
         config = self._config(config)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or (
-            batch_size < 1
+        if (
+            isinstance(batch_size, bool)
+            or not isinstance(batch_size, numbers.Integral)
+            or (batch_size < 1)
         ):
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         return self._example(config, int(batch_size), generator, seq_len)
 
-    def _example(self, config: Any, b: int, g: torch.Generator | None,
-                 seq_len: int | None) -> dict[str, Tensor]:  # fmt: skip
+    def _example(
+        self, config: Any, b: int, g: torch.Generator | None, seq_len: int | None
+    ) -> dict[str, Tensor]:
         raise NotImplementedError
 
     def forward_loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> StepOutput:
@@ -184,18 +180,28 @@ class Workload:
         Default: ``config`` itself."""
         return self._config(config)
 
-    def prepare(self, model: nn.Module, batches: Iterable[Mapping[str, Tensor]], *,
-                device: torch.device) -> dict[str, Any] | None:  # fmt: skip
+    def prepare(
+        self, model: nn.Module, batches: Iterable[Mapping[str, Tensor]], *, device: torch.device
+    ) -> dict[str, Any] | None:
         """Data-dependent set-up of a freshly built model before its first step (the trainer
         passes the training batches of epoch 0; not called on resume). Default: nothing."""
         return None
 
-    def setup(self, model: nn.Module, train: Any, job: Any, *,
-              device: torch.device) -> dict[str, Any] | None:  # fmt: skip
+    def setup(
+        self, model: nn.Module, train: Any, job: Any, *, device: torch.device
+    ) -> dict[str, Any] | None:
         """Set-up outside the model's state before the first step, the same for a fresh and
         a resumed run (``train``: the training source; ``job``: the job config); what it did,
         for the report. Default: nothing."""
         return None
+
+    def label_counts(self, batch: Mapping[str, Tensor]) -> Tensor | None:
+        """Histogram (C,) of the labels a batch is scored on (the chance level); None when
+        the task has no classes."""
+        labels = batch.get("labels")
+        if labels is None or labels.dtype != torch.long:
+            return None
+        return torch.bincount(labels[labels >= 0].flatten())
 
     def summarize(self, sums: Mapping[str, float]) -> dict[str, float]:
         """Reported metrics from accumulated sums: mean ``loss`` and ``accuracy``."""
@@ -220,19 +226,24 @@ class TransformerWorkload(Workload):
     config_cls = TransformerConfig
     batch_keys = ("input_ids", "token_type_ids", "attention_mask", "labels")
     paper_shapes = True
+    bypassed = ("encoder.*.ffn.*",)
 
     def _build(self, config: Any, tensorized: bool, options: TensorizeOptions) -> nn.Module:
         shapes = "mnli" if options.shapes == "paper" else "auto"
         if tensorized and shapes == "mnli":
             if options.d is not None:
-                raise ValueError(f"compression.d must be null with compression.shapes='paper' "
-                                 f"(the paper fixes the modes), got {options.d}")
+                raise ConfigError(
+                    "d",
+                    f"must be null with compression.shapes='paper' "
+                    f"(the paper fixes the modes), got {options.d}",
+                )
             try:
                 _check_mnli(config)
             except ValueError as err:
-                raise ValueError(f"compression.shapes='paper': {err}") from None
-        return build_transformer(config, tensorized=tensorized, shapes=shapes,
-                                 **options.builder_kwargs())  # fmt: skip
+                raise ConfigError("shapes", f"'paper': {err}") from None
+        return build_transformer(
+            config, tensorized=tensorized, shapes=shapes, **options.builder_kwargs()
+        )
 
     def _example(self, config, b, g, seq_len):
         s = _seq_len(config, seq_len)
@@ -241,12 +252,12 @@ class TransformerWorkload(Workload):
         types = second.long().expand(b, s).clone()  # (B, S)
         mask = torch.arange(s) < _lengths(b, s, g)[:, None]  # (B, S)
         labels = torch.randint(0, config.num_classes, (b,), generator=g)  # (B,)
-        return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask,
-                "labels": labels}  # fmt: skip
+        return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask, "labels": labels}
 
     def forward_loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> StepOutput:
-        logits = model(batch["input_ids"], batch.get("token_type_ids"),
-                       batch.get("attention_mask"))  # (B, C)
+        logits = model(
+            batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask")
+        )  # (B, C)
         return classification_output(logits, batch["labels"])
 
 
@@ -256,6 +267,10 @@ class DLRMWorkload(Workload):
     name = "dlrm"
     config_cls = DLRMConfig
     batch_keys = ("dense", "sparse", "labels")
+
+    def label_counts(self, batch: Mapping[str, Tensor]) -> Tensor | None:
+        """Clicks and non-clicks (float labels in {0, 1})."""
+        return torch.bincount((batch["labels"] > 0.5).long().flatten(), minlength=2)
 
     def _build(self, config: Any, tensorized: bool, options: TensorizeOptions) -> nn.Module:
         return build_dlrm(config, tensorized=tensorized, **options.builder_kwargs())
@@ -284,6 +299,7 @@ class MLMWorkload(Workload):
     name = "mlm"
     config_cls = MLMConfig
     batch_keys = ("input_ids", "attention_mask", "labels")
+    bypassed = ("encoder.*.ffn.*",)
 
     def _build(self, config: Any, tensorized: bool, options: TensorizeOptions) -> nn.Module:
         return build_mlm(config, tensorized=tensorized, **options.builder_kwargs())
@@ -305,8 +321,12 @@ class MLMWorkload(Workload):
     def forward_loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> StepOutput:
         labels = batch["labels"]  # (B, S)
         select = labels != IGNORE_INDEX  # (B, S)
-        logits = model(batch["input_ids"], batch.get("attention_mask"),
-                       batch.get("token_type_ids"), select=select)  # (N, V)
+        logits = model(
+            batch["input_ids"],
+            batch.get("attention_mask"),
+            batch.get("token_type_ids"),
+            select=select,
+        )  # (N, V)
         loss, sums = masked_lm_loss(logits, labels[select])
         return StepOutput(loss, sums)
 
@@ -342,6 +362,8 @@ class HFBertWorkload(Workload):
     name = "hf_bert"
     config_cls = HFBertConfig
     batch_keys = ("input_ids", "attention_mask", "token_type_ids")
+    guard_metric = "cosine"
+    bypassed = ("encoder.*.ffn.*",)
 
     def _build(self, config: Any, tensorized: bool, options: TensorizeOptions) -> nn.Module:
         return build_hf_bert(config, tensorized=tensorized, options=options)
@@ -349,15 +371,17 @@ class HFBertWorkload(Workload):
     def _example(self, config, b, g, seq_len):
         arch = config.arch
         s = min(arch.max_position_embeddings, 16) if seq_len is None else seq_len
-        if isinstance(s, bool) or not isinstance(s, numbers.Integral) or not (
-            1 <= s <= arch.max_position_embeddings
+        if (
+            isinstance(s, bool)
+            or not isinstance(s, numbers.Integral)
+            or not (1 <= s <= arch.max_position_embeddings)
         ):
-            raise ValueError(f"seq_len must be an integer in [1, "
-                             f"{arch.max_position_embeddings}], got {s!r}")
+            raise ValueError(
+                f"seq_len must be an integer in [1, {arch.max_position_embeddings}], got {s!r}"
+            )
         ids = torch.randint(0, arch.vocab_size, (b, s), generator=g)  # (B, S)
         mask = torch.arange(s) < _lengths(b, s, g)[:, None]  # (B, S)
-        return {"input_ids": ids, "attention_mask": mask,
-                "token_type_ids": torch.zeros_like(ids)}  # fmt: skip
+        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
 
     def forward_loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> StepOutput:
         loss, sums = distill_loss(model, batch)  # type: ignore[arg-type]
@@ -368,9 +392,11 @@ class HFBertWorkload(Workload):
         return prepare_student_(model, batches, device=device)
 
     def setup(self, model, train, job, *, device):
-        """The teacher's embeddings of the training split, when they pay (``hf_bert_cache``)."""
-        return attach_teacher_embeddings_(model, train, job.schedule,
-                                          job.training.batch_size, device=device)  # fmt: skip
+        """The teacher's embeddings of the training split, when they pay
+        (:mod:`engine.models.hf_bert.cache`)."""
+        return attach_teacher_embeddings_(
+            model, train, job.schedule, job.training.batch_size, device=device
+        )
 
     def plan_config(self, config: Any) -> Any:
         """Without ``path``: the bare architecture (fresh TT layers of the same shapes and
@@ -388,8 +414,8 @@ class HFBertWorkload(Workload):
 
 
 WORKLOADS: dict[str, Workload] = {
-    w.name: w for w in (TransformerWorkload(), DLRMWorkload(), MLMWorkload(), MLPWorkload(),
-                        HFBertWorkload())
+    w.name: w
+    for w in (TransformerWorkload(), DLRMWorkload(), MLMWorkload(), MLPWorkload(), HFBertWorkload())
 }
 
 
@@ -398,8 +424,8 @@ def get_workload(arch: str) -> Workload:
     try:
         return WORKLOADS[arch]
     except (KeyError, TypeError):
-        raise ValueError(
-            f"model.arch: unknown architecture {arch!r}; choose one of {sorted(WORKLOADS)}"
+        raise ConfigError(
+            "model.arch", f"unknown architecture {arch!r}; choose one of {sorted(WORKLOADS)}"
         ) from None
 
 

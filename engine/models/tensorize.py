@@ -25,6 +25,7 @@ from typing import Any
 
 from torch import nn
 
+from engine.configs import ConfigError, ConfigMethods, spec, validate
 from engine.nn.tt_linear import TTLinear
 from engine.nn.ttm_embedding import TTMEmbedding
 from engine.summary import SkippedLayer
@@ -37,52 +38,80 @@ __all__ = [
     "linear_slot",
     "embedding_slot",
     "materialize",
+    "require_matches",
     "tensorize_report",
 ]
 
 Specialize = Callable[[str, "Slot"], dict[str, Any]]  # (name, slot) -> extra TT/TTM kwargs
+MAX_RANK = 1024
+
+
+def _patterns(layers: Any) -> tuple[str, ...]:
+    """``layers``: a list of non-empty name patterns."""
+    if isinstance(layers, str) or not isinstance(layers, list | tuple):
+        raise ConfigError("", f"must be a list of non-empty name patterns, got {layers!r}")
+    if not all(isinstance(p, str) and 0 < len(p) <= 128 for p in layers):
+        raise ConfigError(
+            "", f"must be a list of name patterns of 1-128 characters, got {layers!r}"
+        )
+    return tuple(layers)
+
+
+def _parse_modes(modes: Any) -> tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]:
+    """``{pattern: {"in": [...], "out": [...]}}`` or the tuple form, validated."""
+    if not isinstance(modes, Mapping | list | tuple):
+        raise ConfigError("", f"must be an object of patterns, got {type(modes).__name__}")
+    items = modes.items() if isinstance(modes, Mapping) else [(m[0], m[1:]) for m in modes]
+    out = []
+    for pattern, given in items:
+        if isinstance(given, Mapping):
+            if set(given) != {"in", "out"}:
+                raise ConfigError("", f"[{pattern!r}] must have exactly the keys 'in' and 'out'")
+            given = (given["in"], given["out"])
+        n_in, n_out = (tuple(x) for x in given)
+        if not isinstance(pattern, str) or not pattern:
+            raise ConfigError("", f"a pattern must be a non-empty string, got {pattern!r}")
+        for side in (n_in, n_out):
+            if not side or any(
+                isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1 for v in side
+            ):
+                raise ConfigError("", f"[{pattern!r}] must list integers >= 1, got {side!r}")
+        if len(n_in) != len(n_out):
+            raise ConfigError(
+                "",
+                f"[{pattern!r}]: 'in' and 'out' need the same number of "
+                f"modes, got {len(n_in)} and {len(n_out)}",
+            )
+        out.append((pattern, tuple(int(v) for v in n_in), tuple(int(v) for v in n_out)))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
-class TensorizeOptions:
+class TensorizeOptions(ConfigMethods):
     """How a workload builds its tensorized layers (ignored for dense models).
 
     ``shapes="paper"`` uses the architecture's published shapes where it has them (the MNLI
-    transformer of method doc §2.3), ``"auto"`` factorizes every layer automatically.
+    transformer, docs/method.md#paper-shapes), ``"auto"`` factorizes every layer automatically.
     ``layers`` are ``fnmatch`` patterns over module names (``encoder.*.ffn.*``); a layer is
     tensorized when it is tensorizable by its architecture, matches one pattern and its dense
     weight has at least ``min_size`` entries. ``d`` is the number of modes per side of a
     TT linear and the number of cores of a TTM embedding (embeddings need ``d >= 2``).
     """
 
-    max_rank: int = 30
-    embedding_max_rank: int | None = None  # None: max_rank (transformer paper shapes: 32)
-    gate_threshold: float = 1e-2
-    shapes: str = "auto"
-    d: int | None = None
-    layers: tuple[str, ...] = ("*",)
-    min_size: int = 1024
+    max_rank: int = spec(30, ge=1, le=MAX_RANK)
+    # None: max_rank (transformer paper shapes: 32)
+    embedding_max_rank: int | None = spec(None, ge=1, le=MAX_RANK)
+    gate_threshold: float = spec(1e-2, ge=0, lt=1)
+    shapes: str = spec("auto", choices=("auto", "paper"))
+    d: int | None = spec(None, ge=1, le=6)
+    layers: tuple[str, ...] = spec(("*",), length=(1, 64), convert=_patterns)
+    min_size: int = spec(1024, ge=1, le=2**40)
     # explicit factorizations: (pattern, in / row modes, out / col modes), first match wins;
     # in dict form {pattern: {"in": [...], "out": [...]}}
-    modes: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...] = ()
+    modes: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...] = spec((), convert=_parse_modes)
 
     def __post_init__(self) -> None:
-        for name in ("max_rank", "embedding_max_rank", "d", "min_size"):
-            v = getattr(self, name)
-            if v is None and name in ("embedding_max_rank", "d"):
-                continue
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-        t = self.gate_threshold
-        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not 0 <= t < 1:
-            raise ValueError(f"gate_threshold must be in [0, 1), got {t!r}")
-        if self.shapes not in ("auto", "paper"):
-            raise ValueError(f"shapes must be 'auto' or 'paper', got {self.shapes!r}")
-        layers = self.layers
-        if isinstance(layers, str) or not all(isinstance(p, str) and p for p in layers):
-            raise ValueError(f"layers must be a list of non-empty name patterns, got {layers!r}")
-        object.__setattr__(self, "layers", tuple(layers))
-        object.__setattr__(self, "modes", _parse_modes(self.modes))
+        validate(self)
 
     @property
     def embedding_rank(self) -> int:
@@ -109,39 +138,6 @@ class TensorizeOptions:
         out["modes"] = {p: {"in": list(i), "out": list(o)} for p, i, o in self.modes}
         return out
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> TensorizeOptions:
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ValueError(f"TensorizeOptions: unknown keys {unknown}")
-        data = dict(data)
-        if "layers" in data and isinstance(data["layers"], list):
-            data["layers"] = tuple(data["layers"])
-        return cls(**data)
-
-
-def _parse_modes(modes: Any) -> tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]:
-    """``{pattern: {"in": [...], "out": [...]}}`` or the tuple form, validated."""
-    items = modes.items() if isinstance(modes, Mapping) else [(m[0], m[1:]) for m in modes]
-    out = []
-    for pattern, spec in items:
-        if isinstance(spec, Mapping):
-            if set(spec) != {"in", "out"}:
-                raise ValueError(f"modes[{pattern!r}] must have exactly the keys 'in' and 'out'")
-            spec = (spec["in"], spec["out"])
-        n_in, n_out = (tuple(x) for x in spec)
-        if not isinstance(pattern, str) or not pattern:
-            raise ValueError(f"modes: a pattern must be a non-empty string, got {pattern!r}")
-        for side in (n_in, n_out):
-            if not side or any(isinstance(v, bool) or not isinstance(v, numbers.Integral)
-                               or v < 1 for v in side):  # fmt: skip
-                raise ValueError(f"modes[{pattern!r}] must list integers >= 1, got {side!r}")
-        if len(n_in) != len(n_out):
-            raise ValueError(f"modes[{pattern!r}]: 'in' and 'out' need the same number of "
-                             f"modes, got {len(n_in)} and {len(n_out)}")  # fmt: skip
-        out.append((pattern, tuple(int(v) for v in n_in), tuple(int(v) for v in n_out)))
-    return tuple(out)
-
 
 @dataclass(frozen=True)
 class TensorizeReport:
@@ -151,8 +147,7 @@ class TensorizeReport:
     skipped: tuple[SkippedLayer, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"tensorized": list(self.tensorized),
-                "skipped": [s.to_dict() for s in self.skipped]}  # fmt: skip
+        return {"tensorized": list(self.tensorized), "skipped": [s.to_dict() for s in self.skipped]}
 
 
 class Slot(nn.Module):
@@ -188,14 +183,34 @@ def _build(slot: Slot, tt: bool, options: TensorizeOptions, extra: dict[str, Any
         bias = slot.kwargs["bias"]
         if not tt:
             return nn.Linear(slot.n_in, slot.n_out, bias=bias)
-        kw = {"max_rank": options.max_rank, "gate_threshold": options.gate_threshold,
-              "d": options.d, **extra}  # fmt: skip
+        kw = {
+            "max_rank": options.max_rank,
+            "gate_threshold": options.gate_threshold,
+            "d": options.d,
+            **extra,
+        }
         return TTLinear(slot.n_in, slot.n_out, bias, **kw)
     if not tt:
         return nn.Embedding(slot.n_in, slot.n_out)
-    kw = {"max_rank": options.embedding_rank, "gate_threshold": options.gate_threshold,
-          "d": options.d, **extra}  # fmt: skip
+    kw = {
+        "max_rank": options.embedding_rank,
+        "gate_threshold": options.gate_threshold,
+        "d": options.d,
+        **extra,
+    }
     return TTMEmbedding(slot.n_in, slot.n_out, **kw)
+
+
+def require_matches(patterns: tuple[str, ...], names: list[str], where: str) -> None:
+    """Every ``options.layers`` pattern must select one of ``names`` (the tensorizable layers
+    of ``where``), else a ConfigError on ``layers`` lists the candidates."""
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
+            raise ConfigError(
+                "layers",
+                f"pattern {pattern!r} matches no tensorizable layer of {where}; "
+                f"candidates are {names}",
+            )
 
 
 def materialize(
@@ -212,12 +227,7 @@ def materialize(
     """
     slots = [(n, m) for n, m in model.named_modules() if isinstance(m, Slot)]
     if tensorized:
-        for pattern in options.layers:
-            if not any(fnmatch.fnmatchcase(n, pattern) for n, _ in slots):
-                raise ValueError(
-                    f"layers: pattern {pattern!r} matches no tensorizable layer of "
-                    f"{type(model).__name__}; candidates are {[n for n, _ in slots]}"
-                )
+        require_matches(options.layers, [n for n, _ in slots], type(model).__name__)
     done: list[str] = []
     skipped: list[SkippedLayer] = []
     for name, slot in slots:
@@ -239,8 +249,11 @@ def materialize(
         try:
             layer = _build(slot, reason is None, options, extra)
         except ValueError as err:
-            given = "modes: the modes given do not fit; " if explicit is not None else ""
-            raise ValueError(f"{given}cannot tensorize {name!r}: {err}") from err
+            if explicit is not None:
+                raise ConfigError(
+                    "modes", f"the modes given do not fit; cannot tensorize {name!r}: {err}"
+                ) from err
+            raise ValueError(f"cannot tensorize {name!r}: {err}") from err
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent), attr, layer)
         if reason is None:
@@ -249,8 +262,9 @@ def materialize(
             skipped.append(SkippedLayer(name, slot.kind, reason))
     for pattern, _, _ in options.modes if tensorized else ():
         if not any(fnmatch.fnmatchcase(n, pattern) for n in done):
-            raise ValueError(f"modes: pattern {pattern!r} matches no tensorized layer; "
-                             f"tensorized are {done}")  # fmt: skip
+            raise ConfigError(
+                "modes", f"pattern {pattern!r} matches no tensorized layer; tensorized are {done}"
+            )
     report = TensorizeReport(tuple(done), tuple(skipped))
     model.tensorize_report = report
     return report

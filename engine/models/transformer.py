@@ -1,13 +1,13 @@
 """The paper's sentence-pair classifier: six post-LN encoder blocks, dense or tensorized.
 
-Architecture as in the authors' code (method doc §8): word + learned position + token-type
-embeddings, LayerNorm, dropout; post-LN blocks (residual, then LayerNorm, eps 1e-9) with GELU
-FFN; the classifier reads the first token: fc1 (d -> d) -> tanh -> dropout -> fc2 (d -> C).
+Architecture as in the authors' code (docs/method.md#paper-shapes): word + learned position +
+token-type embeddings, LayerNorm, dropout; post-LN blocks (residual, then LayerNorm, eps 1e-9) with
+GELU FFN; the classifier reads the first token: fc1 (d -> d) -> tanh -> dropout -> fc2 (d -> C).
 
-``build_transformer(config, tensorized=True)`` builds the CoMERA model directly with random
-init (training from scratch): every encoder linear and the classifier fc1 are ``TTLinear``,
-the word embedding is ``TTMEmbedding``; classifier fc2, position / token-type embeddings and
-LayerNorms stay dense. ``shapes="mnli"`` uses the exact shapes of method doc §2.3.
+``build_transformer(config, tensorized=True)`` builds the CoMERA model directly with random init
+(training from scratch): every encoder linear and the classifier fc1 are ``TTLinear``, the word
+embedding is ``TTMEmbedding``; classifier fc2, position / token-type embeddings and LayerNorms stay
+dense. ``shapes="mnli"`` uses the exact shapes of docs/method.md#paper-shapes.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import numbers
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,7 +24,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from engine.configs import ConfigError, ConfigMethods, spec, validate
 from engine.contract.lowrank_saved import recompute_tt_outputs
+from engine.models.limits import (
+    MAX_CLASSES,
+    MAX_FF,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_LEN,
+    MAX_TYPE_VOCAB,
+    MAX_VOCAB,
+    MAX_WIDTH,
+)
 from engine.models.tensorize import (
     Slot,
     Specialize,
@@ -53,7 +63,7 @@ __all__ = [
 
 CONFIG_VERSION = 1
 
-# method doc §2.3: (in_modes, out_modes) per role; embedding rows, cols and fixed ranks
+# docs/method.md#paper-shapes: (in_modes, out_modes) per role; embedding rows, cols and fixed ranks
 MNLI_SHAPES: dict[str, Any] = {
     "attn": ((12, 8, 8), (8, 8, 12)),
     "ffn1": ((12, 8, 8), (12, 16, 16)),
@@ -67,20 +77,22 @@ MakeEmbedding = Callable[[int, int], nn.Module]  # (num, dim) -> module
 
 
 @dataclass(frozen=True)
-class TransformerConfig:
+class TransformerConfig(ConfigMethods):
     """Sizes of the encoder classifier; the defaults are the MNLI model of the paper."""
 
-    vocab_size: int = 30522
-    d_model: int = 768
-    n_heads: int = 12
-    d_ff: int = 3072
-    n_layers: int = 6
-    max_len: int = 512
-    type_vocab: int = 2
-    num_classes: int = 3
-    dropout: float = 0.1
-    attn_dropout: float = 0.1
-    ln_eps: float = 1e-9
+    REQUIRED = ("version",)
+
+    vocab_size: int = spec(30522, ge=1, le=MAX_VOCAB)
+    d_model: int = spec(768, ge=1, le=MAX_WIDTH)
+    n_heads: int = spec(12, ge=1, le=MAX_HEADS)
+    d_ff: int = spec(3072, ge=1, le=MAX_FF)
+    n_layers: int = spec(6, ge=1, le=MAX_LAYERS)
+    max_len: int = spec(512, ge=1, le=MAX_LEN)
+    type_vocab: int = spec(2, ge=1, le=MAX_TYPE_VOCAB)
+    num_classes: int = spec(3, ge=1, le=MAX_CLASSES)
+    dropout: float = spec(0.1, ge=0, lt=1)
+    attn_dropout: float = spec(0.1, ge=0, lt=1)
+    ln_eps: float = spec(1e-9, gt=0, le=1)
     recompute: bool = False  # training: keep only each block's input, rerun the block backward
     # training: keep TT-linear outputs as rank-r factors, attention probabilities not at all
     # (both rebuilt in backward, engine.contract.lowrank_saved)
@@ -88,60 +100,57 @@ class TransformerConfig:
     # with recompute_tt_outputs: rebuild the attention probabilities too (False keeps them:
     # one (B, H, S, S) float tensor per layer, for one q k^T and softmax less in backward)
     recompute_attention: bool = True
-    version: int = CONFIG_VERSION
+    version: int = spec(CONFIG_VERSION, choices=(CONFIG_VERSION,))
 
     def __post_init__(self) -> None:
-        if self.version != CONFIG_VERSION:
-            raise ValueError(f"version must be {CONFIG_VERSION}, got {self.version!r}")
-        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len",
-                     "type_vocab", "num_classes"):  # fmt: skip
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        validate(self)
         if self.d_model % self.n_heads:
-            raise ValueError(f"d_model must be divisible by n_heads, got {self.d_model} and "
-                             f"{self.n_heads}")
-        for name in ("dropout", "attn_dropout"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v < 1:
-                raise ValueError(f"{name} must be in [0, 1), got {v!r}")
-        if isinstance(self.ln_eps, bool) or not isinstance(self.ln_eps, numbers.Real) or (
-            not self.ln_eps > 0
-        ):
-            raise ValueError(f"ln_eps must be > 0, got {self.ln_eps!r}")
-        for name in ("recompute", "recompute_tt_outputs", "recompute_attention"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+            raise ConfigError(
+                "d_model", f"must be divisible by n_heads, got {self.d_model} and {self.n_heads}"
+            )
 
     @classmethod
     def mnli(cls, **changes: Any) -> TransformerConfig:
-        """The paper's six-encoder MNLI model (method doc §2.3)."""
+        """The paper's six-encoder MNLI model (docs/method.md#paper-shapes)."""
         return cls(**changes)
 
     @classmethod
     def tiny(cls, **changes: Any) -> TransformerConfig:
         """A small model for tests and smoke runs (use ``shapes="auto"``)."""
-        base = {"vocab_size": 100, "d_model": 32, "n_heads": 4, "d_ff": 64, "n_layers": 2,
-                "max_len": 64}  # fmt: skip
+        base = {
+            "vocab_size": 100,
+            "d_model": 32,
+            "n_heads": 4,
+            "d_ff": 64,
+            "n_layers": 2,
+            "max_len": 64,
+        }
         return cls(**{**base, **changes})
-
-    def replace(self, **changes: Any) -> TransformerConfig:
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> TransformerConfig:
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ValueError(f"TransformerConfig: unknown keys {unknown}")
-        if "version" not in data:
-            raise ValueError("TransformerConfig: version is required")
-        return cls(**data)
 
 
 # -- modules, small to large ----------------------------------------------------------------
+def encoder_inputs(
+    input_ids: Tensor,
+    token_type_ids: Tensor | None,
+    attention_mask: Tensor | None,
+    max_len: int,
+    limit: str = "max_len",
+) -> tuple[Tensor, Tensor | None]:
+    """``(token_type_ids, keep)`` for the encoder blocks, after checking ``input_ids`` is
+    ``(B, S)`` with ``S <= max_len`` (``limit``: the config field named in the error);
+    ``keep (B, 1, 1, S)`` is True where a token is attended, None without a mask."""
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must be (B, S), got shape {tuple(input_ids.shape)}")
+    if input_ids.shape[1] > max_len:
+        raise ValueError(f"sequence length {input_ids.shape[1]} > {limit} {max_len}")
+    if token_type_ids is None:
+        token_type_ids = torch.zeros_like(input_ids)  # (B, S)
+    keep = None
+    if attention_mask is not None:
+        keep = attention_mask.to(torch.bool)[:, None, None, :]  # (B, 1, 1, S) True = attend
+    return token_type_ids, keep
+
+
 class Embeddings(nn.Module):
     def __init__(self, cfg: TransformerConfig, make_embedding: MakeEmbedding) -> None:
         super().__init__()
@@ -261,16 +270,9 @@ class TransformerClassifier(nn.Module):
         token_type_ids: Tensor | None = None,
         attention_mask: Tensor | None = None,
     ) -> Tensor:
-        if input_ids.ndim != 2:
-            raise ValueError(f"input_ids must be (B, S), got shape {tuple(input_ids.shape)}")
-        if input_ids.shape[1] > self.config.max_len:
-            raise ValueError(f"sequence length {input_ids.shape[1]} > max_len "
-                             f"{self.config.max_len}")
-        if token_type_ids is None:
-            token_type_ids = torch.zeros_like(input_ids)  # (B, S)
-        keep = None
-        if attention_mask is not None:
-            keep = attention_mask.to(torch.bool)[:, None, None, :]  # (B, 1, 1, S) True = attend
+        token_type_ids, keep = encoder_inputs(
+            input_ids, token_type_ids, attention_mask, self.config.max_len
+        )
         grad = self.training and torch.is_grad_enabled()
         lowrank = grad and self.config.recompute_tt_outputs
         with recompute_tt_outputs() if lowrank else contextlib.nullcontext():
@@ -294,15 +296,15 @@ def _check_mnli(cfg: TransformerConfig) -> None:
 
 
 def _mnli_specialize(embedding_max_rank: int | None) -> Specialize:
-    """Exact method doc §2.3 shapes per role; embedding ranks 32 unless capped explicitly."""
+    """Exact paper shapes per role (docs/method.md#paper-shapes); embedding ranks 32 unless
+    capped explicitly."""
 
     def specialize(name: str, slot: Slot) -> dict[str, Any]:
         if slot.kind == "embedding":
             rows, cols, ranks = MNLI_SHAPES["embedding"]
             if embedding_max_rank is None:
                 return {"row_modes": rows, "col_modes": cols, "ranks": ranks, "d": None}
-            return {"row_modes": rows, "col_modes": cols, "max_rank": embedding_max_rank,
-                    "d": None}  # fmt: skip
+            return {"row_modes": rows, "col_modes": cols, "max_rank": embedding_max_rank, "d": None}
         if slot.role not in MNLI_SHAPES:
             raise ValueError(f"shapes='mnli' has no shapes for {name!r} (role {slot.role!r})")
         in_modes, out_modes = MNLI_SHAPES[slot.role]
@@ -330,7 +332,7 @@ def build_transformer(
     (``encoder.<i>.attn.{q,k,v,out}``, ``encoder.<i>.ffn.{fc1,fc2}``) and ``classifier.fc1``
     (TT); one is tensorized when it matches a ``layers`` pattern and has at least ``min_size``
     dense weight entries (see :mod:`engine.models.tensorize`), the others stay dense and are
-    listed in ``model.tensorize_report``. ``shapes="mnli"``: method doc §2.3 (TT ranks
+    listed in ``model.tensorize_report``. ``shapes="mnli"``: docs/method.md#paper-shapes (TT ranks
     ``max_rank`` capped by the bond bounds, embedding ranks fixed at 32 unless
     ``embedding_max_rank`` is given; ``d`` must be ``None``). ``shapes="auto"``: automatic
     modes with ``d`` modes per side (per-size default when ``None``), ``max_rank`` for the
@@ -344,15 +346,22 @@ def build_transformer(
     if shapes not in ("mnli", "auto"):
         raise ValueError(f"shapes must be 'mnli' or 'auto', got {shapes!r}")
     options = TensorizeOptions(
-        max_rank=max_rank, embedding_max_rank=embedding_max_rank, gate_threshold=gate_threshold,
-        d=d, layers=layers, min_size=min_size, modes=modes,
-    )  # fmt: skip
+        max_rank=max_rank,
+        embedding_max_rank=embedding_max_rank,
+        gate_threshold=gate_threshold,
+        d=d,
+        layers=layers,
+        min_size=min_size,
+        modes=modes,
+    )
     specialize = None
     if shapes == "mnli":
         _check_mnli(config)
         if d is not None:
-            raise ValueError(f"d must be None with shapes='mnli' (its modes are fixed), got {d}; "
-                             "use shapes='auto'")
+            raise ValueError(
+                f"d must be None with shapes='mnli' (its modes are fixed), got {d}; "
+                "use shapes='auto'"
+            )
         specialize = _mnli_specialize(embedding_max_rank)
     model = TransformerClassifier(
         config,
@@ -392,6 +401,10 @@ def parameter_report(model: nn.Module) -> ParameterReport:
     cores = sum(p.numel() for m in tt for p in m.cores)
     gates = sum(p.numel() for m in tt for p in m.gates)
     return ParameterReport(
-        total=total, tt_cores=cores, gates=gates, other=total - cores - gates,
-        tensorized_dense=sum(m.dense_parameters() for m in tt), tensorized_layers=len(tt),
-    )  # fmt: skip
+        total=total,
+        tt_cores=cores,
+        gates=gates,
+        other=total - cores - gates,
+        tensorized_dense=sum(m.dense_parameters() for m in tt),
+        tensorized_layers=len(tt),
+    )

@@ -75,8 +75,15 @@ class AttentionFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, p: float,
-                keep_probs: bool = False) -> Tensor:  # fmt: skip
+    def forward(
+        ctx,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        keep: Tensor | None,
+        p: float,
+        keep_probs: bool = False,
+    ) -> Tensor:
         b, h, s, e = q.shape
         t = k.shape[2]
         q3, k3, v3 = _operands(q, k, v)  # (BH, S|T, E)
@@ -128,7 +135,11 @@ class AttentionFunction(torch.autograd.Function):
 
 
 def scaled_dot_product_attention(
-    q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None = None, dropout_p: float = 0.0,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    keep: Tensor | None = None,
+    dropout_p: float = 0.0,
     keep_probs: bool = False,
 ) -> Tensor:
     """``F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p)``.

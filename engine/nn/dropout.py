@@ -73,8 +73,15 @@ def keep_threshold16(keep: float) -> int | None:
     return None
 
 
-def _fill(seed: int, start: int, stop: int, keep: float, mask: np.ndarray,
-          scaled: np.ndarray | None, scale: float) -> None:  # fmt: skip
+def _fill(
+    seed: int,
+    start: int,
+    stop: int,
+    keep: float,
+    mask: np.ndarray,
+    scaled: np.ndarray | None,
+    scale: float,
+) -> None:
     """Draw ``mask[start:stop]`` (and ``scaled = scale * mask`` there) from the chunks' streams.
 
     ``start`` is a multiple of 4 (an entry boundary of a raw draw in both draws), so a range
@@ -99,9 +106,12 @@ def _fill(seed: int, start: int, stop: int, keep: float, mask: np.ndarray,
 
 
 def dropout_mask(
-    shape: torch.Size | tuple[int, ...], keep: float, device: torch.device | str = "cpu",
-    scale: float | None = None, dtype: torch.dtype = torch.float32,
-) -> Tensor | tuple[Tensor, Tensor]:  # fmt: skip
+    shape: torch.Size | tuple[int, ...],
+    keep: float,
+    device: torch.device | str = "cpu",
+    scale: float | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor | tuple[Tensor, Tensor]:
     """Bernoulli(``keep``) mask of ``shape`` as ``bool``; with ``scale`` also ``scale * m``
     in ``dtype`` (made in the same pass). Off the CPU: ``torch.rand(shape) < keep``."""
     np_dtype = _NUMPY_DTYPES.get(dtype)

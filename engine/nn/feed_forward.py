@@ -35,11 +35,11 @@ def _fused_plan(layer: TTLinear, x2: Tensor) -> Plan | None:
 def tt_feed_forward(x: Tensor, fc1: TTLinear, fc2: TTLinear) -> Tensor:
     """``fc2(gelu(fc1(x)))`` for ``x (..., fc1.in_features)``."""
     if fc1.out_features != fc2.in_features:
-        raise ValueError(f"fc1.out_features={fc1.out_features} != fc2.in_features="
-                         f"{fc2.in_features}")  # fmt: skip
+        raise ValueError(
+            f"fc1.out_features={fc1.out_features} != fc2.in_features={fc2.in_features}"
+        )
     if x.dim() == 0 or x.shape[-1] != fc1.in_features:
-        raise ValueError(f"input's last dimension must be {fc1.in_features}, got "
-                         f"{tuple(x.shape)}")  # fmt: skip
+        raise ValueError(f"input's last dimension must be {fc1.in_features}, got {tuple(x.shape)}")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, fc1.in_features)  # (B, N)
     plan1 = _fused_plan(fc1, x2)
@@ -54,6 +54,7 @@ def tt_feed_forward(x: Tensor, fc1: TTLinear, fc2: TTLinear) -> Tensor:
         p2 = [*fc2.cores, *fc2.gates]
         spec1 = (fc1.meta, (plan1.input_side, plan1.output_side), len(p1))
         spec2 = (fc2.meta, (plan2.input_side, plan2.output_side), len(p2))
-        y = TTFFNFunction.apply(x2, fc1.bias, fc2.bias, spec1, spec2,
-                                block_rows(fc1.out_features), *p1, *p2)  # (B, D)  # fmt: skip
+        y = TTFFNFunction.apply(
+            x2, fc1.bias, fc2.bias, spec1, spec2, block_rows(fc1.out_features), *p1, *p2
+        )  # (B, D)
     return y.reshape(*lead, fc2.out_features)

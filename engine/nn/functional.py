@@ -56,14 +56,19 @@ def tt_linear(
     x2 = x.reshape(-1, meta.in_features)  # (B, N)  view for contiguous x
     cores, gates = list(cores), list(gates)
     if any(c.numel() == 0 for c in cores):  # a bond was cut to rank 0: W is exactly zero
-        y = x2.new_zeros(x2.shape[0], meta.out_features)  # (B, M)
+        # the empty cores and gates, and an empty slice of the input, still take part (an
+        # exact 0): every parameter, the layers below this one included, gets a gradient
+        # (data-parallel training needs one from each, every step)
+        touch = sum(t.sum() for t in (*cores, *gates, x2[:0]))  # () 0.0
+        y = x2.new_zeros(x2.shape[0], meta.out_features) + touch  # (B, M)
         return (y + bias if bias is not None else y).reshape(*lead, meta.out_features)
     plan = parse_plan(plan)
     if plan == "reference":
         d = len(meta.in_modes)
         a2 = F.gelu(x2) if activation == "gelu" else x2  # (B, N)
-        y = tt_linear_reference(a2, cores, gates, bias, meta.tau, meta.in_features,
-                                meta.out_features, d)
+        y = tt_linear_reference(
+            a2, cores, gates, bias, meta.tau, meta.in_features, meta.out_features, d
+        )
         return y.reshape(*lead, meta.out_features)
     if plan == "auto":
         plan = plan_tt_linear(problem_for(x2, cores, bias, meta))

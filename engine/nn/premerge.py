@@ -48,8 +48,13 @@ from engine.contract.premerged import (
 from engine.kernels.backend import resolve_backend
 from engine.nn.functional import parse_plan, problem_for
 
-__all__ = ["PremergeSession", "active_session", "premerged_attention", "premerged_linear",
-           "premerged_ffn"]
+__all__ = [
+    "PremergeSession",
+    "active_session",
+    "premerged_attention",
+    "premerged_linear",
+    "premerged_ffn",
+]
 
 _local = threading.local()
 MIN_GROUP = 2  # a group of one merges as the layer itself would (but see autocast below)
@@ -66,16 +71,25 @@ def premerged_linear(layer: Any, x: Tensor, activation: str | None) -> Tensor | 
     return None if session is None else session.linear(layer, x, activation)
 
 
-def premerged_ffn(x2: Tensor, fc1: Any, fc2: Any, plan1: Plan, plan2: Plan,
-                  block: int) -> Tensor | None:  # fmt: skip
+def premerged_ffn(
+    x2: Tensor, fc1: Any, fc2: Any, plan1: Plan, plan2: Plan, block: int
+) -> Tensor | None:
     """``fc2(gelu(fc1(x2)))`` through the open session, or ``None``."""
     session = active_session()
     return None if session is None else session.ffn(x2, fc1, fc2, plan1, plan2, block)
 
 
-def premerged_attention(x: Tensor, q: Any, k: Any, v: Any, out: Any, heads: int,
-                        keep: Tensor | None, p: float,
-                        keep_probs: bool) -> Tensor | None:  # fmt: skip
+def premerged_attention(
+    x: Tensor,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    heads: int,
+    keep: Tensor | None,
+    p: float,
+    keep_probs: bool,
+) -> Tensor | None:
     """``out(attention(q(x), k(x), v(x)))`` in rank space through the open session, or
     ``None`` (the caller runs the standard path); see :meth:`PremergeSession.attention`."""
     session = active_session()
@@ -89,9 +103,17 @@ def _signature(layer: Any) -> tuple | None:
     if any(c.numel() == 0 for c in cores):
         return None  # a bond cut to rank 0: the layer's own path returns zeros
     c0 = cores[0]
-    return (tuple(layer.in_modes), tuple(layer.out_modes), layer.in_features,
-            layer.out_features, float(layer.gate_threshold), tuple(c.shape for c in cores),
-            c0.dtype, c0.device, str(layer.kernel))  # fmt: skip
+    return (
+        tuple(layer.in_modes),
+        tuple(layer.out_modes),
+        layer.in_features,
+        layer.out_features,
+        float(layer.gate_threshold),
+        tuple(c.shape for c in cores),
+        c0.dtype,
+        c0.device,
+        str(layer.kernel),
+    )
 
 
 class _Merged(NamedTuple):
@@ -107,8 +129,9 @@ class PremergeSession:
     :meth:`learned_siblings` gives the runs observed in this session, for the next one.
     """
 
-    def __init__(self, layers: Sequence[nn.Module], siblings: dict[int, tuple[int, ...]] | None
-                 = None) -> None:  # fmt: skip
+    def __init__(
+        self, layers: Sequence[nn.Module], siblings: dict[int, tuple[int, ...]] | None = None
+    ) -> None:
         by_sig: dict[tuple, list[nn.Module]] = {}
         for layer in layers:
             sig = _signature(layer)
@@ -119,8 +142,9 @@ class PremergeSession:
         amp = first is not None and torch.is_autocast_enabled(first.device.type)
         least = 1 if amp else MIN_GROUP
         self.groups = [g for g in by_sig.values() if len(g) >= least]
-        self.where = {id(m): (gi, pos) for gi, g in enumerate(self.groups)
-                      for pos, m in enumerate(g)}  # fmt: skip
+        self.where = {
+            id(m): (gi, pos) for gi, g in enumerate(self.groups) for pos, m in enumerate(g)
+        }
         self.siblings = dict(siblings or {})
         self.merged: dict[int, _Merged] = {}
         self.pending: dict[int, tuple[Tensor, int, Tensor]] = {}
@@ -151,8 +175,7 @@ class PremergeSession:
             return None
         return plan.input_side, plan.output_side
 
-    def _entry(self, layer: Any, dirs: tuple[Side, Side], rows: int
-               ) -> tuple[_Merged, int] | None:  # fmt: skip
+    def _entry(self, layer: Any, dirs: tuple[Side, Side], rows: int) -> tuple[_Merged, int] | None:
         where = self.where.get(id(layer))
         if where is None:
             return None
@@ -169,8 +192,15 @@ class PremergeSession:
         first: Any = members[0]
         d = len(first.in_modes)
         rank_to = padded_rank(first.cores[d].shape[0], rows)
-        spec = GroupSpec(d, first.in_features, first.out_features, float(first.gate_threshold),
-                         dirs, len(members), rank_to)  # fmt: skip
+        spec = GroupSpec(
+            d,
+            first.in_features,
+            first.out_features,
+            float(first.gate_threshold),
+            dirs,
+            len(members),
+            rank_to,
+        )
         params = [p for m in members for p in (*m.cores, *m.gates)]  # type: ignore[attr-defined]
         lefts, rights = GroupMergeFunction.apply(spec, *params)  # (G, N, r), (G, r, M)
         return _Merged(dirs, lefts.unbind(0), rights.unbind(0))
@@ -194,12 +224,14 @@ class PremergeSession:
         run = self._sibling_run(layer, pos)
         if run is not None and activation is None and not recomputing():
             return self._siblings(run, entry, pos, x, x2, lead)
-        y = PremergedLinearFunction.apply(x2, entry.left[pos], entry.right[pos], layer.bias,
-                                          activation)  # (B, M)  # fmt: skip
+        y = PremergedLinearFunction.apply(
+            x2, entry.left[pos], entry.right[pos], layer.bias, activation
+        )  # (B, M)
         return y.reshape(*lead, layer.out_features)
 
-    def ffn(self, x2: Tensor, fc1: Any, fc2: Any, plan1: Plan, plan2: Plan,
-            block: int) -> Tensor | None:  # fmt: skip
+    def ffn(
+        self, x2: Tensor, fc1: Any, fc2: Any, plan1: Plan, plan2: Plan, block: int
+    ) -> Tensor | None:
         rows = x2.shape[0]
         e1 = self._entry(fc1, (plan1.input_side, plan1.output_side), rows)
         e2 = self._entry(fc2, (plan2.input_side, plan2.output_side), rows)
@@ -207,11 +239,19 @@ class PremergeSession:
             return None
         (m1, p1), (m2, p2) = e1, e2
         self.stats["ffn"] += 1
-        return PremergedFFNFunction.apply(x2, m1.left[p1], m1.right[p1], fc1.bias, m2.left[p2],
-                                          m2.right[p2], fc2.bias, block)  # (B, D)  # fmt: skip
+        return PremergedFFNFunction.apply(
+            x2, m1.left[p1], m1.right[p1], fc1.bias, m2.left[p2], m2.right[p2], fc2.bias, block
+        )  # (B, D)
 
-    def attention(self, x: Tensor, layers: tuple[Any, Any, Any, Any], heads: int,
-                  keep: Tensor | None, p: float, keep_probs: bool) -> Tensor | None:  # fmt: skip
+    def attention(
+        self,
+        x: Tensor,
+        layers: tuple[Any, Any, Any, Any],
+        heads: int,
+        keep: Tensor | None,
+        p: float,
+        keep_probs: bool,
+    ) -> Tensor | None:
         """Self-attention of ``x (B, S, D)`` with TT-linear projections ``(q, k, v, out)`` in
         rank space (:mod:`engine.contract.lowrank_attention`): (B, S, D) before the output
         dropout, or ``None`` when that does not apply. It applies when gradients are recorded
@@ -258,14 +298,26 @@ class PremergeSession:
             return None
         group = self.groups[self.where[id(layer)][0]]
         n = 1
-        while n < len(ids) and pos + n < len(group) and id(group[pos + n]) == ids[n] and (
-            (group[pos + n].bias is None) == (layer.bias is None)  # type: ignore[attr-defined]
+        while (
+            n < len(ids)
+            and pos + n < len(group)
+            and id(group[pos + n]) == ids[n]
+            and (
+                (group[pos + n].bias is None) == (layer.bias is None)  # type: ignore[attr-defined]
+            )
         ):
             n += 1
         return group[pos : pos + n] if n >= 2 else None
 
-    def _siblings(self, run: list[nn.Module], entry: _Merged, pos: int, x: Tensor, x2: Tensor,
-                  lead: torch.Size) -> Tensor:  # fmt: skip
+    def _siblings(
+        self,
+        run: list[nn.Module],
+        entry: _Merged,
+        pos: int,
+        x: Tensor,
+        x2: Tensor,
+        lead: torch.Size,
+    ) -> Tensor:
         S = len(run)
         self.stats["sibling_runs"] += 1
         biases = None

@@ -2,10 +2,11 @@
 
 The weight ``W`` (out, in) is never stored: ``W^T`` (in, out) is the merge of ``2d`` cores,
 input modes first (``G_1..G_d`` with mode sizes ``n_k``), then output modes
-(``G_{d+1}..G_{2d}`` with ``m_k``); see ``docs`` in ``engine/contract/plan.py``. Sizes that do
-not factor well are padded (the padding is in ``extra_repr``); padded rows and columns never
-reach the output. ``kernel`` (:class:`engine.kernels.KernelPref`, default AUTO) picks the
-torch ops or the Triton kernels for the fused plan.
+(``G_{d+1}..G_{2d}`` with ``m_k``); see docs/method.md#tt-linear-format and
+:mod:`engine.contract.plan`. Sizes that do not factor well are padded (the padding is in
+``extra_repr``); padded rows and columns never reach the output. ``kernel``
+(:class:`engine.kernels.KernelPref`, default AUTO) picks the torch ops or the Triton kernels
+for the fused plan.
 """
 
 from __future__ import annotations
@@ -78,9 +79,7 @@ class TTLinear(nn.Module):
         shapes = [(full[k], s, full[k + 1]) for k, s in enumerate(self.mode_sizes)]
         kw = {"device": device, "dtype": dtype}
         self.cores = ParamList([nn.Parameter(torch.empty(s, **kw)) for s in shapes])
-        self.gates = ParamList(
-            [nn.Parameter(torch.ones(r, **kw)) for r in full[1:-1]]
-        )
+        self.gates = ParamList([nn.Parameter(torch.ones(r, **kw)) for r in full[1:-1]])
         self.bias = nn.Parameter(torch.empty(out_features, **kw)) if bias else None
         self.reset_parameters()
 
@@ -117,16 +116,26 @@ class TTLinear(nn.Module):
         """TT-SVD of ``linear.weight`` to ``max_rank`` and/or relative tolerance ``tol``."""
         w = linear.weight.detach()
         layer = cls(
-            linear.in_features, linear.out_features, linear.bias is not None,
-            max_rank=max_rank if max_rank is not None else 1, in_modes=in_modes,
-            out_modes=out_modes, gate_threshold=gate_threshold, d=d, plan=plan, kernel=kernel,
-            device=torch.device("meta"), dtype=w.dtype,
+            linear.in_features,
+            linear.out_features,
+            linear.bias is not None,
+            max_rank=max_rank if max_rank is not None else 1,
+            in_modes=in_modes,
+            out_modes=out_modes,
+            gate_threshold=gate_threshold,
+            d=d,
+            plan=plan,
+            kernel=kernel,
+            device=torch.device("meta"),
+            dtype=w.dtype,
         )
         cores = matrix_to_tt(w, layer.in_modes, layer.out_modes, max_rank=max_rank, tol=tol)
         layer.cores = ParamList([nn.Parameter(c.to(w.dtype)) for c in cores])
         layer.gates = ParamList(
-            [nn.Parameter(torch.ones(c.shape[-1], dtype=w.dtype, device=w.device))
-             for c in cores[:-1]]
+            [
+                nn.Parameter(torch.ones(c.shape[-1], dtype=w.dtype, device=w.device))
+                for c in cores[:-1]
+            ]
         )
         if linear.bias is not None:
             layer.bias = nn.Parameter(linear.bias.detach().clone())
@@ -144,8 +153,14 @@ class TTLinear(nn.Module):
 
     @property
     def meta(self) -> TTLinearMeta:
-        return TTLinearMeta(self.in_modes, self.out_modes, self.in_features,
-                            self.out_features, self.gate_threshold, self.kernel)
+        return TTLinearMeta(
+            self.in_modes,
+            self.out_modes,
+            self.in_features,
+            self.out_features,
+            self.gate_threshold,
+            self.kernel,
+        )
 
     def forward(self, x: Tensor, activation: str | None = None) -> Tensor:
         """``x W^T + b``; ``activation="gelu"``: ``gelu(x) W^T + b`` without storing
@@ -153,13 +168,20 @@ class TTLinear(nn.Module):
         y = premerged_linear(self, x, activation)  # a fast-path session's group merge, if open
         if y is not None:
             return y
-        return tt_linear(x, list(self.cores), list(self.gates), self.bias, self.meta, self.plan,
-                         activation)
+        return tt_linear(
+            x, list(self.cores), list(self.gates), self.bias, self.meta, self.plan, activation
+        )
 
     def to_dense(self) -> Tensor:
         """The effective weight (out, in), gates applied."""
-        return tt_linear_weight(list(self.cores), list(self.gates), self.gate_threshold,
-                                self.in_features, self.out_features, len(self.in_modes))
+        return tt_linear_weight(
+            list(self.cores),
+            list(self.gates),
+            self.gate_threshold,
+            self.in_features,
+            self.out_features,
+            len(self.in_modes),
+        )
 
     # -- ranks and sizes ----------------------------------------------------------------
     @property

@@ -1,11 +1,13 @@
 """TTM-compressed embedding table with rank gates and physical shrinking.
 
 The table ``E (V', D)`` with ``V' = prod n_k >= V`` and ``D = prod m_k`` is held as cores
-``G_k (r_{k-1}, n_k, m_k, r_k)`` and gates ``g_k (r_k,)`` on the internal bonds (method doc §2.2,
-§3.1). The lookup is :func:`engine.nn.ttm_functional.ttm_lookup`; the dense oracle is
+``G_k (r_{k-1}, n_k, m_k, r_k)`` and gates ``g_k (r_k,)`` on the internal bonds
+(docs/method.md#ttm-embedding-format, docs/method.md#rank-gates). The lookup is
+:func:`engine.nn.ttm_functional.ttm_lookup`; the dense oracle is
 :func:`engine.contract.reference.ttm_table`. ``shrink_`` slices dead gate entries out of the
-cores (Part B item 6) and reports the slices so optimizer state can follow. ``kernel``
-(:class:`engine.kernels.KernelPref`, default AUTO) picks the torch ops or the Triton kernels.
+cores (docs/method.md#physical-shrinking) and reports the slices so optimizer state can
+follow. ``kernel`` (:class:`engine.kernels.KernelPref`, default AUTO) picks the torch ops or
+the Triton kernels.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from engine.tt.shapes import default_order, factorize, resolve_modes, resolve_ra
 from engine.tt.surgery import SliceMap, fold_gates_chain_, shrink_chain_
 
 __all__ = ["TTMEmbedding"]
-
 
 
 def _positive_int(value: object, name: str) -> int:
@@ -97,11 +98,15 @@ class TTMEmbedding(nn.Module):
         self.gate_threshold = float(gate_threshold)
         self.dedup = dedup
         if padding_idx is not None:
-            if isinstance(padding_idx, bool) or not isinstance(padding_idx, int) or not (
-                -num_embeddings <= padding_idx < num_embeddings
+            if (
+                isinstance(padding_idx, bool)
+                or not isinstance(padding_idx, int)
+                or not (-num_embeddings <= padding_idx < num_embeddings)
             ):
-                raise ValueError(f"padding_idx must be in [-{num_embeddings}, {num_embeddings}),"
-                                 f" got {padding_idx!r}")
+                raise ValueError(
+                    f"padding_idx must be in [-{num_embeddings}, {num_embeddings}),"
+                    f" got {padding_idx!r}"
+                )
             padding_idx %= num_embeddings
         self.padding_idx = padding_idx
         kw = {"device": device, "dtype": dtype}
@@ -213,12 +218,18 @@ class TTMEmbedding(nn.Module):
             if lo < 0 or hi >= self.num_embeddings:
                 raise IndexError(f"ids must be in [0, {self.num_embeddings}), got {lo}..{hi}")
         if 0 in self.ranks:  # a dead bond: the table is identically zero
-            zero = self.cores[-1].sum()  # () empty sum: keeps the graph, gradients are empty
+            # () empty sums: keeps every core and gate in the graph, their gradients empty
+            zero = sum(t.sum() for t in (*self.cores, *self.gates))
             return zero.expand(*ids.shape, self.embedding_dim).contiguous()  # (..., D)
         cores, gates = list(self.cores), list(self.gates)
         plan = self._lookup_plan()
         out = ttm_lookup(
-            ids, cores, gates, self.gate_threshold, dedup=self.dedup and not capturing, plan=plan,
+            ids,
+            cores,
+            gates,
+            self.gate_threshold,
+            dedup=self.dedup and not capturing,
+            plan=plan,
             kernel=self.kernel,
         )  # (..., D)
         if self.padding_idx is not None:

@@ -1,10 +1,11 @@
 """Optimized TTM embedding lookup: both levels of reuse, with a hand-written backward.
 
 Cores ``G_k`` have shape ``(r_{k-1}, n_k, m_k, r_k)`` and the first ``K - 1`` are gated on their
-last index by ``mu(g_k) = g_k * 1[g_k > tau]`` (method doc §2.2, §3.1). Row ``t`` of the table is
-row-major over ``(n_1..n_K)`` and its columns are row-major over ``(m_1..m_K)``.
+last index by ``mu(g_k) = g_k * 1[g_k > tau]`` (docs/method.md#ttm-embedding-format,
+docs/method.md#rank-gates). Row ``t`` of the table is row-major over ``(n_1..n_K)`` and its
+columns are row-major over ``(m_1..m_K)``.
 
-The lookup (method doc §6.2, Part B item 8) splits the chain at bond ``h``:
+The lookup (docs/method.md#ttm-lookup) splits the chain at bond ``h``:
 
 * **tensor-index level**: the gated left half is merged once per call into
   ``A (N_L, M_L, r_h)`` and the right half into ``Bm (N_R, r_h, M_R)``, independently of the

@@ -1,8 +1,9 @@
 """Naive TTM embedding lookup: every token contracts its own slice of every core.
 
-This is the "standard TTM lookup" baseline of the method doc §6.1 and of ``bench/ttm_embedding``:
-no reuse at the tensor-index level (nothing is pre-merged) nor at the row-index level (repeated
-ids are recomputed), and the backward is plain autograd through the gathers and batched GEMMs.
+This is the "standard TTM lookup" baseline of docs/method.md#ttm-lookup and of
+``bench/ttm_embedding``: no reuse at the tensor-index level (nothing is pre-merged) nor at the
+row-index level (repeated ids are recomputed), and the backward is plain autograd through the
+gathers and batched GEMMs.
 """
 
 from __future__ import annotations

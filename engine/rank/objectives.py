@@ -1,4 +1,5 @@
-"""Scalarized training objectives of the two CoMERA stages (method doc §4.2, §4.3, Part B item 4).
+"""Scalarized training objectives of the two CoMERA stages
+(docs/method.md#stage-objectives).
 
 Early stage (linear scalarization)::
 
@@ -55,8 +56,10 @@ def late_objective(
     *,
     gamma: float = 0.01,
     loss_weight: float = 0.1,
+    switch_loss: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """``(J_late, lam)`` with ``J_late = loss_weight L + gamma R + lam R + (1 - lam) L``."""
-    lam = late_switch(task_loss, size, loss_ref, size_ref)  # ()
+    """``(J_late, lam)`` with ``J_late = loss_weight L + gamma R + lam R + (1 - lam) L``;
+    ``lam`` compares ``switch_loss`` (default: ``task_loss``) with ``L*``."""
+    lam = late_switch(task_loss if switch_loss is None else switch_loss, size, loss_ref, size_ref)
     objective = loss_weight * task_loss + gamma * penalty + lam * penalty + (1 - lam) * task_loss
     return objective, lam

@@ -9,15 +9,16 @@ layer is live; sums over ``e`` run over active entries.
 
 Entries left in a zero layer are not active: they no longer control any parameter (the exact
 gradient of ``S`` with respect to them is 0) and the next shrink removes them, so excluding them
-keeps ``R``, its gradient and :meth:`GateIndex.active_entries` unchanged by a shrink, as Part B
-item 6 requires. (The released code never shrinks and would still count them; this is the only
-departure from its ``uniform`` formula, and it only matters once a whole bond has died.)
+keeps ``R``, its gradient and :meth:`GateIndex.active_entries` unchanged by a shrink, as
+docs/method.md#physical-shrinking requires. (The released code never shrinks and would still
+count them; this is the only departure from its ``uniform`` formula, and it only matters once a
+whole bond has died.)
 
-``uniform`` (the authors' code, method doc §3.3)::
+``uniform`` (the authors' code, docs/method.md#rank-penalties)::
 
     R = sum_e mu(g_e) / N                     N = #active entries (a constant: no gradient)
 
-``cost_weighted`` (Part B item 3, the default). Killing one rank of bond ``k`` removes
+``cost_weighted`` (the default). Killing one rank of bond ``k`` removes
 ``c_k = s_k r_{k-1} + s_{k+1} r_{k+1}`` entries from its two neighbouring cores, so entry ``e`` of
 bond ``k`` of layer ``l`` gets the weight ``w_e = c_k / D_l`` (parameters controlled, per dense
 parameter of its layer) and::
@@ -45,6 +46,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from engine.configs import ConfigError
 from engine.rank.size import layer_mode_sizes, tensorized_layers
 
 __all__ = ["PENALTIES", "GateIndex"]
@@ -57,9 +59,17 @@ class GateIndex:
 
     def __init__(self, model: nn.Module, variant: str = "cost_weighted") -> None:
         if variant not in PENALTIES:
-            raise ValueError(f"compression.penalty must be one of {PENALTIES}, got {variant!r}")
+            raise ConfigError("compression.penalty", f"must be one of {PENALTIES}, got {variant!r}")
         self.model = model
         self.variant = variant
+        self.floors: dict[str, tuple[int, ...]] = {}  # see protect()
+        self.refresh()
+
+    def protect(self, floors: dict[str, tuple[int, ...]] | None) -> None:
+        """Exempt from the penalty the ``floors[layer][k]`` largest live entries of each bond
+        ``k`` (``None``: no exemption), so the penalty alone can never push a bond below its
+        floor (a whole layer to zero). Kept across :meth:`refresh`."""
+        self.floors = dict(floors or {})
         self.refresh()
 
     # -- index ----------------------------------------------------------------------------
@@ -80,10 +90,14 @@ class GateIndex:
         core_slot: list[int] = []
         core_s: list[int] = []
         core_layer: list[int] = []
+        bond_floor: list[int] = []
         slots = 0
-        layers = [m for _, m in tensorized_layers(self.model)]
-        for l, mod in enumerate(layers):
+        named = tensorized_layers(self.model)
+        layers = [m for _, m in named]
+        for l, (name, mod) in enumerate(named):
             sizes = layer_mode_sizes(mod)
+            floors = self.floors.get(name, ())
+            bond_floor.extend(int(f) for f in (*floors, *[0] * len(mod.gates))[: len(mod.gates)])
             for k, s in enumerate(sizes):  # core k sits between slots k and k + 1
                 core_slot.append(slots + k)
                 core_s.append(s)
@@ -120,11 +134,18 @@ class GateIndex:
         self._bond_dense = flt(bond_dense)
         self._core_slot, self._core_s = idx(core_slot), idx(core_s)
         self._core_layer = idx(core_layer)
+        self._bond_floor = idx(bond_floor)  # (B,)
+        starts = [0]
+        for g in gates:
+            starts.append(starts[-1] + g.numel())
+        self._bond_start = idx(starts[:-1])  # (B,) first entry of each bond
+        self._protected = any(bond_floor)
 
     def _flat(self) -> Tensor:
         if tuple(g.numel() for g in self._gates) != self._shapes:
-            raise RuntimeError("GateIndex is stale: the gates changed shape (a shrink?); "
-                               "call refresh() first")
+            raise RuntimeError(
+                "GateIndex is stale: the gates changed shape (a shrink?); call refresh() first"
+            )
         if not self._gates:
             return torch.zeros(0, dtype=self._dtype, device=self._device)  # (0,)
         if self._gates[0].device != self._device:  # the model moved: move the index with it
@@ -144,6 +165,20 @@ class GateIndex:
         live = dead_bonds == 0  # (L,)
         active = above & live.index_select(0, self._entry_layer)  # (E,)
         return active, ranks, live
+
+    def _penalized(self, flat: Tensor, active: Tensor) -> Tensor:
+        """Active entries the penalty acts on (E,): all, minus the protected largest ones."""
+        if not self._protected:
+            return active
+        values = torch.where(active, flat.detach(), torch.full_like(flat, -torch.inf))  # (E,)
+        by_value = torch.argsort(values, descending=True, stable=True)  # (E,)
+        by_bond = torch.argsort(self._entry_bond.index_select(0, by_value), stable=True)
+        perm = by_value.index_select(0, by_bond)  # (E,) bond by bond, largest first
+        bond = self._entry_bond.index_select(0, perm)  # (E,)
+        pos = torch.arange(perm.numel(), device=self._device) - self._bond_start[bond]  # (E,)
+        kept = pos < self._bond_floor.index_select(0, bond)  # (E,) in perm order
+        exempt = torch.zeros_like(kept).scatter(0, perm, kept)  # (E,)
+        return active & ~exempt
 
     def _weights(self, ranks: Tensor) -> Tensor:
         """Weight of every entry (E,) at the given rank slots."""
@@ -167,11 +202,40 @@ class GateIndex:
         """``R(g)`` as a () tensor, differentiable w.r.t. every gate (see the module docstring)."""
         flat = self._flat()  # (E,)
         active, ranks, _ = self._state(flat)  # (E,), (N,)
+        active = self._penalized(flat, active)  # (E,)
         mu = torch.where(active, flat, torch.zeros_like(flat))  # (E,) dmu/dg = 1[active]
         w = self._weights(ranks) * active  # (E,) active weights, no gradient
         den = w.sum().detach()  # ()
         num = (w * mu).sum()  # ()
         return num / torch.where(den > 0, den, torch.ones_like(den))  # () 0 if nothing active
+
+    def penalty_grad(self) -> Tensor:
+        """``dR/dg`` of every gate entry (E,), as autograd gives it for :meth:`penalty`:
+        ``w_e / sum(w)`` for an active entry, 0 for any other. No graph, no host sync."""
+        flat = self._flat().detach()  # (E,)
+        active, ranks, _ = self._state(flat)  # (E,), (N,)
+        w = self._weights(ranks) * self._penalized(flat, active)  # (E,)
+        den = w.sum()  # ()
+        return w / torch.where(den > 0, den, torch.ones_like(den))  # (E,)
+
+    def gates(self) -> list[nn.Parameter]:
+        """The gate vectors, in index order."""
+        return list(self._gates)
+
+    def values(self) -> Tensor:
+        """Every gate entry (E,), detached, in index order (layer, bond, entry)."""
+        return self._flat().detach()
+
+    def grads(self) -> Tensor:
+        """The gradient of every gate entry (E,) after a backward (0 where a gate has none)."""
+        flat = self._flat()  # raises when stale
+        if not self._gates:
+            return flat
+        return torch.cat([torch.zeros_like(g) if g.grad is None else g.grad for g in self._gates])
+
+    def split(self, flat: Tensor) -> list[Tensor]:
+        """A per-entry vector (E,) cut into one piece per gate vector, in model order."""
+        return list(torch.split(flat, self._shapes))
 
     def size(self) -> Tensor:
         """``S`` at the active ranks as a () float64 tensor, equal to ``model_size(model)``."""

@@ -1,4 +1,5 @@
-"""Physical rank shrinking of a whole model, with the optimizer state following (Part B item 6).
+"""Physical rank shrinking of a whole model, with the optimizer state following
+(docs/method.md#physical-shrinking).
 
 :func:`shrink_model_` slices every tensorized layer whose active ranks (gates above ``tau``) fall
 short of its stored ranks: dead gate entries, and the core slices they mask, are removed in place
@@ -48,9 +49,7 @@ class RankChange:
         }
 
 
-def shrink_model_(
-    model: nn.Module, optimizer: torch.optim.Optimizer | None = None
-) -> RankChange:
+def shrink_model_(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> RankChange:
     """Slice dead ranks out of every tensorized layer and ``optimizer``'s state (module doc)."""
     per_layer: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
     for name, layer in tensorized_layers(model):

@@ -1,7 +1,7 @@
 """The exact size model ``S``: core entries of every TT / TTM layer at its active ranks.
 
 For a chain of ``K`` cores with per-core mode sizes ``s_k`` and active ranks
-``r_0 = 1, r_k = #{g_k > tau}, r_K = 1`` (method doc §3.2, Part B item 2)::
+``r_0 = 1, r_k = #{g_k > tau}, r_K = 1`` (docs/method.md#size-model)::
 
     S_layer = 1[all r_k > 0] * sum_k r_{k-1} * s_k * r_k        S = sum_layers S_layer
 

@@ -1,4 +1,4 @@
-"""Trainer side effects go through callbacks, never imports (style guide item 13).
+"""Trainer side effects go through callbacks, never imports (docs/method.md#training-loop).
 
 Every event is a JSON-safe ``dict`` with an ``event`` key, so a callback can write it to a
 file, a database or a queue unchanged:

@@ -63,8 +63,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
-def save_checkpoint(path: str | Path, tensors: Mapping[str, Tensor], meta: Mapping[str, Any]
-                    ) -> Path:
+def save_checkpoint(
+    path: str | Path, tensors: Mapping[str, Tensor], meta: Mapping[str, Any]
+) -> Path:
     """Write ``tensors`` and the JSON ``meta`` atomically to ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -92,8 +93,10 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]
         raise ValueError(f"{path}: no CoMERA metadata in the safetensors header")
     meta = json.loads(header["comera"])
     if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path}: checkpoint format {meta.get('format_version')!r}, this "
-                         f"engine reads {FORMAT_VERSION}")
+        raise ValueError(
+            f"{path}: checkpoint format {meta.get('format_version')!r}, this "
+            f"engine reads {FORMAT_VERSION}"
+        )
     return tensors, meta
 
 
@@ -107,7 +110,7 @@ def resize_parameters_(model: nn.Module, state: Mapping[str, Tensor]) -> None:
 
 
 def load_model_state_(model: nn.Module, tensors: Mapping[str, Tensor]) -> None:
-    state = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
+    state = {k[len("model/") :]: v for k, v in tensors.items() if k.startswith("model/")}
     resize_parameters_(model, state)
     model.load_state_dict(state, strict=True)
 
@@ -139,8 +142,9 @@ def optimizer_tensors(
                 proj = {f: getattr(value, f) for f in _PROJECTOR_FIELDS}
                 scalars.setdefault(pname, {})["projector"] = proj
             else:
-                raise TypeError(f"cannot checkpoint optimizer state {key!r} of type "
-                                f"{type(value).__name__}")
+                raise TypeError(
+                    f"cannot checkpoint optimizer state {key!r} of type {type(value).__name__}"
+                )
     groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     for g in groups:
         for k, v in list(g.items()):
@@ -168,8 +172,10 @@ def load_optimizer_state_(
     """Inverse of :func:`optimizer_tensors` (state tensors are copied, never aliased)."""
     groups = meta["groups"]
     if len(groups) != len(optimizer.param_groups):
-        raise ValueError(f"checkpoint has {len(groups)} param groups, optimizer has "
-                         f"{len(optimizer.param_groups)}")
+        raise ValueError(
+            f"checkpoint has {len(groups)} param groups, optimizer has "
+            f"{len(optimizer.param_groups)}"
+        )
     for group, saved in zip(optimizer.param_groups, groups, strict=True):
         for k, v in saved.items():
             group[k] = tuple(v) if isinstance(v, list) else v
@@ -178,7 +184,7 @@ def load_optimizer_state_(
     strides = meta.get("strides", {})
     for key, value in tensors.items():
         if key.startswith("optim/"):
-            pname, skey = key[len("optim/"):].rsplit("/", 1)
+            pname, skey = key[len("optim/") :].rsplit("/", 1)
             per_param.setdefault(pname, {})[skey] = value
     for pname, extra in meta["scalars"].items():
         per_param.setdefault(pname, {}).update(extra)
@@ -192,12 +198,21 @@ def load_optimizer_state_(
             if key == "projector":
                 from galore_torch.galore_projector import GaLoreProjector
 
-                proj = GaLoreProjector(value["rank"], verbose=value["verbose"],
-                                       update_proj_gap=value["update_proj_gap"],
-                                       scale=value["scale"], proj_type=value["proj_type"])
+                proj = GaLoreProjector(
+                    value["rank"],
+                    verbose=value["verbose"],
+                    update_proj_gap=value["update_proj_gap"],
+                    scale=value["scale"],
+                    proj_type=value["proj_type"],
+                )
                 ortho = state.get("projector.ortho_matrix")
-                proj.ortho_matrix = None if ortho is None else _restore(
-                    ortho, p.device, strides.get(f"optim/{pname}/projector.ortho_matrix"))
+                proj.ortho_matrix = (
+                    None
+                    if ortho is None
+                    else _restore(
+                        ortho, p.device, strides.get(f"optim/{pname}/projector.ortho_matrix")
+                    )
+                )
                 restored[key] = proj
             elif isinstance(value, Tensor):
                 dev = value.device if value.dim() == 0 and key == "step" else p.device

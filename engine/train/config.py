@@ -7,27 +7,31 @@ architecture of :mod:`engine.models.registry` and its config) on ``data``
 
 Stages run in order. Each has a kind and a length (``epochs`` or ``steps``, not both):
 
-* ``early``: task loss + gamma * R (linear scalarization, method doc §4.2). For ``dense`` and
-  ``galore`` jobs an ``early`` stage is plain training on the task loss.
-* ``late``: the achievement scalarization of §4.3 with reference point (L*, S*):
+* ``early``: task loss + gamma * R (linear scalarization). ``gamma: "auto"`` sets the weight
+  from the gradients (:mod:`engine.rank.auto_gamma`) and, with a ``target_ratio``, paces the
+  size towards ``target_ratio`` x S at the stage start. For ``dense`` and ``galore`` jobs an
+  ``early`` stage is plain training on the task loss.
+* ``late``: the achievement scalarization with reference point (L*, S*):
   S* = ``target_ratio`` x S at the stage start; L* = ``loss_ref`` or, when unset, the
-  validation loss at the stage start (Part B item 4). When the stage ends with S > S*, the
-  least important gate entries are pruned until S <= S* (Part B item 5). ``comera`` only.
+  validation loss at the stage start. The size bound falls from S to S* over the stage and
+  gate entries are cut to it gradually, cheapest loss per parameter first, under the fidelity
+  guard ``compression.max_metric_drop`` (:mod:`engine.train.rank_control`). ``comera`` only.
 * ``finetune``: task loss only, gates frozen, so S cannot grow back (the fine-tune after
   pruning). Allowed for every method.
 
-Every validation error names the field it is about, as a JSON path (``schedule[1].kind``).
+Every field states its bounds (:func:`engine.configs.spec`); they are the service's wire
+bounds as well (a test checks that the two agree). Every validation error names the field it
+is about as a JSON path (``schedule[1].kind``).
 """
 
 from __future__ import annotations
 
-import math
-import numbers
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
+from engine.configs import ConfigError, ConfigMethods, parse, spec, to_dict, validate
 from engine.models.registry import TensorizeOptions, get_workload
 from engine.rank.penalty import PENALTIES
 
@@ -53,340 +57,219 @@ STAGE_KINDS = ("early", "late", "finetune")
 LR_SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("fp32", "bf16")
 CUDA_GRAPH_MODES = ("auto", "on", "off")
-MAX_STEPS = 10_000_000
-MAX_EPOCHS = 100_000
-
-
-class ConfigError(ValueError):
-    """A bad job config; ``field`` is the JSON path of the offending value."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
+MAX_STEPS = 1_000_000
+MAX_EPOCHS = 1_000
+MAX_GAMMA = 1000.0
+MAX_DEVICES = 64  # processes per node
+MAX_NODES = 256
 
 
 def as_config_error(err: Exception, default: str) -> ConfigError:
-    """A ``ValueError`` whose message starts with a field path (``data.max_len must ...``)
-    becomes a :class:`ConfigError` for that path; other messages are filed under ``default``."""
+    """A ``ConfigError`` as it is (its field already names the path); any other error is
+    about ``default`` as a whole."""
     if isinstance(err, ConfigError):
         return err
-    msg = str(err)
-    head = msg.split(" ", 1)[0].rstrip(":")
-    root = default.split(".", 1)[0]
-    if head.startswith(root) and re.fullmatch(r"[\w.\[\]]+", head):
-        return ConfigError(head, msg[len(head):].lstrip(":").strip())
-    return ConfigError(default, msg)
-
-
-# -- small validators -----------------------------------------------------------------------
-def _int(value: object, path: str, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low or (
-        high is not None and value > high
-    ):
-        bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
-        raise ConfigError(path, f"must be an integer {bound}, got {value!r}")
-    return int(value)
-
-
-def _float(value: object, path: str, low: float = 0.0, high: float = math.inf,
-           *, open_low: bool = False) -> float:
-    ok = (not isinstance(value, bool) and isinstance(value, numbers.Real)
-          and math.isfinite(value) and (value > low if open_low else value >= low)
-          and value <= high)  # fmt: skip
-    if not ok:
-        side = ">" if open_low else ">="
-        raise ConfigError(path, f"must be a finite number {side} {low} and <= {high}, "
-                                f"got {value!r}")
-    return float(value)
-
-
-def _choice(value: object, path: str, choices: Sequence[str]) -> str:
-    if value not in choices:
-        raise ConfigError(path, f"must be one of {list(choices)}, got {value!r}")
-    return str(value)
-
-
-def _mapping(data: object, path: str, cls: type) -> dict[str, Any]:
-    if not isinstance(data, Mapping):
-        raise ConfigError(path, f"must be an object, got {type(data).__name__}")
-    names = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ConfigError(f"{path}.{unknown[0]}" if path else unknown[0],
-                          f"unknown field (known: {sorted(names)})")
-    return dict(data)
-
-
-def _plain(value: Any) -> Any:
-    if hasattr(value, "to_dict"):
-        return value.to_dict()
-    if isinstance(value, tuple | list):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _to_dict(obj: Any) -> dict[str, Any]:
-    return {f.name: _plain(getattr(obj, f.name)) for f in fields(obj)}
+    return ConfigError(default, str(err))
 
 
 # -- sections -------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class LearningRates:
-    """Learning rates per parameter group (Part B item 10 defaults)."""
+class LearningRates(ConfigMethods):
+    """Learning rates per parameter group (defaults: docs/method.md#training-defaults)."""
 
-    cores: float = 1e-4
-    gates: float = 1e-3
-    others: float = 5e-5
-
-    @classmethod
-    def from_dict(cls, data: object, path: str) -> LearningRates:
-        d = _mapping(data, path, cls)
-        return cls(**{k: _float(v, f"{path}.{k}", high=10.0) for k, v in d.items()})
-
-    def to_dict(self) -> dict[str, Any]:
-        return _to_dict(self)
+    cores: float = spec(1e-4, ge=0, le=10)
+    gates: float = spec(1e-3, ge=0, le=10)
+    others: float = spec(5e-5, ge=0, le=10)
 
 
 @dataclass(frozen=True)
-class StageConfig:
-    kind: str
-    epochs: int | None = None
-    steps: int | None = None
-    lr: LearningRates = field(default_factory=LearningRates)
-    lr_schedule: str = "constant"
-    warmup_steps: int = 0
-    gamma: float = 0.01
-    target_ratio: float | None = None
-    loss_ref: float | None = None
-    loss_weight: float = 0.1
-    eval_every: int | None = None  # steps; None: only at the end of the stage
-    name: str | None = None
+class StageConfig(ConfigMethods):
+    kind: str = spec(choices=STAGE_KINDS)
+    epochs: int | None = spec(None, ge=1, le=MAX_EPOCHS)
+    steps: int | None = spec(None, ge=1, le=MAX_STEPS)
+    lr: LearningRates = spec(factory=LearningRates)
+    lr_schedule: str = spec("constant", choices=LR_SCHEDULES)
+    warmup_steps: int = spec(0, ge=0, le=MAX_STEPS)
+    gamma: float | str = spec(0.01, ge=0, le=MAX_GAMMA, choices=("auto",))  # "auto": early
+    target_ratio: float | None = spec(None, gt=0, lt=1)
+    loss_ref: float | None = spec(None, gt=0, le=1e6)
+    loss_weight: float = spec(0.1, ge=0, le=1000)
+    eval_every: int | None = spec(None, ge=1, le=MAX_STEPS)  # steps; None: only at the end
+    name: str | None = spec(None, length=(1, 128))
+
+    def __post_init__(self) -> None:
+        validate(self)
+        kind = self.kind
+        if (self.epochs is None) == (self.steps is None):
+            raise ConfigError("", "give exactly one of 'epochs' or 'steps'")
+        if self.gamma == "auto" and kind != "early":
+            raise ConfigError("gamma", f"'auto' is for 'early' stages, not {kind!r}")
+        if kind == "late" and self.target_ratio is None:
+            raise ConfigError("target_ratio", "is required for a 'late' stage")
+        if kind == "early" and self.target_ratio is not None and self.gamma != "auto":
+            raise ConfigError(
+                "target_ratio",
+                "an 'early' stage reaches a size target only with gamma 'auto' "
+                "(a fixed gamma does not steer the size)",
+            )
+        if kind == "finetune" and self.target_ratio is not None:
+            raise ConfigError("target_ratio", "only applies to 'late' and 'early' stages")
+        if kind != "late" and self.loss_ref is not None:
+            raise ConfigError("loss_ref", f"only applies to 'late' stages, not {kind!r}")
 
     @classmethod
     def from_dict(cls, data: object, path: str) -> StageConfig:
-        d = _mapping(data, path, cls)
-        if "kind" not in d:
+        if isinstance(data, Mapping) and "kind" not in data:
             raise ConfigError(f"{path}.kind", f"is required (one of {list(STAGE_KINDS)})")
-        kind = _choice(d["kind"], f"{path}.kind", STAGE_KINDS)
-        out: dict[str, Any] = {"kind": kind}
-        has_epochs, has_steps = d.get("epochs") is not None, d.get("steps") is not None
-        if has_epochs == has_steps:
-            raise ConfigError(path, "give exactly one of 'epochs' or 'steps'")
-        if has_epochs:
-            out["epochs"] = _int(d["epochs"], f"{path}.epochs", 1, MAX_EPOCHS)
-        if has_steps:
-            out["steps"] = _int(d["steps"], f"{path}.steps", 1, MAX_STEPS)
-        if "lr" in d:
-            out["lr"] = LearningRates.from_dict(d["lr"], f"{path}.lr")
-        if "lr_schedule" in d:
-            out["lr_schedule"] = _choice(d["lr_schedule"], f"{path}.lr_schedule", LR_SCHEDULES)
-        if "warmup_steps" in d:
-            out["warmup_steps"] = _int(d["warmup_steps"], f"{path}.warmup_steps", 0, MAX_STEPS)
-        if "gamma" in d:
-            out["gamma"] = _float(d["gamma"], f"{path}.gamma", high=1e6)
-        if "loss_weight" in d:
-            out["loss_weight"] = _float(d["loss_weight"], f"{path}.loss_weight", high=1e6)
-        if d.get("target_ratio") is not None:
-            out["target_ratio"] = _float(d["target_ratio"], f"{path}.target_ratio", 0.0, 1.0,
-                                         open_low=True)
-        if d.get("loss_ref") is not None:
-            out["loss_ref"] = _float(d["loss_ref"], f"{path}.loss_ref", 0.0, 1e6, open_low=True)
-        if d.get("eval_every") is not None:
-            out["eval_every"] = _int(d["eval_every"], f"{path}.eval_every", 1, MAX_STEPS)
-        if d.get("name") is not None:
-            if not isinstance(d["name"], str) or not 0 < len(d["name"]) <= 64:
-                raise ConfigError(f"{path}.name", "must be a string of 1-64 characters")
-            out["name"] = d["name"]
-        if kind == "late" and "target_ratio" not in out:
-            raise ConfigError(f"{path}.target_ratio", "is required for a 'late' stage")
-        if kind != "late":
-            for key in ("target_ratio", "loss_ref"):
-                if key in out:
-                    raise ConfigError(f"{path}.{key}", f"only applies to 'late' stages, "
-                                                       f"not {kind!r}")
-        return cls(**out)
+        return parse(cls, data, path)
 
     @property
     def label(self) -> str:
         return self.name or self.kind
 
     def to_dict(self) -> dict[str, Any]:
-        return _to_dict(self)
+        return to_dict(self)
+
+
+_OWN_COMPRESSION = ("penalty", "shrink_every", "max_metric_drop", "min_rank_fraction")
 
 
 @dataclass(frozen=True)
 class CompressionConfig:
-    """Tensorization (see :class:`TensorizeOptions`) plus the rank penalty variant."""
+    """Tensorization (the fields of :class:`TensorizeOptions`, flat in JSON) plus the rank
+    penalty variant, the shrink period and the late stage's guard and floors."""
 
-    options: TensorizeOptions = field(default_factory=TensorizeOptions)
-    penalty: str = "cost_weighted"
-    shrink_every: int = 50  # steps between physical shrinks; 0: never during training
+    options: TensorizeOptions = spec(factory=TensorizeOptions)
+    penalty: str = spec("cost_weighted", choices=PENALTIES)
+    shrink_every: int = spec(50, ge=0, le=MAX_STEPS)  # steps between shrinks; 0: never
+    # late stages: the validation metric may end at most this many points (accuracy 0.01 = 1
+    # point) below its value at the stage start; None: no guard
+    max_metric_drop: float | None = spec(1.0, ge=0, le=100)
+    # late stages: no bond is cut below this share of its rank at the stage start while
+    # others still have slack
+    min_rank_fraction: float = spec(0.25, ge=0, le=1)
+
+    def __post_init__(self) -> None:
+        validate(self)
 
     @classmethod
     def from_dict(cls, data: object, path: str) -> CompressionConfig:
         if not isinstance(data, Mapping):
             raise ConfigError(path, f"must be an object, got {type(data).__name__}")
-        d = dict(data)
-        penalty = _choice(d.pop("penalty", "cost_weighted"), f"{path}.penalty", PENALTIES)
-        shrink = _int(d.pop("shrink_every", 50), f"{path}.shrink_every", 0, MAX_STEPS)
-        if "max_rank" in d:
-            _int(d["max_rank"], f"{path}.max_rank", 1, 1024)
-        if d.get("embedding_max_rank") is not None:
-            _int(d["embedding_max_rank"], f"{path}.embedding_max_rank", 1, 1024)
+        own = {k: v for k, v in data.items() if k in _OWN_COMPRESSION}
+        rest = {k: v for k, v in data.items() if k not in _OWN_COMPRESSION}
         known = {f.name for f in fields(TensorizeOptions)}
-        unknown = sorted(set(d) - known)
+        unknown = sorted(set(rest) - known)
         if unknown:
-            raise ConfigError(f"{path}.{unknown[0]}", f"unknown field (known: "
-                              f"{sorted(known | {'penalty', 'shrink_every'})})")
-        try:
-            options = TensorizeOptions.from_dict(d)
-        except ValueError as err:  # TensorizeOptions names its own field first
-            name = str(err).split(" ", 1)[0]
-            raise ConfigError(f"{path}.{name}", str(err)) from None
-        return cls(options=options, penalty=penalty, shrink_every=shrink)
+            raise ConfigError(
+                f"{path}.{unknown[0]}",
+                f"unknown field (known: {sorted(known | set(_OWN_COMPRESSION))})",
+            )
+        options = parse(TensorizeOptions, rest, path)
+        return parse(cls, own, path).replace_options(options)
+
+    def replace_options(self, options: TensorizeOptions) -> CompressionConfig:
+        return CompressionConfig(options, **{k: getattr(self, k) for k in _OWN_COMPRESSION})
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.options.to_dict(), "penalty": self.penalty,
-                "shrink_every": self.shrink_every}
+        return {**self.options.to_dict(), **{k: getattr(self, k) for k in _OWN_COMPRESSION}}
 
 
 @dataclass(frozen=True)
-class TrainingConfig:
+class TrainingConfig(ConfigMethods):
     """Per-step settings. ``fast_path``: group merges and sibling products around each forward
     (:mod:`engine.train.fast_path`; same results to float rounding). ``precision``: ``bf16``
     runs activations under ``torch.autocast`` in bfloat16 with float32 master weights
     (:mod:`engine.train.precision`). ``cuda_graph``: capture and replay the whole step on CUDA
-    (:mod:`engine.train.cuda_graphs`); ``auto`` does when it can, ``on`` requires it."""
+    (:mod:`engine.train.cuda_graphs`); ``auto`` does when it can, ``on`` requires it.
+    ``devices`` / ``nodes``: data-parallel processes per node and machines
+    (:mod:`engine.train.distributed`); ``batch_size`` is the global batch."""
 
-    batch_size: int = 32
-    seed: int = 0
+    batch_size: int = spec(32, ge=1, le=4096)
+    seed: int = spec(0, ge=0, le=2**31 - 1)
     device: str = "cpu"
-    grad_clip: float | None = None
-    weight_decay: float = 0.0
-    log_every: int = 10
-    eval_batches: int | None = None  # cap on validation batches per evaluation
+    grad_clip: float | None = spec(None, gt=0, le=1e6)
+    weight_decay: float = spec(0.0, ge=0, le=1)
+    log_every: int = spec(10, ge=1, le=100_000)
+    eval_batches: int | None = spec(None, ge=1, le=100_000)  # validation batches per evaluation
     fast_path: bool = True
-    precision: str = "fp32"
-    cuda_graph: str = "auto"
+    precision: str = spec("fp32", choices=PRECISIONS)
+    cuda_graph: str = spec("auto", choices=CUDA_GRAPH_MODES)
+    devices: int = spec(1, ge=1, le=MAX_DEVICES)
+    nodes: int = spec(1, ge=1, le=MAX_NODES)
 
     def __post_init__(self) -> None:
-        _choice(self.precision, "training.precision", PRECISIONS)
-        _choice(self.cuda_graph, "training.cuda_graph", CUDA_GRAPH_MODES)
-        if not isinstance(self.fast_path, bool):
-            raise ConfigError("training.fast_path", f"must be a boolean, got {self.fast_path!r}")
+        validate(self)
+        dev = self.device
+        if not (dev == "cpu" or (dev.startswith("cuda") and re.fullmatch(r"cuda(:\d+)?", dev))):
+            raise ConfigError("device", f"must be 'cpu' or 'cuda[:N]', got {dev!r}")
         if self.precision == "bf16" and not self.fast_path:
-            raise ConfigError("training.precision", "bf16 runs TT layers through the fast path: "
-                              "set training.fast_path to true")
+            raise ConfigError(
+                "precision",
+                "bf16 runs TT layers through the fast path: set training.fast_path to true",
+            )
+        world = self.devices * self.nodes
+        if self.cuda_graph == "on" and world > 1:
+            raise ConfigError(
+                "cuda_graph",
+                "'on' needs one process: graphs are not captured again after the data-parallel "
+                "wrapper is rebuilt (use 'auto' or 'off')",
+            )
+        if self.batch_size % world:
+            raise ConfigError(
+                "batch_size",
+                f"the global batch {self.batch_size} must divide among {world} processes "
+                "(devices x nodes)",
+            )
         if self.cuda_graph == "on" and not self.device.startswith("cuda"):
-            raise ConfigError("training.cuda_graph", f"'on' needs a CUDA device, got device "
-                              f"{self.device!r} (use 'auto' or 'off')")
-
-    @classmethod
-    def from_dict(cls, data: object, path: str) -> TrainingConfig:
-        d = _mapping(data, path, cls)
-        out: dict[str, Any] = {}
-        if "batch_size" in d:
-            out["batch_size"] = _int(d["batch_size"], f"{path}.batch_size", 1, 65536)
-        if "seed" in d:
-            out["seed"] = _int(d["seed"], f"{path}.seed", 0, 2**63 - 1)
-        if "device" in d:
-            dev = d["device"]
-            if not isinstance(dev, str) or not (dev == "cpu" or dev.startswith("cuda")):
-                raise ConfigError(f"{path}.device", f"must be 'cpu' or 'cuda[:N]', got {dev!r}")
-            out["device"] = dev
-        if d.get("grad_clip") is not None:
-            out["grad_clip"] = _float(d["grad_clip"], f"{path}.grad_clip", 0.0, 1e6,
-                                      open_low=True)
-        if "weight_decay" in d:
-            out["weight_decay"] = _float(d["weight_decay"], f"{path}.weight_decay", high=1.0)
-        if "log_every" in d:
-            out["log_every"] = _int(d["log_every"], f"{path}.log_every", 1, MAX_STEPS)
-        if d.get("eval_batches") is not None:
-            out["eval_batches"] = _int(d["eval_batches"], f"{path}.eval_batches", 1, MAX_STEPS)
-        if "fast_path" in d:
-            if not isinstance(d["fast_path"], bool):
-                raise ConfigError(f"{path}.fast_path", f"must be a boolean, got "
-                                                      f"{d['fast_path']!r}")
-            out["fast_path"] = d["fast_path"]
-        if "precision" in d:
-            out["precision"] = _choice(d["precision"], f"{path}.precision", PRECISIONS)
-        if "cuda_graph" in d:
-            out["cuda_graph"] = _choice(d["cuda_graph"], f"{path}.cuda_graph", CUDA_GRAPH_MODES)
-        return cls(**out)
-
-    def to_dict(self) -> dict[str, Any]:
-        return _to_dict(self)
+            raise ConfigError(
+                "cuda_graph",
+                f"'on' needs a CUDA device, got device {self.device!r} (use 'auto' or 'off')",
+            )
 
 
 @dataclass(frozen=True)
-class CheckpointConfig:
-    every_steps: int | None = None  # None: only at the end and on cancellation
-    keep: int = 2
+class CheckpointConfig(ConfigMethods):
+    every_steps: int | None = spec(None, ge=1, le=MAX_STEPS)  # None: the end and stops only
+    keep: int = spec(2, ge=1, le=20)
 
-    @classmethod
-    def from_dict(cls, data: object, path: str) -> CheckpointConfig:
-        d = _mapping(data, path, cls)
-        out: dict[str, Any] = {}
-        if d.get("every_steps") is not None:
-            out["every_steps"] = _int(d["every_steps"], f"{path}.every_steps", 1, MAX_STEPS)
-        if "keep" in d:
-            out["keep"] = _int(d["keep"], f"{path}.keep", 1, 100)
-        return cls(**out)
-
-    def to_dict(self) -> dict[str, Any]:
-        return _to_dict(self)
+    def __post_init__(self) -> None:
+        validate(self)
 
 
 @dataclass(frozen=True)
-class GaloreConfig:
+class GaloreConfig(ConfigMethods):
     """GaLore baseline (galore-torch ``GaLoreAdamW``) on the 2-D weights of selected layers."""
 
-    rank: int = 128
-    update_proj_gap: int = 200
-    scale: float = 0.25
-    proj_type: str = "std"
+    rank: int = spec(128, ge=1, le=4096)
+    update_proj_gap: int = spec(200, ge=1, le=MAX_STEPS)
+    scale: float = spec(0.25, gt=0, le=100)
+    proj_type: str = spec("std", choices=("std", "reverse_std", "left", "right"))
 
-    @classmethod
-    def from_dict(cls, data: object, path: str) -> GaloreConfig:
-        d = _mapping(data, path, cls)
-        out: dict[str, Any] = {}
-        if "rank" in d:
-            out["rank"] = _int(d["rank"], f"{path}.rank", 1, 4096)
-        if "update_proj_gap" in d:
-            out["update_proj_gap"] = _int(d["update_proj_gap"], f"{path}.update_proj_gap", 1,
-                                          MAX_STEPS)
-        if "scale" in d:
-            out["scale"] = _float(d["scale"], f"{path}.scale", 0.0, 100.0, open_low=True)
-        if "proj_type" in d:
-            out["proj_type"] = _choice(d["proj_type"], f"{path}.proj_type",
-                                       ("std", "reverse_std", "left", "right"))
-        return cls(**out)
-
-    def to_dict(self) -> dict[str, Any]:
-        return _to_dict(self)
+    def __post_init__(self) -> None:
+        validate(self)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     arch: str
-    config: Mapping[str, Any] = field(default_factory=dict)
+    config: Mapping[str, Any] = spec(factory=dict)
 
     @classmethod
     def from_dict(cls, data: object, path: str) -> ModelConfig:
-        d = _mapping(data, path, cls)
-        if "arch" not in d:
+        if isinstance(data, Mapping) and "arch" not in data:
             raise ConfigError(f"{path}.arch", "is required")
+        out = parse(cls, data, path)
         try:
-            get_workload(d["arch"])
+            get_workload(out.arch)
         except ValueError:
             from engine.models.registry import WORKLOADS
 
-            raise ConfigError(f"{path}.arch", f"unknown architecture {d['arch']!r}; choose "
-                                              f"one of {sorted(WORKLOADS)}") from None
-        cfg = d.get("config", {})
-        if not isinstance(cfg, Mapping):
-            raise ConfigError(f"{path}.config", "must be an object")
-        return cls(arch=d["arch"], config=dict(cfg))
+            raise ConfigError(
+                f"{path}.arch",
+                f"unknown architecture {out.arch!r}; choose one of {sorted(WORKLOADS)}",
+            ) from None
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return {"arch": self.arch, "config": dict(self.config)}

@@ -1,4 +1,5 @@
-"""The whole training step as one CUDA graph: capture once, replay every step (Part B item 9).
+"""The whole training step as one CUDA graph: capture once, replay every step
+(docs/method.md#cuda-graphs).
 
 A step is forward, penalty, objective, backward, clipping and a *capturable* optimizer step
 (``torch.optim.AdamW(capturable=True)``: step counters and learning rates live on the device,
@@ -104,8 +105,9 @@ class GraphedStep:
         self._static_in, self._static_out = {}, {}
         self.optimizer.zero_grad(set_to_none=True)  # gradients lived in the graph's pool
 
-    def __call__(self, key: Hashable, batch: Mapping[str, Tensor],
-                 step_fn: StepFn) -> dict[str, Tensor]:  # fmt: skip
+    def __call__(
+        self, key: Hashable, batch: Mapping[str, Tensor], step_fn: StepFn
+    ) -> dict[str, Tensor]:
         if self.failure is not None:
             return step_fn(batch)
         sig = (key, _signature(batch))
@@ -119,8 +121,9 @@ class GraphedStep:
             return step_fn(batch)  # same stage, other shapes (a short last batch): eager
         return self._capture(sig, batch, step_fn)
 
-    def _capture(self, sig: tuple, batch: Mapping[str, Tensor],
-                 step_fn: StepFn) -> dict[str, Tensor]:  # fmt: skip
+    def _capture(
+        self, sig: tuple, batch: Mapping[str, Tensor], step_fn: StepFn
+    ) -> dict[str, Tensor]:
         self.invalidate()
         static_in = {k: v.clone() for k, v in batch.items()}
         side = torch.cuda.Stream()

@@ -28,15 +28,24 @@ __all__ = ["StepExecution"]
 class StepExecution:
     """Fast path, precision and CUDA graphs of one training run (see the module doc)."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 device: torch.device, training: TrainingConfig, *,
-                 tensorized: bool) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device,
+        training: TrainingConfig,
+        *,
+        tensorized: bool,
+    ) -> None:
         self.model, self.device, self.training = model, device, training
         use_fast = training.fast_path and supports_fast_path(model)
         self.fast = FastPath(model) if use_fast else None
         if training.precision == "bf16" and self.fast is None and tensorized:
-            raise ConfigError("training.precision", "bf16 runs TT layers through the fast path, "
-                              "which this model cannot use (blocks recomputed in backward)")
+            raise ConfigError(
+                "training.precision",
+                "bf16 runs TT layers through the fast path, "
+                "which this model cannot use (blocks recomputed in backward)",
+            )
         self.graphs = self._graphed_step(optimizer, training.cuda_graph)
 
     def _graphed_step(self, optimizer: torch.optim.Optimizer, mode: str) -> GraphedStep | None:
@@ -64,23 +73,36 @@ class StepExecution:
             with autocast(self.device, self.training.precision):
                 self.fast.probe(forward_fn)
 
-    def run(self, key: Hashable, batch: Mapping[str, Tensor],
-            step_fn: Callable[[Mapping[str, Tensor]], dict[str, Tensor]],
-            ) -> dict[str, Tensor]:  # fmt: skip
+    def run(
+        self,
+        key: Hashable,
+        batch: Mapping[str, Tensor],
+        step_fn: Callable[[Mapping[str, Tensor]], dict[str, Tensor]],
+    ) -> dict[str, Tensor]:
         """One step: replayed from a graph, or ``step_fn(batch)`` eagerly."""
         if self.graphs is None:
             return step_fn(batch)
         return self.graphs(key, batch, step_fn)
 
-    def invalidate(self) -> None:
-        """Parameters, optimizer state or the objective changed: capture again."""
+    def invalidate(self, *, optimizer_loaded: bool = False) -> None:
+        """Parameters, optimizer state or the objective changed: capture again.
+        ``optimizer_loaded``: the optimizer state was replaced (a guard restore): its step
+        counters go back to the device first."""
         if self.graphs is not None:
+            if optimizer_loaded:
+                prepare_optimizer_(self.graphs.optimizer, self.device)
             self.graphs.invalidate()
 
     def report(self) -> dict[str, Any]:
         g = self.graphs
-        return {"fast_path": self.fast is not None, "precision": self.training.precision,
-                "cuda_graph": {"mode": self.training.cuda_graph, "used": g is not None,
-                               "captures": g.captures if g else 0,
-                               "replays": g.replays if g else 0,
-                               "failure": g.failure if g else None}}  # fmt: skip
+        return {
+            "fast_path": self.fast is not None,
+            "precision": self.training.precision,
+            "cuda_graph": {
+                "mode": self.training.cuda_graph,
+                "used": g is not None,
+                "captures": g.captures if g else 0,
+                "replays": g.replays if g else 0,
+                "failure": g.failure if g else None,
+            },
+        }

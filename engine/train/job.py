@@ -16,7 +16,7 @@ JSON layout (every section but ``model``, ``data`` and ``schedule`` is optional)
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from engine.data.config import DataConfig
@@ -30,8 +30,6 @@ from engine.train.config import (
     ModelConfig,
     StageConfig,
     TrainingConfig,
-    _choice,
-    _mapping,
     as_config_error,
 )
 
@@ -41,12 +39,7 @@ MAX_STAGES = 32
 
 
 def _data_from_dict(data: object) -> DataConfig:
-    if not isinstance(data, Mapping):
-        raise ConfigError("data", f"must be an object, got {type(data).__name__}")
-    try:
-        return DataConfig.from_dict(data)
-    except ValueError as err:  # DataConfig names its field as "data.<field>"
-        raise as_config_error(err, "data") from None
+    return DataConfig.from_dict(data, "data")
 
 
 @dataclass(frozen=True)
@@ -68,11 +61,19 @@ class JobConfig:
 
     @classmethod
     def from_dict(cls, data: object) -> JobConfig:
-        d = _mapping(data, "", cls)
+        if not isinstance(data, Mapping):
+            raise ConfigError("", f"must be an object, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(str(k) for k in data if k not in known)
+        if unknown:
+            raise ConfigError(unknown[0], f"unknown field (known: {sorted(known)})")
+        d = dict(data)
         version = d.get("version", CONFIG_VERSION)
         if version != CONFIG_VERSION:
             raise ConfigError("version", f"must be {CONFIG_VERSION}, got {version!r}")
-        method = _choice(d.get("method", "comera"), "method", METHODS)
+        method = d.get("method", "comera")
+        if method not in METHODS:
+            raise ConfigError("method", f"must be one of {list(METHODS)}, got {method!r}")
         name = d.get("name", "job")
         if not isinstance(name, str) or not 0 < len(name) <= 128:
             raise ConfigError("name", "must be a string of 1-128 characters")
@@ -86,8 +87,11 @@ class JobConfig:
         stages = tuple(StageConfig.from_dict(s, f"schedule[{i}]") for i, s in enumerate(sched))
         for i, stage in enumerate(stages):
             if stage.kind == "late" and method != "comera":
-                raise ConfigError(f"schedule[{i}].kind", f"a 'late' stage needs ranks to "
-                                  f"shrink: method {method!r} has none (use 'comera')")
+                raise ConfigError(
+                    f"schedule[{i}].kind",
+                    f"a 'late' stage needs ranks to "
+                    f"shrink: method {method!r} has none (use 'comera')",
+                )
         job = cls(
             model=model,
             data=_data_from_dict(d["data"]),

@@ -1,6 +1,7 @@
 """Parameter groups by a stated rule, the optimizer of each method, and ``get_lr``.
 
-The rule (Part B item 10; method doc §8 groups the classifier differently, we do not):
+The rule (docs/method.md#training-defaults; the authors' code groups the classifier
+differently, we do not):
 
 * ``cores``: every TT / TTM core (``TTLinear.cores``, ``TTMEmbedding.cores``); for ``dense``
   and ``galore`` jobs, the weights of the layers CoMERA would tensorize (same learning rate
@@ -44,8 +45,11 @@ def group_parameters(
         if isinstance(mod, TTLinear | TTMEmbedding):
             kind_of.update({id(p): "cores" for p in mod.cores})
             kind_of.update({id(p): "gates" for p in mod.gates})
-        elif (options is not None and isinstance(mod, nn.Linear | nn.Embedding)
-              and options.selects(mod_name)):
+        elif (
+            options is not None
+            and isinstance(mod, nn.Linear | nn.Embedding)
+            and options.selects(mod_name)
+        ):
             kind_of.setdefault(id(mod.weight), "cores")
     groups: dict[str, list[tuple[str, nn.Parameter]]] = {g: [] for g in GROUPS}
     for name, p in model.named_parameters():  # shared parameters are listed once
@@ -70,25 +74,34 @@ def build_optimizer(
         members = [p for _, p in groups[name]]
         if not members:
             continue
-        group = {"params": members, "lr": getattr(lr, name), "name": name,
-                 "weight_decay": weight_decay}  # fmt: skip
+        group = {
+            "params": members,
+            "lr": getattr(lr, name),
+            "name": name,
+            "weight_decay": weight_decay,
+        }
         if method == "galore" and name == "cores":
             two_d = [p for p in members if id(p) in linear_weights]
             rest = [p for p in members if id(p) not in linear_weights]
             if rest:
                 param_groups.append({**group, "params": rest})
             g = galore or GaloreConfig()
-            group = {**group, "params": two_d, "rank": g.rank,
-                     "update_proj_gap": g.update_proj_gap, "scale": g.scale,
-                     "proj_type": g.proj_type}  # fmt: skip
+            group = {
+                **group,
+                "params": two_d,
+                "rank": g.rank,
+                "update_proj_gap": g.update_proj_gap,
+                "scale": g.scale,
+                "proj_type": g.proj_type,
+            }
         param_groups.append(group)
     if method == "galore":
         from galore_torch import GaLoreAdamW
 
-        return GaLoreAdamW(param_groups, lr=lr.cores, weight_decay=weight_decay,
-                           no_deprecation_warning=True)
-    return torch.optim.AdamW(param_groups, lr=lr.cores, weight_decay=weight_decay,
-                             foreach=True)
+        return GaLoreAdamW(
+            param_groups, lr=lr.cores, weight_decay=weight_decay, no_deprecation_warning=True
+        )
+    return torch.optim.AdamW(param_groups, lr=lr.cores, weight_decay=weight_decay, foreach=True)
 
 
 def get_lr(base: float, step: int, stage: StageConfig, total_steps: int) -> float:

@@ -1,6 +1,6 @@
 """Core initialization, rank gates and parameter counts shared by TT and TTM layers.
 
-Gates follow the method doc: bond ``k`` (between cores ``k`` and ``k+1``) owns a vector
+Gates follow docs/method.md#rank-gates: bond ``k`` (between cores ``k`` and ``k+1``) owns a vector
 ``g_k`` of length ``r_k``; the gated core is ``G_k * mu(g_k)`` on its last index with
 ``mu(g) = g * 1[g > tau]``. The last core is never gated.
 """
@@ -68,7 +68,7 @@ def chain_numel(mode_sizes: Sequence[int], ranks: Sequence[int]) -> int:
     """Exact entries of a chain with per-core mode sizes ``s_k`` and full ranks.
 
     A chain whose internal bond has rank 0 is identically zero and counts 0, as the
-    method doc's size model says.
+    size model says (docs/method.md#size-model).
     """
     if any(r == 0 for r in ranks):
         return 0

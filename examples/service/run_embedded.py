@@ -53,10 +53,12 @@ def _follow(client: httpx.Client, job_id: str) -> dict:
     while True:
         job = client.get(f"/v1/jobs/{job_id}").raise_for_status().json()
         p, m, c = job["progress"], job["latest_metrics"], job["compression"]
-        line = (f"{job['state']:<10} stage {p.get('stage_name') or '-':<10} "
-                f"step {p.get('step', 0):>5}/{p.get('total_steps') or '?':<5} "
-                f"loss {m.get('loss', float('nan')):.4f}  "
-                f"ratio x{c.get('current_ratio') or 1:.1f}")  # fmt: skip
+        line = (
+            f"{job['state']:<10} stage {p.get('stage_name') or '-':<10} "
+            f"step {p.get('step', 0):>5}/{p.get('total_steps') or '?':<5} "
+            f"loss {m.get('loss', float('nan')):.4f}  "
+            f"ratio x{c.get('current_ratio') or 1:.1f}"
+        )
         if line != last:
             print(line, flush=True)
             last = line
@@ -102,8 +104,11 @@ def main() -> int:
             # the first start of ``comera up`` makes an API key and leaves it here (0600)
             key = (args.home / "api_key").read_text().strip()
             client.headers["Authorization"] = f"Bearer {key}"
-            r = client.post("/v1/jobs", json=json.loads(args.spec.read_text()),
-                            headers={"Idempotency-Key": uuid.uuid4().hex})  # fmt: skip
+            r = client.post(
+                "/v1/jobs",
+                json=json.loads(args.spec.read_text()),
+                headers={"Idempotency-Key": uuid.uuid4().hex},
+            )
             if r.status_code != 202:
                 print(json.dumps(r.json(), indent=2))
                 return 1
@@ -116,15 +121,21 @@ def main() -> int:
             path = _download(client, job_id, args.out)
             report = client.get(f"/v1/jobs/{job_id}/report").raise_for_status().json()
             print(f"downloaded {path} ({path.stat().st_size:,} bytes, sha256 verified)")
-            print(f"compressed file: {report['file_bytes']:,} bytes vs dense "
-                  f"{report['dense_bytes']:,} (x{report['file_ratio']:.1f}); "
-                  f"metrics {json.dumps(report['metrics'])}")  # fmt: skip
-            print(f"tensorized layers x{report['tensorized_ratio']:.1f}, whole model "
-                  f"x{report['model_ratio']:.2f}:")  # fmt: skip
+            print(
+                f"compressed file: {report['file_bytes']:,} bytes vs dense "
+                f"{report['dense_bytes']:,} (x{report['file_ratio']:.1f}); "
+                f"metrics {json.dumps(report['metrics'])}"
+            )
+            print(
+                f"tensorized layers x{report['tensorized_ratio']:.1f}, whole model "
+                f"x{report['model_ratio']:.2f}:"
+            )
             for layer in report["layers"]:
                 ratio = "cut" if layer["ratio"] is None else f"x{layer['ratio']:.1f}"
-                print(f"  {layer['name']:<20} {layer['kind']:<14} {layer['dense_params']:>7,} -> "
-                      f"{layer['params']:>6,} ({ratio})  ranks {layer['ranks']}")  # fmt: skip
+                print(
+                    f"  {layer['name']:<20} {layer['kind']:<14} {layer['dense_params']:>7,} -> "
+                    f"{layer['params']:>6,} ({ratio})  ranks {layer['ranks']}"
+                )
             return 0
     finally:
         proc.send_signal(signal.SIGINT)

@@ -2,7 +2,7 @@
 
 A submission's Idempotency-Key row stays ``in_flight`` until the API stores the answer. If
 the API process dies in between, the row alone cannot tell whether the job was created; the
-job id, set in the transaction that inserts the job, can (``service.db.crud.idempotency``).
+job id, set in the transaction that inserts the job, can (``service.store.db.crud.idempotency``).
 
 Revision ID: 0003
 Revises: 0002

@@ -152,6 +152,24 @@ function compressionSeries(points, metrics) {
 }
 
 // -- the selected job ------------------------------------------------------------------------
+/** What a user must not miss: a size target the fidelity guard stopped short of, and a
+ *  final accuracy at chance level. */
+function notices(c) {
+  const out = [];
+  if (c.target_reached === false) {
+    out.push(h("p", {class: "notice warn", id: "target-notice",
+                     text: `Size target not reached: ${c.target_reason || "unknown reason"}`}));
+  } else if (c.target_reached === true) {
+    out.push(h("p", {class: "notice ok", id: "target-notice", text: "Size target reached."}));
+  }
+  if (c.at_chance) {
+    out.push(h("p", {class: "notice bad", id: "chance-notice",
+                     text: `Final accuracy at chance level (${fmtNum(c.chance_level)}): `
+                           + "the model did not learn the task."}));
+  }
+  return out;
+}
+
 function card(title, value, sub) {
   return h("div", {class: "card"}, h("div", {class: "card-title", text: title}),
            h("div", {class: "card-value", text: value}), h("div", {class: "sub", text: sub || ""}));
@@ -219,6 +237,7 @@ function renderDetail(d) {
       h("div", {class: "sub", text: `${job.id}${job.message ? ` · ${job.message}` : ""}`})),
     ...(job.error ? [h("p", {class: "job-error",
                              text: `${job.error.title}: ${job.error.detail || ""}`})] : []),
+    ...notices(job.compression || {}),
     cards(job, report),
     h("div", {class: "actions"},
       h("button", {id: "download-export", disabled: !exp,

@@ -26,8 +26,12 @@ def test_micro_batches_sum_to_the_whole_batch_gradient():
 
 def test_only_tensorly_torch_above_its_micro_batch_runs_in_micro_batches():
     cfg = TransformerConfig.tiny(max_len=tc.SEQ)
-    runner = tc._runner("tltorch", tc._model("tltorch", cfg, mnli=False),
-                        tc.make_inputs(tc.MICRO_BATCH["tltorch"] + 1, cfg), galore_rank=4)
+    runner = tc._runner(
+        "tltorch",
+        tc._model("tltorch", cfg, mnli=False),
+        tc.make_inputs(tc.MICRO_BATCH["tltorch"] + 1, cfg),
+        galore_rank=4,
+    )
     assert runner.info["micro_batches"] == 2 and len(runner.micro_losses) == 2
     dense = tc._runner("dense", tc._model("dense", cfg, mnli=False), tc.make_inputs(9, cfg), 4)
     assert dense.info["micro_batches"] == 1 and dense.micro_losses == ()

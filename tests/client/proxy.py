@@ -37,14 +37,19 @@ class DroppingProxy:
             limit = self.cut_after if self.connections == 1 else None
             upstream = socket.create_connection(self.target)
             for args in ((downstream, upstream, None), (upstream, downstream, limit)):
-                t = threading.Thread(target=self._pipe, args=(*args, (downstream, upstream)),
-                                     daemon=True)  # fmt: skip
+                t = threading.Thread(
+                    target=self._pipe, args=(*args, (downstream, upstream)), daemon=True
+                )
                 t.start()
                 self._threads.append(t)
 
     @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket, limit: int | None,
-              both: tuple[socket.socket, socket.socket]) -> None:  # fmt: skip
+    def _pipe(
+        src: socket.socket,
+        dst: socket.socket,
+        limit: int | None,
+        both: tuple[socket.socket, socket.socket],
+    ) -> None:
         sent = 0
         try:
             while data := src.recv(65536):

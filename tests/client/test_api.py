@@ -39,8 +39,9 @@ def test_validate_returns_the_plan(client):
 
 
 def test_errors_carry_the_problem_with_pointers(client):
-    bad = spec(schedule=[{"kind": "early", "steps": 0}, {"kind": "late", "steps": 5,
-                                                         "target_ratio": 2}])  # fmt: skip
+    bad = spec(
+        schedule=[{"kind": "early", "steps": 0}, {"kind": "late", "steps": 5, "target_ratio": 2}]
+    )
     with pytest.raises(ComeraError) as err:
         client.submit(bad)
     e = err.value
@@ -111,8 +112,7 @@ def test_download_verifies_and_resumes(client, finished_job, tmp_path: Path):
     assert again.bytes_received == 0 and again.sha256 == export.sha256
 
 
-def test_a_corrupt_partial_file_is_discarded_and_downloaded_again(client, finished_job,
-                                                                  tmp_path):  # fmt: skip
+def test_a_corrupt_partial_file_is_discarded_and_downloaded_again(client, finished_job, tmp_path):
     """Chosen behaviour: the final sha256 fails, so the kept prefix was wrong; the client
     throws the part away and downloads the whole file once more."""
     job_id = finished_job.submitted.id
@@ -129,11 +129,15 @@ def test_a_corrupt_partial_file_is_discarded_and_downloaded_again(client, finish
 def test_a_file_that_does_not_match_its_etag_raises(server, client, finished_job, tmp_path):
     """A server file altered after registration (disk corruption): ``ChecksumMismatch``."""
     job_id = finished_job.submitted.id
-    ckpt = next(c for c in client.checkpoints(job_id)
-                if c.kind != "export" and c.state == "complete")  # fmt: skip
-    stored = next(p for p in server.home.rglob("*.safetensors")
-                  if p.stat().st_size == ckpt.size_bytes
-                  and hashlib.sha256(p.read_bytes()).hexdigest() == ckpt.sha256)  # fmt: skip
+    ckpt = next(
+        c for c in client.checkpoints(job_id) if c.kind != "export" and c.state == "complete"
+    )
+    stored = next(
+        p
+        for p in server.home.rglob("*.safetensors")
+        if p.stat().st_size == ckpt.size_bytes
+        and hashlib.sha256(p.read_bytes()).hexdigest() == ckpt.sha256
+    )
     original = stored.read_bytes()
     stored.write_bytes(original[:-1] + bytes([original[-1] ^ 0xFF]))
     try:
@@ -145,8 +149,9 @@ def test_a_file_that_does_not_match_its_etag_raises(server, client, finished_job
     assert not (tmp_path / "ckpt").exists()  # a bad file is not left behind
 
 
-def test_up_prints_its_first_key_once_and_its_logs_never_show_it(server, client, finished_job,
-                                                                  tmp_path: Path):  # fmt: skip
+def test_up_prints_its_first_key_once_and_its_logs_never_show_it(
+    server, client, finished_job, tmp_path: Path
+):
     """The embedded service prints the key it made on first start exactly once; after a job
     ran, was downloaded and a bad key was refused, neither the API nor the worker (same log)
     wrote the key again, whole or its secret part."""

@@ -21,8 +21,9 @@ ENV = {"COLUMNS": "200", "NO_COLOR": "1"}
 
 def comera(server, *args: str):
     # no --api-key: the client finds the key ``comera up`` left in $COMERA_HOME/api_key
-    result = CliRunner().invoke(app, ["--url", server.url, *args],
-                                env={**ENV, "COMERA_HOME": str(server.home)})  # fmt: skip
+    result = CliRunner().invoke(
+        app, ["--url", server.url, *args], env={**ENV, "COMERA_HOME": str(server.home)}
+    )
     assert result.exception is None or isinstance(result.exception, SystemExit), result.output
     return result
 
@@ -88,20 +89,34 @@ def test_validate_reads_yaml(server, tmp_path: Path):
 
 def test_console_script_is_the_client(server):
     script = Path(sys.executable).with_name("comera")
-    done = subprocess.run([str(script), "--url", server.url, "list"], capture_output=True,
-                          text=True, timeout=60, env={"COLUMNS": "200", "PATH": "",
-                                                      "COMERA_API_KEY": server.key})  # fmt: skip
+    done = subprocess.run(
+        [str(script), "--url", server.url, "list"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"COLUMNS": "200", "PATH": "", "COMERA_API_KEY": server.key},
+    )
     assert done.returncode == 0, done.stderr
     assert "state" in done.stdout  # the table header
 
 
 def test_run_trains_one_spec_in_process(tmp_path: Path):
-    small = spec(name="local-mlp", schedule=[
-        {"kind": "early", "steps": 12, "gamma": 0.05, "lr": {"cores": 0.003, "gates": 0.01}},
-        {"kind": "finetune", "steps": 4, "lr": {"cores": 0.001, "gates": 0.0}}],
-        checkpointing={"every_n_steps": 8}, training={"batch_size": 16, "device": "cpu"},
-        dataset={"source": "synthetic", "generator": "mlp", "n_train": 200, "n_valid": 50,
-                 "params": {"shape": [8, 8], "num_classes": 3}})  # fmt: skip
+    small = spec(
+        name="local-mlp",
+        schedule=[
+            {"kind": "early", "steps": 12, "gamma": 0.05, "lr": {"cores": 0.003, "gates": 0.01}},
+            {"kind": "finetune", "steps": 4, "lr": {"cores": 0.001, "gates": 0.0}},
+        ],
+        checkpointing={"every_n_steps": 8},
+        training={"batch_size": 16, "device": "cpu"},
+        dataset={
+            "source": "synthetic",
+            "generator": "mlp",
+            "n_train": 200,
+            "n_valid": 50,
+            "params": {"shape": [8, 8], "num_classes": 3},
+        },
+    )
     spec_file, out = tmp_path / "job.json", tmp_path / "out"
     spec_file.write_text(json.dumps(small))
     result = CliRunner().invoke(app, ["run", str(spec_file), "--out", str(out)], env=ENV)
@@ -114,6 +129,24 @@ def test_run_trains_one_spec_in_process(tmp_path: Path):
     bad.write_text(json.dumps({**small, "schedule": []}))
     refused = CliRunner().invoke(app, ["run", str(bad), "--out", str(out)], env=ENV)
     assert refused.exit_code == 2 and "/schedule" in refused.output
+
+
+@pytest.mark.parametrize(
+    ("changes", "pointer", "field"),
+    [
+        ({"model": {"arch": "mlp", "config": {"hiddn": [8]}}}, "/model/config/hiddn", "hiddn"),
+        ({"compression": {"layers": ["nothing.*"]}}, "/compression/layers", "compression.layers"),
+    ],
+)
+def test_run_names_the_spec_field_of_an_engine_error(tmp_path: Path, changes, pointer, field):
+    """An engine error names the spec's field as the service's 422 would
+    (``api_schemas.engine_spec.engine_pointer``), and the engine's own field after it."""
+    spec_file = tmp_path / "job.json"
+    spec_file.write_text(json.dumps(spec(name="refused", **changes)))
+    args = ["run", str(spec_file), "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(app, args, env=ENV)
+    assert result.exit_code == 2, result.output
+    assert f"{pointer}: " in result.output and field in result.output
 
 
 def test_run_refuses_malformed_data_with_file_and_reason(tmp_path: Path):
@@ -137,6 +170,10 @@ def test_server_commands_are_delegated_to_service_cli(tmp_path: Path):
     home = tmp_path / "home"
     helped = CliRunner().invoke(app, ["up", "--help"], env=ENV)
     assert helped.exit_code == 0 and "--workers" in helped.output
+    for command in ("migrate", "api", "worker", "reaper", "keys"):  # what the README names
+        helped = CliRunner().invoke(app, [command, "--help"], env=ENV)
+        assert helped.exit_code == 0, (command, helped.output)
+        assert f"Usage: comera {command}" in helped.output
     env = {**ENV, "COMERA_HOME": str(home)}  # restored by the runner afterwards
     migrated = CliRunner().invoke(app, ["migrate", "--home", str(home)], env=env)
     assert migrated.exit_code == 0, migrated.output
@@ -159,7 +196,8 @@ def test_run_resolves_an_hf_dir_under_the_data_root(tmp_path: Path):
     assert manifest["model_config"]["path"] is None  # the architecture, not the directory
     missing = tmp_path / "missing.json"
     missing.write_text(json.dumps(hf_spec("models/absent")))
-    refused = CliRunner().invoke(app, ["run", str(missing), "--out", str(out), "--data-root",
-                                       str(root)], env=ENV)  # fmt: skip
+    refused = CliRunner().invoke(
+        app, ["run", str(missing), "--out", str(out), "--data-root", str(root)], env=ENV
+    )
     assert refused.exit_code == 2 and "/model/source/path" in refused.output
     assert "no model directory 'models/absent'" in refused.output

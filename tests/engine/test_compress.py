@@ -190,8 +190,9 @@ def test_idempotent_shared_tied_and_mha():
     summary = compress_(tied, CompressConfig(max_rank=3))
     assert summary.layers == () and all("tied" in s.reason for s in summary.skipped)
 
-    block = nn.ModuleDict({"mha": nn.MultiheadAttention(16, 2, batch_first=True),
-                           "proj": nn.Linear(16, 16)})
+    block = nn.ModuleDict(
+        {"mha": nn.MultiheadAttention(16, 2, batch_first=True), "proj": nn.Linear(16, 16)}
+    )
     summary = compress_(block, CompressConfig(max_rank=3))
     assert type(block["mha"].out_proj) is not TTLinear and isinstance(block["proj"], TTLinear)
     x = torch.randn(2, 5, 16)
@@ -250,13 +251,17 @@ def test_config_validation_names_the_field(field, value):
 def test_config_cross_field_and_override_validation():
     with pytest.raises(ValueError, match="tol"):
         CompressConfig(init="random", tol=1e-3)
-    with pytest.raises(ValueError, match="overrides"):
-        CompressConfig(overrides={"a": {"max_rank": 2}})  # type: ignore[dict-item]
+    given = {"a": {"max_rank": 2}}  # a mapping is read as the LayerOverride it describes
+    assert CompressConfig(overrides=given).overrides == {"a": LayerOverride(max_rank=2)}  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^overrides\['a'\]\.max_rank: must be an integer >= 1"):
+        CompressConfig(overrides={"a": {"max_rank": 0}})  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match="^overrides: must be an object"):
+        CompressConfig(overrides=[1])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_rank"):
         LayerOverride(max_rank=0)
     with pytest.raises(ValueError, match="in_modes"):
         LayerOverride(in_modes=(2, 0))
-    with pytest.raises(ValueError, match="in_modes and out_modes"):
+    with pytest.raises(ValueError, match="out_modes: must have the length of in_modes"):
         LayerOverride(in_modes=(2, 3), out_modes=(2, 3, 4))
     with pytest.raises(ValueError, match="skip"):
         LayerOverride(skip=1)  # type: ignore[arg-type]
@@ -264,10 +269,17 @@ def test_config_cross_field_and_override_validation():
 
 def test_config_round_trip_through_json():
     cfg = CompressConfig(
-        max_rank=12, embedding_max_rank=32, gate_threshold=0.05, d=3, tol=1e-3,
-        min_features=8, overrides={"enc.*.q": LayerOverride(in_modes=(12, 8, 8), ranks=(4, 5)),
-                                   "cls": LayerOverride(skip=True)},
-    )  # fmt: skip
+        max_rank=12,
+        embedding_max_rank=32,
+        gate_threshold=0.05,
+        d=3,
+        tol=1e-3,
+        min_features=8,
+        overrides={
+            "enc.*.q": LayerOverride(in_modes=(12, 8, 8), ranks=(4, 5)),
+            "cls": LayerOverride(skip=True),
+        },
+    )
     data = json.loads(json.dumps(cfg.to_dict()))
     assert data["version"] == 1 and data["overrides"]["enc.*.q"]["in_modes"] == [12, 8, 8]
     back = CompressConfig.from_dict(data)
@@ -277,11 +289,11 @@ def test_config_round_trip_through_json():
 
 def test_from_dict_rejects_unknown_keys_and_versions():
     data = CompressConfig().to_dict()
-    with pytest.raises(ValueError, match="unknown keys"):
+    with pytest.raises(ValueError, match="unknown field"):
         CompressConfig.from_dict({**data, "rank": 3})
     with pytest.raises(ValueError, match="version"):
         CompressConfig.from_dict({**data, "version": 2})
     with pytest.raises(ValueError, match="version"):
         CompressConfig.from_dict({k: v for k, v in data.items() if k != "version"})
-    with pytest.raises(ValueError, match="unknown keys"):
+    with pytest.raises(ValueError, match="unknown field"):
         CompressConfig.from_dict({**data, "overrides": {"a": {"modes": [2]}}})

@@ -41,23 +41,32 @@ FAST = {  # a lease that survives a busy 2-core machine (a child importing torch
 SPEC: dict[str, Any] = {
     "name": "fault",
     "model": {"arch": "mlp", "config": {"hidden": [32, 32]}},
-    "dataset": {"source": "synthetic", "n_train": 256, "n_valid": 64,
-                "params": {"shape": [8, 8], "num_classes": 4}},
+    "dataset": {
+        "source": "synthetic",
+        "n_train": 256,
+        "n_valid": 64,
+        "params": {"shape": [8, 8], "num_classes": 4},
+    },
     "compression": {"max_rank": 4, "min_size": 16, "shrink_every": 5},
     "schedule": [
-        {"kind": "early", "steps": 20, "eval_every": 10,
-         "lr": {"cores": 0.003, "gates": 0.01, "others": 0.003}},
+        {
+            "kind": "early",
+            "steps": 20,
+            "eval_every": 10,
+            "lr": {"cores": 0.003, "gates": 0.01, "others": 0.003},
+        },
         {"kind": "late", "steps": 10, "target_ratio": 0.5},
         {"kind": "finetune", "steps": 10},
     ],
     "training": {"batch_size": 16, "log_every": 5, "seed": 0},
     "checkpointing": {"every_n_steps": 10, "keep": 2},
-}  # fmt: skip
+}
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
-             logs: Callable[[], str] = str) -> Any:  # fmt: skip
+def wait_for(
+    predicate: Callable[[], Any], timeout: float, what: str, logs: Callable[[], str] = str
+) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -80,9 +89,20 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind",
-                                      "127.0.0.1", "--save", "", "--appendonly", "no"],
-                                     stdout=subprocess.DEVNULL)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+        )
         client = redis.Redis(port=self.port)
         try:
             wait_for(lambda: self._ping(client), 15, "redis-server")
@@ -104,9 +124,14 @@ class RedisServer:
 
 def api_key(env: dict[str, str]) -> str | None:
     """A key for tenant ``default`` from ``comera keys create`` (None before API keys exist)."""
-    out = subprocess.run([sys.executable, "-m", "service.cli", "keys", "create", "--tenant",
-                          "default"], env=env, cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "service.cli", "keys", "create", "--tenant", "default"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if out.returncode != 0:
         if "No such command" in out.stderr:
             return None
@@ -119,23 +144,39 @@ class Stack:
 
     def __init__(self, tmp: Path, db_url: str, broker: str, **extra: str) -> None:
         self.tmp, self.db_url = tmp, db_url
-        self.env = clean_env(tmp / "home", COMERA_DATABASE_URL=db_url, COMERA_BROKER_URL=broker,
-                             COMERA_QUEUE=f"fault.{free_port()}", **{**FAST, **extra})  # fmt: skip
+        self.env = clean_env(
+            tmp / "home",
+            COMERA_DATABASE_URL=db_url,
+            COMERA_BROKER_URL=broker,
+            COMERA_QUEUE=f"fault.{free_port()}",
+            **{**FAST, **extra},
+        )
         self.procs: dict[str, subprocess.Popen] = {}
         self.headers: dict[str, str] = {}
         self._pumps: list[threading.Thread] = []
 
-    def start(self, name: str, args: list[str], *, wrap: tuple[str, ...] = (),
-              env: dict[str, str] | None = None,
-              pipe: bool = False) -> subprocess.Popen:  # fmt: skip
+    def start(
+        self,
+        name: str,
+        args: list[str],
+        *,
+        wrap: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        pipe: bool = False,
+    ) -> subprocess.Popen:
         """``python -m service.cli ARGS`` (after ``wrap``, e.g. ``prlimit …``) in its own
         process group. ``pipe``: its output goes through a pipe to the log (a process with a
         file size limit cannot write a growing log file itself)."""
         log = (self.tmp / f"{name}.log").open("ab")
         cmd = [*wrap, sys.executable, "-m", "service.cli", *args]
-        proc = subprocess.Popen(cmd, env=env or self.env, cwd=ROOT, start_new_session=True,
-                                stdout=subprocess.PIPE if pipe else log,
-                                stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd,
+            env=env or self.env,
+            cwd=ROOT,
+            start_new_session=True,
+            stdout=subprocess.PIPE if pipe else log,
+            stderr=subprocess.STDOUT,
+        )
         if pipe:
             pump = threading.Thread(target=self._pump, args=(proc, log), daemon=True)
             pump.start()
@@ -181,8 +222,10 @@ class Stack:
         proc.wait(timeout=30)
 
     def logs(self, tail: int = 3000) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-tail:]}"
-                         for p in sorted(self.tmp.glob("*.log")))  # fmt: skip
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-tail:]}"
+            for p in sorted(self.tmp.glob("*.log"))
+        )
 
     def stop(self) -> None:
         for proc in self.procs.values():
@@ -203,8 +246,13 @@ class Stack:
         assert r.status_code == 202, r.text
         return r.json()
 
-    def wait_state(self, client: httpx.Client, job_id: str, timeout: float = 150,
-                   states: tuple[str, ...] = TERMINAL) -> dict[str, Any]:  # fmt: skip
+    def wait_state(
+        self,
+        client: httpx.Client,
+        job_id: str,
+        timeout: float = 150,
+        states: tuple[str, ...] = TERMINAL,
+    ) -> dict[str, Any]:
         def reached() -> dict[str, Any] | None:
             job = client.get(f"/v1/jobs/{job_id}").json()
             return job if job["state"] in states else None

@@ -13,9 +13,14 @@ from tests.faults.stack import SPEC
 pytestmark = pytest.mark.slow
 LIMIT = 16 * 1024  # bytes per file: a checkpoint of SPEC is about 22 KB, nothing else > 4 KB
 # exec the worker under RLIMIT_FSIZE (Python ignores SIGXFSZ: a write past it fails, EFBIG)
-LIMITED = (sys.executable, "-c", "import os, resource, sys; n = int(sys.argv[1]); "
-           "resource.setrlimit(resource.RLIMIT_FSIZE, (n, n)); "
-           "os.execv(sys.argv[2], sys.argv[2:])", str(LIMIT))  # fmt: skip
+LIMITED = (
+    sys.executable,
+    "-c",
+    "import os, resource, sys; n = int(sys.argv[1]); "
+    "resource.setrlimit(resource.RLIMIT_FSIZE, (n, n)); "
+    "os.execv(sys.argv[2], sys.argv[2:])",
+    str(LIMIT),
+)
 
 
 def test_a_checkpoint_that_cannot_be_written_fails_the_job_and_is_not_recorded(stack):

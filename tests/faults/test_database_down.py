@@ -37,8 +37,10 @@ def test_the_api_answers_503_while_the_database_is_unreachable_and_recovers(stac
     proxy = SwitchableProxy(("127.0.0.1", 5432))
     try:
         db_name = stack.db_url.rsplit("/", 1)[1]
-        proxied = {**stack.env, "COMERA_DATABASE_URL":
-                   f"postgresql://postgres@127.0.0.1:{proxy.port}/{db_name}"}  # fmt: skip
+        proxied = {
+            **stack.env,
+            "COMERA_DATABASE_URL": f"postgresql://postgres@127.0.0.1:{proxy.port}/{db_name}",
+        }
         client = stack.api(env=proxied)
         first = stack.submit(client, SPEC, "before-outage")
         assert client.get("/v1/jobs").status_code == 200
@@ -47,15 +49,17 @@ def test_the_api_answers_503_while_the_database_is_unreachable_and_recovers(stac
         t0 = time.monotonic()
         _assert_unavailable(client.get("/v1/jobs"))
         _assert_unavailable(client.get(f"/v1/jobs/{first['id']}"))
-        _assert_unavailable(client.post("/v1/jobs", json=SPEC,
-                                        headers={"Idempotency-Key": "during-outage"}))  # fmt: skip
+        _assert_unavailable(
+            client.post("/v1/jobs", json=SPEC, headers={"Idempotency-Key": "during-outage"})
+        )
         _assert_unavailable(client.post(f"/v1/jobs/{first['id']}/cancel"))
         assert client.get("/v1/readyz").status_code == 503
         assert time.monotonic() - t0 < 60  # fast answers, no hanging requests
 
         proxy.start()
-        wait_for(lambda: client.get("/v1/jobs").status_code == 200, 60, "the API to recover",
-                 stack.logs)  # fmt: skip
+        wait_for(
+            lambda: client.get("/v1/jobs").status_code == 200, 60, "the API to recover", stack.logs
+        )
         jobs, keys = _rows(stack.db_url)  # nothing half-created while it was down
         assert jobs == [first["id"]] and keys == ["before-outage"]
         assert client.get(f"/v1/jobs/{first['id']}").json()["state"] == "QUEUED"

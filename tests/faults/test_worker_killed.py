@@ -12,8 +12,13 @@ from tests.faults.stack import SPEC, wait_for
 pytestmark = pytest.mark.slow
 # long enough that the kill lands while attempt 1 runs: with SPEC's 40 steps a CI machine ran
 # from the first checkpoint (step 10) to the last (step 40) before the kill
-KILLED = {**SPEC, "schedule": [{**stage, "steps": steps} for stage, steps in
-                               zip(SPEC["schedule"], (200, 10, 10), strict=True)]}  # fmt: skip
+KILLED = {
+    **SPEC,
+    "schedule": [
+        {**stage, "steps": steps}
+        for stage, steps in zip(SPEC["schedule"], (200, 10, 10), strict=True)
+    ],
+}
 TOTAL = sum(stage["steps"] for stage in KILLED["schedule"])
 
 
@@ -39,14 +44,25 @@ def test_a_killed_worker_is_replaced_and_the_job_resumes_from_its_checkpoint(sta
     assert job["attempt"] == 2 and job["progress"]["step"] == TOTAL
     attempts = client.get(f"/v1/jobs/{job_id}/attempts").json()["items"]
     assert [(a["attempt"], a["exit_reason"]) for a in attempts] == [
-        (1, "worker_lost"), (2, "completed")]  # fmt: skip
+        (1, "worker_lost"),
+        (2, "completed"),
+    ]
     assert attempts[1]["resume_from"] == newest["id"]
     states = [(e["data"]["state"], e["attempt"]) for e in stack.events(client, job_id, "state")]
-    assert states == [("QUEUED", 1), ("STARTING", 1), ("RUNNING", 1), ("QUEUED", 2),
-                      ("STARTING", 2), ("RUNNING", 2), ("SUCCEEDED", 2)]  # fmt: skip
+    assert states == [
+        ("QUEUED", 1),
+        ("STARTING", 1),
+        ("RUNNING", 1),
+        ("QUEUED", 2),
+        ("STARTING", 2),
+        ("RUNNING", 2),
+        ("SUCCEEDED", 2),
+    ]
     resumed = f"resumed from checkpoint {newest['id']} (attempt 1, step {newest['step']})"
-    assert any(e["attempt"] == 2 and e["data"].get("message") == resumed
-               for e in stack.events(client, job_id, "log"))  # fmt: skip
+    assert any(
+        e["attempt"] == 2 and e["data"].get("message") == resumed
+        for e in stack.events(client, job_id, "log")
+    )
 
     series = client.get(f"/v1/jobs/{job_id}/metrics", params={"max_points": 5000}).json()
     series = {s["key"]: s["points"] for s in series["series"]}

@@ -6,22 +6,35 @@ checkpoint that can be downloaded."""
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
+import subprocess
 
 import pytest
+from sqlalchemy import select
 
-from service.core.config import Settings
-from service.reaper import CeleryControl
+from service.store.db.models import JobAttempt
+from service.store.db.session import make_engine
+from service.store.reaper import CeleryControl
+from service.store.settings import Settings
 from tests.faults.stack import SPEC, wait_for
 
 pytestmark = pytest.mark.slow
 LONG = {**SPEC, "schedule": [{"kind": "early", "steps": 100_000}]}
-# long enough that the SIGTERM lands while attempt 1 runs: from step 5 to the signal (two
-# inspect() broadcasts, then revoke) took 6-8 s here, about 200 steps of this MLP; 620 steps
-# finished first on a faster CI machine
-PREEMPTED = {**SPEC, "schedule": [{**stage, "steps": steps} for stage, steps in  # ends: x20
-                                  zip(SPEC["schedule"], (4000, 20, 20), strict=True)],
-             "training": {**SPEC["training"], "log_every": 20},
-             "checkpointing": {"every_n_steps": 500, "keep": 2}}  # fmt: skip
+# attempt 1 is frozen (SIGSTOP) from the step it is seen at until the signal has been sent, so
+# however long the broadcasts take (two inspect() calls of 2 s, then revoke) it cannot finish
+# first; the first stage only needs to outlast the poll that sees step 5 (~1 s, ~80 steps).
+# Evaluations and shrink checks are sparse: attempt 2 spends them again after the preemption
+PREEMPTED = {
+    **SPEC,
+    "compression": {**SPEC["compression"], "shrink_every": 100},
+    "schedule": [
+        {**stage, "steps": steps, **({"eval_every": 1000} if "eval_every" in stage else {})}
+        for stage, steps in zip(SPEC["schedule"], (600, 20, 20), strict=True)  # ends: x20
+    ],
+    "training": {**SPEC["training"], "log_every": 20},
+    "checkpointing": {"every_n_steps": 500, "keep": 2},
+}
 TOTAL = sum(stage["steps"] for stage in PREEMPTED["schedule"])
 
 
@@ -33,24 +46,53 @@ def _running_at(stack, client, job_id: str, step: int) -> dict:
     return wait_for(reached, 150, f"job {job_id} to run step {step}", stack.logs)
 
 
+def _pending_sigterm(pid: int) -> bool:
+    """Whether a SIGTERM waits for the (stopped) process ``pid`` (``SigPnd``/``ShdPnd``)."""
+    with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+    bit = 1 << (signal.SIGTERM - 1)
+    return any(int(fields[k], 16) & bit for k in ("SigPnd", "ShdPnd"))
+
+
+def _worker_of(stack, job_id: str, attempt: int) -> str:
+    """The ``host:pid`` that runs ``attempt`` (from the store: the API shows it to admins only)."""
+    engine = make_engine(stack.db_url)
+    try:
+        with engine.connect() as conn:
+            return conn.scalar(
+                select(JobAttempt.worker).where(
+                    JobAttempt.job_id == job_id, JobAttempt.attempt == attempt
+                )
+            )
+    finally:
+        engine.dispose()
+
+
 def test_sigterm_to_the_running_task_preempts_it_and_attempt_2_resumes(stack, redis_server):
     stack.start("reaper", ["reaper"])
     stack.worker("worker")
     client = stack.api()
     job_id = stack.submit(client, PREEMPTED, "preempted")["id"]
     _running_at(stack, client, job_id, 5)
-    [attempt] = client.get(f"/v1/jobs/{job_id}/attempts").json()["items"]
     control = CeleryControl(Settings(broker_url=redis_server.url))
-    task, owner = f"{job_id}:1", attempt["worker"]
-    assert control.running(task, owner) is True  # inspect().active() on the worker
-    assert control.running(f"{job_id}:2", owner) is False
-    assert control.terminate(task, owner, "SIGTERM")  # revoke(terminate=True)
+    task, owner = f"{job_id}:1", _worker_of(stack, job_id, 1)
+    child = int(owner.rpartition(":")[2])  # the pool process that runs attempt 1
+    os.kill(child, signal.SIGSTOP)  # frozen: the SIGTERM stays pending until SIGCONT
+    try:
+        assert control.running(task, owner) is True  # inspect().active() on the worker
+        assert control.running(f"{job_id}:2", owner) is False
+        assert control.terminate(task, owner, "SIGTERM")  # revoke(terminate=True)
+        wait_for(lambda: _pending_sigterm(child), 10, "the SIGTERM to reach the task", stack.logs)
+    finally:
+        os.kill(child, signal.SIGCONT)
 
     job = stack.wait_state(client, job_id, timeout=300)
     assert job["state"] == "SUCCEEDED", (job["error"], stack.logs())
     attempts = client.get(f"/v1/jobs/{job_id}/attempts").json()["items"]
     assert [(a["attempt"], a["exit_reason"]) for a in attempts] == [
-        (1, "preempted"), (2, "completed")]  # fmt: skip
+        (1, "preempted"),
+        (2, "completed"),
+    ]
     items = client.get(f"/v1/jobs/{job_id}/checkpoints").json()["items"]
     [partial] = [c for c in items if c["kind"] == "partial"]
     assert partial["attempt"] == 1 and attempts[1]["resume_from"] == partial["id"]
@@ -78,3 +120,28 @@ def test_a_cancelled_running_job_leaves_a_downloadable_partial_checkpoint(stack)
     content = client.get(f"/v1/jobs/{job_id}/checkpoints/{partial['id']}/content")
     assert content.status_code == 200 and len(content.content) == partial["size_bytes"]
     assert hashlib.sha256(content.content).hexdigest() == partial["sha256"]
+
+
+def test_sigterm_to_the_worker_main_process_preempts_the_job(stack):
+    """``docker stop`` / systemd: SIGTERM to the worker's main process only. Celery's warm
+    shutdown alone would let the job train on to its end; the job checkpoints and is requeued
+    as attempt 2 instead, and the worker exits at once."""
+    stack.worker("worker")
+    client = stack.api()
+    job_id = stack.submit(client, LONG, "stopped")["id"]
+    _running_at(stack, client, job_id, 5)
+    worker = stack.procs["worker"]
+    os.kill(worker.pid, signal.SIGTERM)  # not its process group: the pool child is not told
+    try:
+        worker.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the worker trained on after SIGTERM\n{stack.logs()}") from None
+
+    job = client.get(f"/v1/jobs/{job_id}").json()
+    assert (job["state"], job["attempt"]) == ("QUEUED", 2), stack.logs()
+    attempts = client.get(f"/v1/jobs/{job_id}/attempts").json()["items"]
+    assert [(a["attempt"], a["exit_reason"]) for a in attempts] == [(1, "preempted"), (2, None)]
+    items = client.get(f"/v1/jobs/{job_id}/checkpoints").json()["items"]
+    [partial] = [c for c in items if c["kind"] == "partial"]
+    assert partial["attempt"] == 1 and partial["state"] == "complete" and partial["step"] >= 5
+    assert attempts[1]["resume_from"] == partial["id"]

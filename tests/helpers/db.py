@@ -15,7 +15,7 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
-from service.db.migrate import upgrade
+from service.store.db.migrate import upgrade
 
 __all__ = ["PG_SERVER", "migrated_postgres", "migrated_sqlite", "postgres_available"]
 

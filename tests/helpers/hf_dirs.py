@@ -22,17 +22,30 @@ from tests.helpers.hf_bert import minilm_dir
 
 __all__ = ["SIZES", "bert_config", "write_bert_dir", "write_bin_only_dir"]
 
-SIZES = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-         "intermediate_size": 64, "max_position_embeddings": 64}  # fmt: skip
+SIZES = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 64,
+    "max_position_embeddings": 64,
+}
 VOCAB = 30522  # the MiniLM tokenizer's
 
 
 def bert_config(**changes: Any) -> dict[str, Any]:
     """A ``config.json`` of a BERT encoder (``SIZES``, MiniLM vocabulary) with ``changes``."""
-    return {"architectures": ["BertModel"], "model_type": "bert", "hidden_act": "gelu",
-            "vocab_size": VOCAB, "type_vocab_size": 2, "layer_norm_eps": 1e-12,
-            "pad_token_id": 0, "position_embedding_type": "absolute", **SIZES,
-            **changes}  # fmt: skip
+    return {
+        "architectures": ["BertModel"],
+        "model_type": "bert",
+        "hidden_act": "gelu",
+        "vocab_size": VOCAB,
+        "type_vocab_size": 2,
+        "layer_norm_eps": 1e-12,
+        "pad_token_id": 0,
+        "position_embedding_type": "absolute",
+        **SIZES,
+        **changes,
+    }
 
 
 def _weights(cfg: dict[str, Any], g: torch.Generator) -> dict[str, torch.Tensor]:
@@ -44,17 +57,24 @@ def _weights(cfg: dict[str, Any], g: torch.Generator) -> dict[str, torch.Tensor]
     def norm(prefix: str) -> dict[str, torch.Tensor]:
         return {f"{prefix}.weight": 1 + rand(h), f"{prefix}.bias": rand(h)}
 
-    out = {"embeddings.word_embeddings.weight": rand(cfg["vocab_size"], h),
-           "embeddings.position_embeddings.weight": rand(cfg["max_position_embeddings"], h),
-           "embeddings.token_type_embeddings.weight": rand(cfg["type_vocab_size"], h),
-           **norm("embeddings.LayerNorm"),
-           "pooler.dense.weight": rand(h, h), "pooler.dense.bias": rand(h)}  # fmt: skip
+    out = {
+        "embeddings.word_embeddings.weight": rand(cfg["vocab_size"], h),
+        "embeddings.position_embeddings.weight": rand(cfg["max_position_embeddings"], h),
+        "embeddings.token_type_embeddings.weight": rand(cfg["type_vocab_size"], h),
+        **norm("embeddings.LayerNorm"),
+        "pooler.dense.weight": rand(h, h),
+        "pooler.dense.bias": rand(h),
+    }
     for i in range(cfg["num_hidden_layers"]):
         p = f"encoder.layer.{i}"
-        for name, (o, n) in {"attention.self.query": (h, h), "attention.self.key": (h, h),
-                             "attention.self.value": (h, h), "attention.output.dense": (h, h),
-                             "intermediate.dense": (f, h),
-                             "output.dense": (h, f)}.items():  # fmt: skip
+        for name, (o, n) in {
+            "attention.self.query": (h, h),
+            "attention.self.key": (h, h),
+            "attention.self.value": (h, h),
+            "attention.output.dense": (h, h),
+            "intermediate.dense": (f, h),
+            "output.dense": (h, f),
+        }.items():
             out[f"{p}.{name}.weight"], out[f"{p}.{name}.bias"] = rand(o, n), rand(o)
         out |= norm(f"{p}.attention.output.LayerNorm") | norm(f"{p}.output.LayerNorm")
     return out

@@ -15,8 +15,17 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["ROOT", "TINY_JOB", "auth_headers", "clean_env", "free_port", "make_key", "read_key",
-           "start_cli", "stop"]  # fmt: skip
+__all__ = [
+    "ROOT",
+    "TINY_JOB",
+    "auth_headers",
+    "clean_env",
+    "free_port",
+    "make_key",
+    "read_key",
+    "start_cli",
+    "stop",
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 # a tiny MLP, 70 steps in three stages: seconds of training on 2 cores
@@ -24,19 +33,33 @@ TINY_JOB = {
     "name": "tiny-mlp",
     "labels": {"suite": "e2e"},
     "model": {"arch": "mlp", "config": {"hidden": [64, 64]}},
-    "dataset": {"source": "synthetic", "generator": "mlp", "n_train": 1500, "n_valid": 300,
-                "params": {"shape": [8, 8], "num_classes": 3}},
+    "dataset": {
+        "source": "synthetic",
+        "generator": "mlp",
+        "n_train": 1500,
+        "n_valid": 300,
+        "params": {"shape": [8, 8], "num_classes": 3},
+    },
     "compression": {"method": "comera", "max_rank": 6, "min_size": 256, "shrink_every": 10},
     "schedule": [
-        {"kind": "early", "steps": 40, "gamma": 0.05, "eval_every": 20,
-         "lr": {"cores": 0.003, "gates": 0.01, "others": 0.001}},
-        {"kind": "late", "steps": 20, "target_ratio": 0.5,
-         "lr": {"cores": 0.002, "gates": 0.01, "others": 0.001}},
+        {
+            "kind": "early",
+            "steps": 40,
+            "gamma": 0.05,
+            "eval_every": 20,
+            "lr": {"cores": 0.003, "gates": 0.01, "others": 0.001},
+        },
+        {
+            "kind": "late",
+            "steps": 20,
+            "target_ratio": 0.5,
+            "lr": {"cores": 0.002, "gates": 0.01, "others": 0.001},
+        },
         {"kind": "finetune", "steps": 10, "lr": {"cores": 0.001, "gates": 0.0, "others": 0.001}},
     ],
     "training": {"batch_size": 32, "seed": 0, "log_every": 5},
     "checkpointing": {"every_n_steps": 25, "keep": 2},
-}  # fmt: skip
+}
 
 
 def free_port() -> int:
@@ -54,9 +77,14 @@ def clean_env(home: Path, **extra: str) -> dict[str, str]:
 
 def start_cli(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     """``python -m service.cli ARGS`` in a new process group, output to ``log``."""
-    return subprocess.Popen([sys.executable, "-m", "service.cli", *args], env=env, cwd=ROOT,
-                            stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "service.cli", *args],
+        env=env,
+        cwd=ROOT,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def read_key(home: Path, timeout: float = 120.0) -> str:
@@ -72,9 +100,15 @@ def read_key(home: Path, timeout: float = 120.0) -> str:
 def make_key(env: dict[str, str], tenant: str = "default", *scopes: str) -> str:
     """A key made as an operator makes one: ``python -m service.cli keys create``."""
     args = [arg for s in scopes for arg in ("--scope", s)]
-    out = subprocess.run([sys.executable, "-m", "service.cli", "keys", "create", "--tenant",
-                          tenant, *args], env=env, cwd=ROOT, capture_output=True, text=True,
-                         timeout=120, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "service.cli", "keys", "create", "--tenant", tenant, *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return out.stdout.strip()
 
 

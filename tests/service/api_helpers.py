@@ -24,17 +24,26 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api_schemas import JobCreate
 from service.api.deps import get_enqueue, get_revoke
-from service.auth import ALL_SCOPES
-from service.core.config import Settings
-from service.db.crud.api_keys import create_key
-from service.db.crud.jobs import create_job
-from service.db.crud.tenants import get_or_create_tenant
-from service.db.models import Job
 from service.main import create_app
-from service.spec import spec_hash
+from service.store.auth import ALL_SCOPES
+from service.store.db.crud.api_keys import create_key
+from service.store.db.crud.jobs import create_job
+from service.store.db.crud.tenants import get_or_create_tenant
+from service.store.db.models import Job
+from service.store.settings import Settings
+from service.store.spec import spec_hash
 
-__all__ = ["NO_KEY", "Api", "api", "api_lite", "issue_key", "job_body", "make_job", "parse_sse",
-           "set_state"]  # fmt: skip
+__all__ = [
+    "NO_KEY",
+    "Api",
+    "api",
+    "api_lite",
+    "issue_key",
+    "job_body",
+    "make_job",
+    "parse_sse",
+    "set_state",
+]
 
 NO_KEY = "X-Test-No-Idempotency-Key"  # a request header: submit without an Idempotency-Key
 
@@ -55,8 +64,13 @@ class Api:
 
 
 def _make_api(db_url: str, tmp_path: Path) -> Iterator[Api]:
-    settings = Settings(home=tmp_path / "home", database_url=db_url, broker_url="memory://",
-                        max_body_bytes=16 * 1024, max_upload_bytes=64 * 1024)  # fmt: skip
+    settings = Settings(
+        home=tmp_path / "home",
+        database_url=db_url,
+        broker_url="memory://",
+        max_body_bytes=16 * 1024,
+        max_upload_bytes=64 * 1024,
+    )
     app = create_app(settings)
     box: dict[str, Api] = {}
 
@@ -105,23 +119,38 @@ def job_body(**changes: Any) -> dict[str, Any]:
         "model": {"arch": "mlp", "config": {"hidden": [64, 64]}},
         "dataset": {"source": "synthetic", "n_train": 256, "n_valid": 32},
         "compression": {"max_rank": 4, "min_size": 256},
-        "schedule": [{"kind": "early", "steps": 5}, {"kind": "late", "steps": 5,
-                                                     "target_ratio": 0.5}],
-    }  # fmt: skip
+        "schedule": [
+            {"kind": "early", "steps": 5},
+            {"kind": "late", "steps": 5, "target_ratio": 0.5},
+        ],
+    }
     body.update(changes)
     return body
 
 
-def make_job(api: Api, *, name: str = "job", labels: dict[str, str] | None = None,
-             state: str = "QUEUED", created_at: datetime | None = None,
-             body: dict[str, Any] | None = None, **values: Any) -> str:  # fmt: skip
+def make_job(
+    api: Api,
+    *,
+    name: str = "job",
+    labels: dict[str, str] | None = None,
+    state: str = "QUEUED",
+    created_at: datetime | None = None,
+    body: dict[str, Any] | None = None,
+    **values: Any,
+) -> str:
     """Insert a job straight into the store (setup for read-side tests); returns its id."""
     spec = JobCreate.model_validate(body or job_body(name=name, labels=labels or {}))
     tenant = api.tenant_id()
     with api.sessions() as s, s.begin():
-        job = create_job(session=s, tenant_id=tenant, name=name, labels=labels or {},
-                         spec=spec.model_dump(mode="json"), spec_hash=spec_hash(spec),
-                         max_attempts=3)  # fmt: skip
+        job = create_job(
+            session=s,
+            tenant_id=tenant,
+            name=name,
+            labels=labels or {},
+            spec=spec.model_dump(mode="json"),
+            spec_hash=spec_hash(spec),
+            max_attempts=3,
+        )
         job_id = job.id
     set_state(api, job_id, state, **({"created_at": created_at} if created_at else {}), **values)
     return job_id

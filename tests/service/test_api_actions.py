@@ -1,4 +1,5 @@
-"""Cancel, retry and delete follow the state rules of service-design b.5 / c.3."""
+"""Cancel, retry and delete follow the state rules of docs/service.md#job-states and
+#cancellation."""
 
 from __future__ import annotations
 
@@ -7,21 +8,44 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, insert, select
 
-from service.db.models import Checkpoint, Job, JobAttempt, JobEvent, MetricPoint, utcnow
+from service.store.db.models import Checkpoint, Job, JobAttempt, JobEvent, MetricPoint, utcnow
 from tests.service.api_helpers import Api, make_job
 
 
-def _checkpoint(api: Api, job_id: str, ckpt_id: str, *, state: str = "complete",
-                kind: str = "latest", step: int = 10, rel: str | None = None) -> Path:  # fmt: skip
+def _checkpoint(
+    api: Api,
+    job_id: str,
+    ckpt_id: str,
+    *,
+    state: str = "complete",
+    kind: str = "latest",
+    step: int = 10,
+    rel: str | None = None,
+) -> Path:
     rel = rel or f"jobs/{job_id}/{ckpt_id}.safetensors"
     path = Path(api.settings.artifacts) / rel
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"weights")
     with api.sessions() as s, s.begin():
-        s.execute(insert(Checkpoint), [{
-            "id": ckpt_id, "job_id": job_id, "tenant_id": api.tenant_id(), "attempt": 1,
-            "kind": kind, "step": step, "metrics": {}, "path": rel, "size_bytes": 7,
-            "sha256": "0" * 64, "state": state, "created_at": utcnow()}])  # fmt: skip
+        s.execute(
+            insert(Checkpoint),
+            [
+                {
+                    "id": ckpt_id,
+                    "job_id": job_id,
+                    "tenant_id": api.tenant_id(),
+                    "attempt": 1,
+                    "kind": kind,
+                    "step": step,
+                    "metrics": {},
+                    "path": rel,
+                    "size_bytes": 7,
+                    "sha256": "0" * 64,
+                    "state": state,
+                    "created_at": utcnow(),
+                }
+            ],
+        )
     return path
 
 
@@ -43,10 +67,16 @@ def test_cancel_running_asks_the_worker(api: Api, state: str):
     with api.sessions() as s:
         job = s.get(Job, job_id)
         assert job.cancel_mode == "immediate" and job.cancel_requested_at is not None
-        last = s.scalars(select(JobEvent).where(JobEvent.job_id == job_id)
-                         .order_by(JobEvent.seq.desc())).first()  # fmt: skip
-        assert last.data == {"state": "CANCELLING", "attempt": 1, "reason": "cancel requested",
-                             "mode": "immediate", "save_partial": True}  # fmt: skip
+        last = s.scalars(
+            select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.seq.desc())
+        ).first()
+        assert last.data == {
+            "state": "CANCELLING",
+            "attempt": 1,
+            "reason": "cancel requested",
+            "mode": "immediate",
+            "save_partial": True,
+        }
     assert api.client.post(f"/v1/jobs/{job_id}/cancel").status_code == 202  # already
     assert api.revoked == []
 
@@ -72,11 +102,18 @@ def test_retry_creates_attempt_n_plus_1_from_the_latest_checkpoint(api: Api):
     job = resp.json()
     assert job["state"] == "QUEUED" and job["attempt"] == 2 and job["error"] is None
     assert job["finished_at"] is None
-    assert api.enqueued[-1] == {"job_id": job_id, "attempt": 2, "max_wall_time_s": 21600}
+    assert api.enqueued[-1] == {
+        "job_id": job_id,
+        "attempt": 2,
+        "max_wall_time_s": 21600,
+        "devices": 1,
+        "nodes": 1,
+    }
     with api.sessions() as s:
         assert s.get(Job, job_id).resume_from == "ckpt_new"
-        attempts = s.scalars(select(JobAttempt).where(JobAttempt.job_id == job_id)
-                             .order_by(JobAttempt.attempt)).all()  # fmt: skip
+        attempts = s.scalars(
+            select(JobAttempt).where(JobAttempt.job_id == job_id).order_by(JobAttempt.attempt)
+        ).all()
         assert [(a.attempt, a.resume_from) for a in attempts] == [(1, None), (2, "ckpt_new")]
     listed = api.client.get(f"/v1/jobs/{job_id}/attempts").json()["items"]
     assert [a["attempt"] for a in listed] == [1, 2]
@@ -110,15 +147,25 @@ def test_delete_removes_rows_and_artifacts_of_finished_jobs_only(api: Api):
     job_id = make_job(api, state="SUCCEEDED")
     path = _checkpoint(api, job_id, "ckpt_x")
     with api.sessions() as s, s.begin():
-        s.execute(insert(MetricPoint), [{"job_id": job_id, "tenant_id": api.tenant_id(),
-                                         "attempt": 1, "key": "loss", "step": 1, "value": 1.0,
-                                         "t": utcnow()}])  # fmt: skip
+        s.execute(
+            insert(MetricPoint),
+            [
+                {
+                    "job_id": job_id,
+                    "tenant_id": api.tenant_id(),
+                    "attempt": 1,
+                    "key": "loss",
+                    "step": 1,
+                    "value": 1.0,
+                    "t": utcnow(),
+                }
+            ],
+        )
     assert api.client.delete(f"/v1/jobs/{job_id}").status_code == 204
     assert not path.exists() and not path.parent.exists()
     assert api.client.get(f"/v1/jobs/{job_id}").status_code == 404
     with api.sessions() as s:
         for table in (Checkpoint, MetricPoint, JobEvent, JobAttempt):
-            count = s.scalar(select(func.count()).select_from(table)
-                             .where(table.job_id == job_id))  # fmt: skip
+            count = s.scalar(select(func.count()).select_from(table).where(table.job_id == job_id))
             assert count == 0, table
     assert api.client.get(f"/v1/jobs/{running}").status_code == 200

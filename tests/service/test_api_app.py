@@ -12,8 +12,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from service.core.config import Settings
 from service.main import SchemaNotReady, create_app
+from service.store.settings import Settings
 from tests.service.api_helpers import Api, issue_key, make_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,8 +42,11 @@ def test_readyz_checks_a_sql_broker_for_real(sqlite_url: str, tmp_path: Path):
     settings = Settings(home=tmp_path, database_url=sqlite_url, broker_url=down)
     with TestClient(create_app(settings)) as client:
         assert client.get("/v1/readyz").status_code == 503
-    up = Settings(home=tmp_path, database_url=sqlite_url,
-                  broker_url=f"sqla+sqlite:///{tmp_path / 'broker.db'}")  # fmt: skip
+    up = Settings(
+        home=tmp_path,
+        database_url=sqlite_url,
+        broker_url=f"sqla+sqlite:///{tmp_path / 'broker.db'}",
+    )
     with TestClient(create_app(up)) as client:
         assert client.get("/v1/readyz").status_code == 200
 
@@ -59,8 +62,9 @@ def test_prometheus_metrics_by_route_template_and_jobs_by_state(api: Api):
     assert 'comera_jobs{state="RUNNING"} 2.0' in text_
     assert 'comera_jobs{state="FAILED"} 1.0' in text_
     assert 'comera_jobs{state="QUEUED"} 0.0' in text_
-    assert ('comera_http_requests_total{method="GET",route="/v1/jobs/{job_id}",status="200"} '
-            "1.0") in text_  # fmt: skip
+    assert (
+        'comera_http_requests_total{method="GET",route="/v1/jobs/{job_id}",status="200"} 1.0'
+    ) in text_
     assert 'route="/v1/jobs/{job_id}",status="404"} 1.0' in text_
     assert 'route="<unmatched>",status="404"} 1.0' in text_
     assert "comera_http_request_duration_seconds_bucket" in text_
@@ -73,17 +77,25 @@ def test_openapi_describes_every_route_with_problems(api_lite: Api):
         doc = api_lite.client.get("/openapi.json").json()
     paths = doc["paths"]
     for path, verbs in {
-        "/v1/jobs": {"get", "post"}, "/v1/jobs:validate": {"post"},
-        "/v1/jobs/{job_id}": {"get", "patch", "delete"}, "/v1/jobs/{job_id}/cancel": {"post"},
-        "/v1/jobs/{job_id}/retry": {"post"}, "/v1/jobs/{job_id}/attempts": {"get"},
-        "/v1/jobs/{job_id}/events": {"get"}, "/v1/jobs/{job_id}/metrics": {"get"},
-        "/v1/jobs/{job_id}/ranks": {"get"}, "/v1/jobs/{job_id}/report": {"get"},
+        "/v1/jobs": {"get", "post"},
+        "/v1/jobs:validate": {"post"},
+        "/v1/jobs/{job_id}": {"get", "patch", "delete"},
+        "/v1/jobs/{job_id}/cancel": {"post"},
+        "/v1/jobs/{job_id}/retry": {"post"},
+        "/v1/jobs/{job_id}/attempts": {"get"},
+        "/v1/jobs/{job_id}/events": {"get"},
+        "/v1/jobs/{job_id}/metrics": {"get"},
+        "/v1/jobs/{job_id}/ranks": {"get"},
+        "/v1/jobs/{job_id}/report": {"get"},
         "/v1/jobs/{job_id}/checkpoints": {"get"},
         "/v1/jobs/{job_id}/checkpoints/{checkpoint_id}/content": {"get", "head"},
         "/v1/jobs/{job_id}/checkpoints/{checkpoint_id}/manifest": {"get"},
-        "/v1/datasets": {"get", "post"}, "/v1/datasets/{dataset_id}": {"get", "delete"},
-        "/v1/healthz": {"get"}, "/v1/readyz": {"get"}, "/metrics": {"get"},
-    }.items():  # fmt: skip
+        "/v1/datasets": {"get", "post"},
+        "/v1/datasets/{dataset_id}": {"get", "delete"},
+        "/v1/healthz": {"get"},
+        "/v1/readyz": {"get"},
+        "/metrics": {"get"},
+    }.items():
         assert verbs <= set(paths[path]), path
     submit = paths["/v1/jobs"]["post"]
     assert submit["tags"] == ["jobs"] and "202" in submit["responses"]
@@ -91,8 +103,10 @@ def test_openapi_describes_every_route_with_problems(api_lite: Api):
     assert problem == {"$ref": "#/components/schemas/Problem"}
     assert "HTTPValidationError" not in doc["components"]["schemas"]
     assert "application/octet-stream" in paths["/v1/datasets"]["post"]["requestBody"]["content"]
-    assert "text/event-stream" in paths["/v1/jobs/{job_id}/events"]["get"]["responses"]["200"][
-        "content"]  # fmt: skip
+    assert (
+        "text/event-stream"
+        in paths["/v1/jobs/{job_id}/events"]["get"]["responses"]["200"]["content"]
+    )
     assert {
         "JobCreate",
         "JobPublic",
@@ -108,8 +122,9 @@ def test_openapi_describes_every_route_with_problems(api_lite: Api):
 def test_body_limit_declared_and_streamed(api_lite: Api):
     limit = api_lite.settings.max_body_bytes
     big = b'{"name": "' + b"x" * limit + b'"}'
-    declared = api_lite.client.post("/v1/jobs", content=big,
-                                    headers={"content-type": "application/json"})  # fmt: skip
+    declared = api_lite.client.post(
+        "/v1/jobs", content=big, headers={"content-type": "application/json"}
+    )
     assert declared.status_code == 413
     assert declared.headers["content-type"].startswith("application/problem+json")
 
@@ -119,8 +134,9 @@ def test_body_limit_declared_and_streamed(api_lite: Api):
             yield b"y" * 1024
         yield b'"}'
 
-    streamed = api_lite.client.post("/v1/jobs:validate", content=chunks(),
-                                    headers={"content-type": "application/json"})  # fmt: skip
+    streamed = api_lite.client.post(
+        "/v1/jobs:validate", content=chunks(), headers={"content-type": "application/json"}
+    )
     assert streamed.status_code == 413 and streamed.json()["status"] == 413
 
 
@@ -134,12 +150,19 @@ def test_start_up_fails_fast_unless_the_schema_is_at_head(tmp_path: Path):
 
 
 def test_importing_the_api_does_not_import_torch():
-    code = ("import sys; import service.main as m; m.create_app(); "
-            "bad = sorted(k for k in sys.modules if k.split('.')[0] in "
-            "('torch', 'engine', 'triton', 'worker')); print(bad); assert not bad")  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         env={"PATH": "/usr/bin:/bin", "COMERA_HOME": "/tmp/comera-lean"},
-                         timeout=120)  # fmt: skip
+    code = (
+        "import sys; import service.main as m; m.create_app(); "
+        "bad = sorted(k for k in sys.modules if k.split('.')[0] in "
+        "('torch', 'engine', 'triton', 'worker')); print(bad); assert not bad"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "COMERA_HOME": "/tmp/comera-lean"},
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -147,8 +170,10 @@ def test_database_down_is_503_with_retry_after(pg_url: str, tmp_path: Path):
     from tests.helpers.db import PG_SERVER
 
     app = create_app(Settings(home=tmp_path, database_url=pg_url, broker_url="memory://"))
-    admin = create_engine("postgresql+psycopg://" + PG_SERVER.removeprefix("postgresql://"),
-                          isolation_level="AUTOCOMMIT")  # fmt: skip
+    admin = create_engine(
+        "postgresql+psycopg://" + PG_SERVER.removeprefix("postgresql://"),
+        isolation_level="AUTOCOMMIT",
+    )
     with TestClient(app) as client:
         client.headers["Authorization"] = f"Bearer {issue_key(app)}"
         assert client.get("/v1/jobs").status_code == 200

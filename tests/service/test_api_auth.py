@@ -16,12 +16,12 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
-from service.auth import hash_key, looks_like_key
-from service.core.config import Settings
-from service.db.models import ApiKey, Checkpoint, utcnow
 from service.keys_cli import ensure_first_key
 from service.main import create_app
 from service.ratelimit import RateLimiter
+from service.store.auth import hash_key, looks_like_key
+from service.store.db.models import ApiKey, Checkpoint, utcnow
+from service.store.settings import Settings
 from tests.service.api_helpers import NO_KEY, Api, issue_key, job_body, make_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,8 +52,9 @@ def test_missing_malformed_unknown_and_revoked_keys_are_401(api: Api):
     key = issue_key(api.client.app, tenant="default", scopes=["jobs:read"])
     assert _client(api, key).get("/v1/jobs").status_code == 200
     with api.sessions() as s, s.begin():
-        s.execute(update(ApiKey).where(ApiKey.key_hash == hash_key(key))
-                  .values(revoked_at=utcnow()))  # fmt: skip
+        s.execute(
+            update(ApiKey).where(ApiKey.key_hash == hash_key(key)).values(revoked_at=utcnow())
+        )
     assert _client(api, key).get("/v1/jobs").status_code == 200  # still cached
     api.client.app.state.key_cache.clear()
     assert _client(api, key).get("/v1/jobs").status_code == 401
@@ -89,17 +90,37 @@ def test_scopes_by_method_and_for_artifacts(api: Api):
 def test_another_tenants_job_checkpoint_and_dataset_are_404(api: Api):
     job_id = make_job(api, state="RUNNING")
     with api.sessions() as s, s.begin():
-        s.add(Checkpoint(id="ckpt_x", job_id=job_id, tenant_id=api.tenant_id(), attempt=1,
-                         kind="latest", step=1, stage="early", metrics={}, path="x",
-                         size_bytes=1, state="complete"))  # fmt: skip
-    up = api.client.post("/v1/datasets?name=d&format=text", content=b"one\ntwo\n",
-                         headers={"content-type": "application/octet-stream"})  # fmt: skip
+        s.add(
+            Checkpoint(
+                id="ckpt_x",
+                job_id=job_id,
+                tenant_id=api.tenant_id(),
+                attempt=1,
+                kind="latest",
+                step=1,
+                stage="early",
+                metrics={},
+                path="x",
+                size_bytes=1,
+                state="complete",
+            )
+        )
+    up = api.client.post(
+        "/v1/datasets?name=d&format=text",
+        content=b"one\ntwo\n",
+        headers={"content-type": "application/octet-stream"},
+    )
     assert up.status_code == 201, up.text
     ds = up.json()["id"]
     other = _client(api, issue_key(api.client.app, tenant="other"))
-    for path in (f"/v1/jobs/{job_id}", f"/v1/jobs/{job_id}/metrics", f"/v1/jobs/{job_id}/events",
-                 f"/v1/jobs/{job_id}/checkpoints", f"/v1/jobs/{job_id}/checkpoints/ckpt_x/content",
-                 f"/v1/datasets/{ds}"):  # fmt: skip
+    for path in (
+        f"/v1/jobs/{job_id}",
+        f"/v1/jobs/{job_id}/metrics",
+        f"/v1/jobs/{job_id}/events",
+        f"/v1/jobs/{job_id}/checkpoints",
+        f"/v1/jobs/{job_id}/checkpoints/ckpt_x/content",
+        f"/v1/datasets/{ds}",
+    ):
         assert other.get(path).status_code == 404, path
     assert other.post(f"/v1/jobs/{job_id}/cancel", json={}).status_code == 404
     assert other.delete(f"/v1/datasets/{ds}").status_code == 404
@@ -120,6 +141,40 @@ def test_rate_limit_per_key_is_429_with_retry_after(api_lite: Api):
     assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
     assert r.headers["content-type"] == "application/problem+json"
     assert _client(api_lite, issue_key(app)).get("/v1/jobs").status_code == 200  # per key
+
+
+def test_failed_authentication_is_limited_per_address(api_lite: Api):
+    app = api_lite.client.app
+    assert api_lite.client.get("/v1/jobs").status_code == 200  # a known key, now cached
+    app.state.auth_failures = RateLimiter(per_minute=60, burst=3)
+    unknown = _client(api_lite, "cmr_0000abcd_" + "Q" * 43)
+    codes = [unknown.get("/v1/jobs").status_code for _ in range(4)]
+    assert codes == [401, 401, 401, 429]
+    r = _client(api_lite, None).get("/v1/jobs")  # no key at all counts as a failure too
+    assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+    assert r.headers["content-type"] == "application/problem+json"
+    assert "failed authentications" in r.json()["detail"]
+    assert api_lite.client.get("/v1/jobs").status_code == 200  # known keys are served
+
+
+def test_an_unknown_key_costs_one_lookup_per_miss_ttl(api_lite: Api, monkeypatch):
+    from service.api import deps
+
+    lookups: list[str] = []
+    real = deps._lookup
+
+    def counted(request, key_hash):
+        lookups.append(key_hash)
+        return real(request, key_hash)
+
+    monkeypatch.setattr(deps, "_lookup", counted)
+    cache = api_lite.client.app.state.key_cache
+    assert cache.miss_ttl == api_lite.settings.key_miss_cache_seconds == 5.0
+    unknown = _client(api_lite, "cmr_0000abcd_" + "R" * 43)
+    assert [unknown.get("/v1/jobs").status_code for _ in range(5)] == [401] * 5
+    assert len(lookups) == 1  # the misses after the first come from the cache
+    api_lite.client.app.state.key_cache.clear()
+    assert unknown.get("/v1/jobs").status_code == 401 and len(lookups) == 2
 
 
 def test_bucket_refills_at_the_stated_rate():
@@ -152,7 +207,7 @@ def test_idempotency_key_is_required_on_submit(api_lite: Api):
 
 
 def test_first_key_of_embedded_mode_is_printed_once_and_kept_0600(tmp_path: Path):
-    from service.db.migrate import upgrade
+    from service.store.db.migrate import upgrade
 
     settings = Settings(home=tmp_path, broker_url="memory://")
     settings.ensure_dirs()
@@ -173,8 +228,14 @@ def test_keys_commands_create_list_and_revoke(tmp_path: Path):
     env["COMERA_HOME"] = str(tmp_path)
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "service.cli", *args], env=env, cwd=ROOT,
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "service.cli", *args],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     assert cli("migrate").returncode == 0
     made = cli("keys", "create", "--tenant", "acme", "--scope", "jobs:read")

@@ -11,21 +11,45 @@ from pathlib import Path
 import pytest
 from sqlalchemy import insert
 
-from service.db.models import Checkpoint, utcnow
+from service.store.db.models import Checkpoint, utcnow
 from tests.service.api_helpers import Api, job_body, make_job
 
 BLOB = os.urandom(5000) + b"end"
 
 
-def _add(api: Api, job_id: str, ckpt_id: str, rel: str, *, kind: str = "latest",
-         state: str = "complete", sha: str | None = None,
-         manifest: dict | None = None) -> None:  # fmt: skip
+def _add(
+    api: Api,
+    job_id: str,
+    ckpt_id: str,
+    rel: str,
+    *,
+    kind: str = "latest",
+    state: str = "complete",
+    sha: str | None = None,
+    manifest: dict | None = None,
+) -> None:
     with api.sessions() as s, s.begin():
-        s.execute(insert(Checkpoint), [{
-            "id": ckpt_id, "job_id": job_id, "tenant_id": api.tenant_id(), "attempt": 1,
-            "kind": kind, "step": 42, "stage": "late", "metrics": {"loss": 0.5}, "path": rel,
-            "size_bytes": len(BLOB), "sha256": sha, "state": state, "manifest": manifest,
-            "created_at": utcnow()}])  # fmt: skip
+        s.execute(
+            insert(Checkpoint),
+            [
+                {
+                    "id": ckpt_id,
+                    "job_id": job_id,
+                    "tenant_id": api.tenant_id(),
+                    "attempt": 1,
+                    "kind": kind,
+                    "step": 42,
+                    "stage": "late",
+                    "metrics": {"loss": 0.5},
+                    "path": rel,
+                    "size_bytes": len(BLOB),
+                    "sha256": sha,
+                    "state": state,
+                    "manifest": manifest,
+                    "created_at": utcnow(),
+                }
+            ],
+        )
 
 
 def _file(api: Api, rel: str, data: bytes = BLOB) -> Path:
@@ -60,10 +84,16 @@ def test_full_download_with_etag_and_repr_digest(ckpt):
     assert head.headers["etag"] == resp.headers["etag"]
 
 
-@pytest.mark.parametrize("header, start, end", [
-    ("bytes=0-99", 0, 99), ("bytes=100-", 100, len(BLOB) - 1), ("bytes=-10", len(BLOB) - 10,
-     len(BLOB) - 1), ("bytes=4990-999999", 4990, len(BLOB) - 1), ("bytes=-99999", 0,
-     len(BLOB) - 1)])  # fmt: skip
+@pytest.mark.parametrize(
+    "header, start, end",
+    [
+        ("bytes=0-99", 0, 99),
+        ("bytes=100-", 100, len(BLOB) - 1),
+        ("bytes=-10", len(BLOB) - 10, len(BLOB) - 1),
+        ("bytes=4990-999999", 4990, len(BLOB) - 1),
+        ("bytes=-99999", 0, len(BLOB) - 1),
+    ],
+)
 def test_single_ranges_give_206(ckpt, header: str, start: int, end: int):
     api, url = ckpt
     resp = api.client.get(url, headers={"Range": header})
@@ -105,25 +135,57 @@ def test_writing_deleted_missing_and_unknown(api_lite: Api):
     assert api.client.get(f"/v1/jobs/{other}/checkpoints/ckpt_w/content").status_code == 404
     listed = api.client.get(base).json()["items"]
     assert [(c["id"], c["state"]) for c in listed] == [
-        ("ckpt_w", "writing"), ("ckpt_d", "deleted"), ("ckpt_m", "complete"),
-        ("ckpt_esc", "complete")]  # fmt: skip
+        ("ckpt_w", "writing"),
+        ("ckpt_d", "deleted"),
+        ("ckpt_m", "complete"),
+        ("ckpt_esc", "complete"),
+    ]
     assert listed[0]["links"]["content"] == f"{base}/ckpt_w/content"
 
 
 def _manifest(blob: bytes, params: int = 400, dense: int = 4000) -> dict:
     return {
-        "format": "comera-compressed", "format_version": 1, "engine_version": "0.1.0",
-        "arch": "mlp", "layers": [
-            {"name": "hidden.0", "kind": "tt_linear", "in_modes": [4, 4], "out_modes": [8, 8],
-             "ranks": [1, 3, 1], "params": params, "dense_params": dense, "ratio": dense / params},
-            {"name": "emb", "kind": "ttm_embedding", "row_modes": [10, 10], "col_modes": [2, 2],
-             "ranks": [1, 0, 1], "params": 0, "dense_params": 400, "ratio": None}],
-        "totals": {"stored_params": 1000, "dense_equivalent_params": 5000,
-                   "tensorized_ratio": 11.0, "model_ratio": 5.0},
-        "weights": {"file": "model.safetensors", "bytes": len(blob), "dense_equivalent_bytes":
-                    20000, "sha256": hashlib.sha256(blob).hexdigest()},
-        "metrics": {"accuracy": 0.9}, "extra": {},
-    }  # fmt: skip
+        "format": "comera-compressed",
+        "format_version": 1,
+        "engine_version": "0.1.0",
+        "arch": "mlp",
+        "layers": [
+            {
+                "name": "hidden.0",
+                "kind": "tt_linear",
+                "in_modes": [4, 4],
+                "out_modes": [8, 8],
+                "ranks": [1, 3, 1],
+                "params": params,
+                "dense_params": dense,
+                "ratio": dense / params,
+            },
+            {
+                "name": "emb",
+                "kind": "ttm_embedding",
+                "row_modes": [10, 10],
+                "col_modes": [2, 2],
+                "ranks": [1, 0, 1],
+                "params": 0,
+                "dense_params": 400,
+                "ratio": None,
+            },
+        ],
+        "totals": {
+            "stored_params": 1000,
+            "dense_equivalent_params": 5000,
+            "tensorized_ratio": 11.0,
+            "model_ratio": 5.0,
+        },
+        "weights": {
+            "file": "model.safetensors",
+            "bytes": len(blob),
+            "dense_equivalent_bytes": 20000,
+            "sha256": hashlib.sha256(blob).hexdigest(),
+        },
+        "metrics": {"accuracy": 0.9},
+        "extra": {},
+    }
 
 
 def test_report_is_measured_on_the_export_and_names_a_dense_baseline(api: Api):
@@ -134,14 +196,21 @@ def test_report_is_measured_on_the_export_and_names_a_dense_baseline(api: Api):
     _file(api, f"{folder}/manifest.json", json.dumps(_manifest(BLOB)).encode())
     _add(api, job_id, "ckpt_x", folder, kind="export", manifest=_manifest(BLOB))
     # the dense twin: same model, data, training and total steps (10), with its own export
-    dense_body = job_body(compression={"method": "dense"},
-                          schedule=[{"kind": "early", "steps": 10}])  # fmt: skip
+    dense_body = job_body(
+        compression={"method": "dense"}, schedule=[{"kind": "early", "steps": 10}]
+    )
     base = make_job(api, state="SUCCEEDED", body=dense_body)
     other = make_job(api, state="SUCCEEDED", body={**dense_body, "model": {"arch": "mlp"}})
     for dense_job, accuracy in ((base, 0.93), (other, 0.5)):
         dense_manifest = {**_manifest(BLOB), "metrics": {"accuracy": accuracy}}
-        _add(api, dense_job, f"ckpt_{dense_job[-6:]}", f"jobs/{dense_job}/export",
-             kind="export", manifest=dense_manifest)  # fmt: skip
+        _add(
+            api,
+            dense_job,
+            f"ckpt_{dense_job[-6:]}",
+            f"jobs/{dense_job}/export",
+            kind="export",
+            manifest=dense_manifest,
+        )
     resp = api.client.get(f"/v1/jobs/{job_id}/report")
     assert resp.status_code == 200, resp.text
     report = resp.json()

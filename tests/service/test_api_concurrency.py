@@ -12,14 +12,20 @@ import asyncio
 
 import httpx
 
-from service.core.config import Settings
 from service.main import create_app
+from service.store.settings import Settings
 from tests.service.api_helpers import issue_key, job_body
 
 
 def test_sixty_concurrent_requests_through_a_two_connection_pool(pg_url, tmp_path):
-    settings = Settings(home=tmp_path / "home", database_url=pg_url, broker_url="memory://",
-                        api_threads=2, db_pool_size=1, db_max_overflow=1)  # fmt: skip
+    settings = Settings(
+        home=tmp_path / "home",
+        database_url=pg_url,
+        broker_url="memory://",
+        api_threads=2,
+        db_pool_size=1,
+        db_max_overflow=1,
+    )
     app = create_app(settings)
     app.state.planner = None  # not needed: only reads below
 
@@ -27,15 +33,23 @@ def test_sixty_concurrent_requests_through_a_two_connection_pool(pg_url, tmp_pat
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             auth = {"Authorization": f"Bearer {issue_key(app)}"}
-            async with httpx.AsyncClient(transport=transport, base_url="http://t",
-                                         headers=auth) as client:  # fmt: skip
-                from service.db.crud.jobs import create_job
-                from service.db.crud.tenants import get_or_create_tenant
+            async with httpx.AsyncClient(
+                transport=transport, base_url="http://t", headers=auth
+            ) as client:
+                from service.store.db.crud.jobs import create_job
+                from service.store.db.crud.tenants import get_or_create_tenant
 
                 with app.state.sessionmaker() as s:
                     tenant = get_or_create_tenant(session=s, name="default")
-                    job = create_job(session=s, tenant_id=tenant.id, name="j", labels={},
-                                     spec=job_body(), spec_hash="h", max_attempts=1)  # fmt: skip
+                    job = create_job(
+                        session=s,
+                        tenant_id=tenant.id,
+                        name="j",
+                        labels={},
+                        spec=job_body(),
+                        spec_hash="h",
+                        max_attempts=1,
+                    )
                     s.commit()
                     job_id = job.id
                 urls = [f"/v1/jobs/{job_id}", "/v1/jobs", f"/v1/jobs/{job_id}/metrics"] * 20

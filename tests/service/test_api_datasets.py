@@ -30,19 +30,28 @@ GOOD = {
     "npz": (_npz(x=np.zeros((5, 2, 3), np.float32), y=np.arange(5)), 5),
 }
 BAD = {
-    "jsonl": [(b'{"a": 1}\n[1, 2]\n', "line 2: expected a JSON object"),
-              (b'{"a": 1}\n{"a": \n', "line 2: not valid JSON")],
-    "csv": [(b"a,b\n1,2\n1,2,3\n", "line 3: 3 columns"), (b"a,b\n\xff,1\n", "not UTF-8"),
-            (b"a,b\n", "no csv rows")],
-    "criteo": [(CRITEO_OK.rsplit("\t", 1)[0].encode(), "expected 40 tab-separated fields"),
-               (("2" + CRITEO_OK[1:]).encode(), "expected label 0 or 1"),
-               (CRITEO_OK.replace("a1b2", "xyz", 1).encode(), "hex string")],
+    "jsonl": [
+        (b'{"a": 1}\n[1, 2]\n', "line 2: expected a JSON object"),
+        (b'{"a": 1}\n{"a": \n', "line 2: not valid JSON"),
+    ],
+    "csv": [
+        (b"a,b\n1,2\n1,2,3\n", "line 3: 3 columns"),
+        (b"a,b\n\xff,1\n", "not UTF-8"),
+        (b"a,b\n", "no csv rows"),
+    ],
+    "criteo": [
+        (CRITEO_OK.rsplit("\t", 1)[0].encode(), "expected 40 tab-separated fields"),
+        (("2" + CRITEO_OK[1:]).encode(), "expected label 0 or 1"),
+        (CRITEO_OK.replace("a1b2", "xyz", 1).encode(), "hex string"),
+    ],
     "text": [(b"ok\n\xff\xfe\n", "not UTF-8"), (b"\n \n", "no text rows")],
-    "npz": [(b"not a zip", "not an .npz"),
-            (_npz(x=np.array([{"a": 1}, None], dtype=object), y=np.arange(2)), "pickles"),
-            (_npz(x=np.zeros((3, 2)), y=np.zeros(3)), "integer labels"),
-            (_npz(a=np.zeros(3)), "expected arrays 'x' and 'y'")],
-}  # fmt: skip
+    "npz": [
+        (b"not a zip", "not an .npz"),
+        (_npz(x=np.array([{"a": 1}, None], dtype=object), y=np.arange(2)), "pickles"),
+        (_npz(x=np.zeros((3, 2)), y=np.zeros(3)), "integer labels"),
+        (_npz(a=np.zeros(3)), "expected arrays 'x' and 'y'"),
+    ],
+}
 
 
 def _files(api: Api) -> list[Path]:
@@ -51,8 +60,7 @@ def _files(api: Api) -> list[Path]:
 
 
 def _upload(api: Api, data: bytes | object, fmt: str, name: str = "d1", headers=OCTET):
-    return api.client.post(f"/v1/datasets?name={name}&format={fmt}", content=data,
-                           headers=headers)  # fmt: skip
+    return api.client.post(f"/v1/datasets?name={name}&format={fmt}", content=data, headers=headers)
 
 
 @pytest.mark.parametrize("fmt", sorted(GOOD))
@@ -69,10 +77,12 @@ def test_upload_each_format(api_lite: Api, fmt: str):
     assert api_lite.client.get(f"/v1/datasets/{ds['id']}").json() == ds
 
 
-@pytest.mark.parametrize("fmt, data, reason",
-                         [(f, d, r) for f, cases in BAD.items() for d, r in cases])  # fmt: skip
-def test_malformed_upload_is_422_and_nothing_is_kept(api_lite: Api, fmt: str, data: bytes,
-                                                     reason: str):  # fmt: skip
+@pytest.mark.parametrize(
+    "fmt, data, reason", [(f, d, r) for f, cases in BAD.items() for d, r in cases]
+)
+def test_malformed_upload_is_422_and_nothing_is_kept(
+    api_lite: Api, fmt: str, data: bytes, reason: str
+):
     resp = _upload(api_lite, data, fmt)
     assert resp.status_code == 422, resp.text
     assert reason in resp.json()["detail"] and resp.json()["errors"][0]["code"] == "format"
@@ -90,7 +100,8 @@ def test_too_large_is_413_declared_or_streamed_and_nothing_is_kept(api_lite: Api
 
     resp = _upload(api_lite, chunks(), "text")
     assert resp.status_code == 413 and resp.headers["content-type"].startswith(
-        "application/problem+json")  # fmt: skip
+        "application/problem+json"
+    )
     assert _files(api_lite) == []
     assert limit > api_lite.settings.max_body_bytes
     at_limit = _upload(api_lite, b"c" * (limit - 1) + b"\n", "text")
@@ -98,8 +109,9 @@ def test_too_large_is_413_declared_or_streamed_and_nothing_is_kept(api_lite: Api
 
 
 def test_upload_needs_octet_stream_and_valid_parameters(api_lite: Api):
-    assert _upload(api_lite, b"x\n", "text", headers={"content-type": "text/plain"}
-                   ).status_code == 415  # fmt: skip
+    assert (
+        _upload(api_lite, b"x\n", "text", headers={"content-type": "text/plain"}).status_code == 415
+    )
     bad = _upload(api_lite, b"x\n", "parquet")
     assert bad.status_code == 422 and bad.json()["errors"][0]["parameter"] == "format"
 
@@ -110,9 +122,10 @@ def test_jobs_use_uploads_and_deletion_waits_for_them(api: Api):
     mismatch = job_body(dataset={"source": "upload", "dataset_id": ds["id"], "format": "text"})
     resp = api.client.post("/v1/jobs", json=mismatch)
     assert resp.status_code == 422 and resp.json()["errors"][0]["pointer"] == "/dataset/format"
-    body = job_body(dataset={"source": "upload", "dataset_id": ds["id"], "format": "npz"},
-                    model={"arch": "mlp", "config": {"in_features": 6, "num_classes": 5,
-                                                     "hidden": [64, 64]}})  # fmt: skip
+    body = job_body(
+        dataset={"source": "upload", "dataset_id": ds["id"], "format": "npz"},
+        model={"arch": "mlp", "config": {"in_features": 6, "num_classes": 5, "hidden": [64, 64]}},
+    )
     job = api.client.post("/v1/jobs", json=body)
     assert job.status_code == 202, job.text
     assert api.client.delete(f"/v1/datasets/{ds['id']}").status_code == 409

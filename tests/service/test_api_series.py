@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import insert
 
 from api_schemas import JobState as S
-from service.db.crud.jobs import append_event, transition
-from service.db.models import MetricPoint, RankPoint, utcnow
+from service.store.db.crud.jobs import append_event, transition
+from service.store.db.models import MetricPoint, RankPoint, utcnow
 from tests.service.api_helpers import Api, make_job, parse_sse
 
 
@@ -24,16 +24,27 @@ def _expected_rows(n: int, m: int) -> list[int]:
 
 def _metric_points(api: Api, job_id: str, key: str, steps: list[int], stage: str = "s") -> None:
     t0, tenant = utcnow(), api.tenant_id()
-    rows = [{"job_id": job_id, "tenant_id": tenant, "attempt": 1, "key": key, "step": st,
-             "stage": stage, "epoch": st / 10, "value": float(st) * 0.5,
-             "t": t0 + timedelta(seconds=st)}
-            for st in steps]  # fmt: skip
+    rows = [
+        {
+            "job_id": job_id,
+            "tenant_id": tenant,
+            "attempt": 1,
+            "key": key,
+            "step": st,
+            "stage": stage,
+            "epoch": st / 10,
+            "value": float(st) * 0.5,
+            "t": t0 + timedelta(seconds=st),
+        }
+        for st in steps
+    ]
     with api.sessions() as s, s.begin():
         s.execute(insert(MetricPoint), rows)
 
 
-@pytest.mark.parametrize("n, m", [(1, 2), (7, 7), (8, 7), (100, 2), (1000, 3), (1000, 333),
-                                  (997, 500)])  # fmt: skip
+@pytest.mark.parametrize(
+    "n, m", [(1, 2), (7, 7), (8, 7), (100, 2), (1000, 3), (1000, 333), (997, 500)]
+)
 def test_metric_downsampling_matches_the_brute_force(api_lite: Api, n: int, m: int):
     job_id = make_job(api_lite)
     steps = [3 * i + 1 for i in range(n)]  # uneven start, gaps: rows, not steps, are spaced
@@ -56,8 +67,9 @@ def test_metric_filters_keys_stage_and_steps_on_both_backends(api: Api):
     url = f"/v1/jobs/{job_id}/metrics"
     every = api.client.get(url).json()["series"]
     assert [(s["key"], s["total_points"]) for s in every] == [("accuracy", 12), ("loss", 120)]
-    late = api.client.get(f"{url}?keys=loss,val_loss&stage=late&from_step=60&to_step=99"
-                          "&max_points=11").json()["series"]  # fmt: skip
+    late = api.client.get(
+        f"{url}?keys=loss,val_loss&stage=late&from_step=60&to_step=99&max_points=11"
+    ).json()["series"]
     assert [s["key"] for s in late] == ["loss", "val_loss"]
     assert late[0]["total_points"] == 40 and late[1]["points"] == []
     expected = [60 + i for i in _expected_rows(40, 11)]
@@ -70,17 +82,32 @@ def test_metric_filters_keys_stage_and_steps_on_both_backends(api: Api):
 def test_ranks_by_tensor_glob_and_downsampled(api: Api):
     job_id = make_job(api)
     tenant = api.tenant_id()
-    rows = [{"job_id": job_id, "tenant_id": tenant, "attempt": 1, "tensor": name, "step": st,
-             "stage": "late", "kind": "tt_linear", "ranks": [1, 8 - st // 10, 1],
-             "params": 100 - st, "dense": 1000, "ratio": 1000 / (100 - st), "t": utcnow()}
-            for name in ("hidden.0", "hidden.1", "out_x") for st in range(0, 50, 5)]  # fmt: skip
+    rows = [
+        {
+            "job_id": job_id,
+            "tenant_id": tenant,
+            "attempt": 1,
+            "tensor": name,
+            "step": st,
+            "stage": "late",
+            "kind": "tt_linear",
+            "ranks": [1, 8 - st // 10, 1],
+            "params": 100 - st,
+            "dense": 1000,
+            "ratio": 1000 / (100 - st),
+            "t": utcnow(),
+        }
+        for name in ("hidden.0", "hidden.1", "out_x")
+        for st in range(0, 50, 5)
+    ]
     with api.sessions() as s, s.begin():
         s.execute(insert(RankPoint), rows)
     resp = api.client.get(f"/v1/jobs/{job_id}/ranks?tensor=hidden.*&max_points=4&from_step=5")
     points = resp.json()["points"]
     assert {p["tensor"] for p in points} == {"hidden.0", "hidden.1"}
     assert [p["step"] for p in points if p["tensor"] == "hidden.0"] == [
-        5 + 5 * i for i in _expected_rows(9, 4)]  # fmt: skip
+        5 + 5 * i for i in _expected_rows(9, 4)
+    ]
     assert points[0]["ranks"] == [1, 8, 1] and points[0]["kind"] == "tt_linear"
     assert api.client.get(f"/v1/jobs/{job_id}/ranks?tensor=hidden_?").json()["points"] == []
 
@@ -117,11 +144,16 @@ def test_sse_resumes_from_last_event_id_and_closes_after_the_terminal_state(api:
         assert resp.headers["content-type"].startswith("text/event-stream")
         events = parse_sse(resp.read().decode())
     assert [e["id"] for e in events] == [str(i) for i in range(1, 7)]
-    assert [e["event"] for e in events] == ["state", "stage", "metric", "metric", "checkpoint",
-                                            "state"]  # fmt: skip
+    assert [e["event"] for e in events] == [
+        "state",
+        "stage",
+        "metric",
+        "metric",
+        "checkpoint",
+        "state",
+    ]
     assert events[-1]["data"]["data"]["state"] == "SUCCEEDED" and events[-1]["data"]["seq"] == 6
-    resumed = api.client.get(f"/v1/jobs/{job_id}/events",
-                             headers={**headers, "Last-Event-ID": "3"})  # fmt: skip
+    resumed = api.client.get(f"/v1/jobs/{job_id}/events", headers={**headers, "Last-Event-ID": "3"})
     assert [e["id"] for e in parse_sse(resumed.text)] == ["4", "5", "6"]
     done = api.client.get(f"/v1/jobs/{job_id}/events", headers={**headers, "Last-Event-ID": "6"})
     assert parse_sse(done.text) == []  # finished and nothing newer: the stream just ends
@@ -141,12 +173,16 @@ def test_sse_tails_new_events_until_the_job_finishes(api: Api):
     thread = threading.Thread(target=worker)
     t0 = time.monotonic()
     thread.start()
-    resp = api.client.get(f"/v1/jobs/{job_id}/events?after=1",
-                          headers={"Accept": "text/event-stream"})  # fmt: skip
+    resp = api.client.get(
+        f"/v1/jobs/{job_id}/events?after=1", headers={"Accept": "text/event-stream"}
+    )
     thread.join()
     events = parse_sse(resp.text)
-    assert [(e["id"], e["event"]) for e in events] == [("2", "metric"), ("3", "metric"),
-                                                       ("4", "state")]  # fmt: skip
+    assert [(e["id"], e["event"]) for e in events] == [
+        ("2", "metric"),
+        ("3", "metric"),
+        ("4", "state"),
+    ]
     assert events[-1]["data"]["data"]["state"] == "FAILED"
     assert time.monotonic() - t0 < 10
 
@@ -157,8 +193,9 @@ def test_sse_sends_keep_alive_comments_while_idle(api_lite: Api, monkeypatch):
     job_id = make_job(api_lite, state="RUNNING")
     timer = threading.Timer(1.2, lambda: _events(api_lite, job_id, [], finish="FAILED"))
     timer.start()
-    resp = api_lite.client.get(f"/v1/jobs/{job_id}/events?after=1",
-                               headers={"Accept": "text/event-stream"})  # fmt: skip
+    resp = api_lite.client.get(
+        f"/v1/jobs/{job_id}/events?after=1", headers={"Accept": "text/event-stream"}
+    )
     timer.join()
     comments = [line for line in resp.text.splitlines() if line.startswith(":")]
     assert len(comments) >= 3  # one every 0.2 s while nothing happened

@@ -10,9 +10,9 @@ import pytest
 from sqlalchemy import select
 
 from api_schemas import JobCreate
+from api_schemas.engine_spec import SpecError, to_engine
 from engine.train.config import TrainingConfig
-from service.db.models import Job
-from service.spec import SpecError, to_engine
+from service.store.db.models import Job
 from tests.service.api_helpers import Api, job_body
 
 OPTIONS = ("fast_path", "precision", "cuda_graph")
@@ -39,12 +39,15 @@ def test_defaults_match_the_engine(api: Api):
     assert (spec["fast_path"], spec["precision"], spec["cuda_graph"]) == (True, "fp32", "auto")
 
 
-@pytest.mark.parametrize("training", [
-    {"precision": "bf16", "fast_path": True, "cuda_graph": "off"},
-    {"precision": "bf16", "cuda_graph": "auto"},
-    {"precision": "fp32", "fast_path": False, "cuda_graph": "off"},
-    {"device": "cuda", "cuda_graph": "on"},  # accepted; a worker without a GPU fails it
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "training",
+    [
+        {"precision": "bf16", "fast_path": True, "cuda_graph": "off"},
+        {"precision": "bf16", "cuda_graph": "auto"},
+        {"precision": "fp32", "fast_path": False, "cuda_graph": "off"},
+        {"device": "cuda", "cuda_graph": "on"},  # accepted; a worker without a GPU fails it
+    ],
+)
 def test_accepted_values_round_trip_and_reach_the_engine_config(api: Api, training):
     resp = api.client.post("/v1/jobs", json=job_body(training=training))
     assert resp.status_code == 202, resp.text
@@ -58,18 +61,24 @@ def test_accepted_values_round_trip_and_reach_the_engine_config(api: Api, traini
     # what the worker builds from the stored spec validates in the engine as well
     built = TrainingConfig.from_dict(engine, "training")
     assert (built.fast_path, built.precision, built.cuda_graph) == (
-        spec["fast_path"], spec["precision"], spec["cuda_graph"])  # fmt: skip
+        spec["fast_path"],
+        spec["precision"],
+        spec["cuda_graph"],
+    )
 
 
-@pytest.mark.parametrize(("training", "pointer"), [
-    ({"precision": "fp16"}, "/training/precision"),
-    ({"precision": "BF16"}, "/training/precision"),
-    ({"cuda_graph": "yes"}, "/training/cuda_graph"),
-    ({"cuda_graph": True}, "/training/cuda_graph"),
-    ({"fast_path": "yes"}, "/training/fast_path"),
-    ({"fast_path": 1}, "/training/fast_path"),  # strict: a boolean, not a number
-    ({"fast_path": None}, "/training/fast_path"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("training", "pointer"),
+    [
+        ({"precision": "fp16"}, "/training/precision"),
+        ({"precision": "BF16"}, "/training/precision"),
+        ({"cuda_graph": "yes"}, "/training/cuda_graph"),
+        ({"cuda_graph": True}, "/training/cuda_graph"),
+        ({"fast_path": "yes"}, "/training/fast_path"),
+        ({"fast_path": 1}, "/training/fast_path"),  # strict: a boolean, not a number
+        ({"fast_path": None}, "/training/fast_path"),
+    ],
+)
 def test_bad_values_are_422_naming_the_field(api: Api, training, pointer):
     errors = _problem(api.client.post("/v1/jobs", json=job_body(training=training)))
     assert list(errors) == [pointer]
@@ -96,8 +105,9 @@ def test_cuda_graph_on_without_a_cuda_device_is_422(api: Api, device):
 
 
 def test_cuda_graph_on_with_galore_is_422(api: Api):
-    body = job_body(compression={"method": "galore"}, training={"device": "cuda",
-                                                                "cuda_graph": "on"})  # fmt: skip
+    body = job_body(
+        compression={"method": "galore"}, training={"device": "cuda", "cuda_graph": "on"}
+    )
     body["schedule"] = [{"kind": "early", "steps": 5}]
     errors = _problem(api.client.post("/v1/jobs", json=body))
     assert list(errors) == ["/training/cuda_graph"]
@@ -105,13 +115,16 @@ def test_cuda_graph_on_with_galore_is_422(api: Api):
     _nothing_stored(api)
 
 
-@pytest.mark.parametrize(("training", "device", "pointer"), [
-    ({"cuda_graph": "on", "device": "cuda"}, "cpu", "/training/device"),  # worker without GPU
-    ({"cuda_graph": "on", "device": "cuda"}, "cuda", None),
-    ({"precision": "bf16"}, "cpu", None),
-    ({"precision": "bf16", "cuda_graph": "off"}, "cuda", None),
-    ({"fast_path": False}, "cpu", None),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("training", "device", "pointer"),
+    [
+        ({"cuda_graph": "on", "device": "cuda"}, "cpu", "/training/device"),  # worker without GPU
+        ({"cuda_graph": "on", "device": "cuda"}, "cuda", None),
+        ({"precision": "bf16"}, "cpu", None),
+        ({"precision": "bf16", "cuda_graph": "off"}, "cuda", None),
+        ({"fast_path": False}, "cpu", None),
+    ],
+)
 def test_to_engine_passes_the_options_or_names_the_field(training, device, pointer):
     """The translation alone (no planner): what it passes the engine's ``TrainingConfig``
     takes; what it refuses names the field."""
@@ -127,9 +140,18 @@ def test_to_engine_passes_the_options_or_names_the_field(training, device, point
     assert {k: getattr(built, k) for k in OPTIONS} == want and built.device == device
 
 
-TINY_TRANSFORMER = {"arch": "transformer", "config": {
-    "vocab_size": 1000, "d_model": 64, "n_heads": 4, "d_ff": 128, "n_layers": 1, "max_len": 64,
-    "num_classes": 3}}  # fmt: skip
+TINY_TRANSFORMER = {
+    "arch": "transformer",
+    "config": {
+        "vocab_size": 1000,
+        "d_model": 64,
+        "n_heads": 4,
+        "d_ff": 128,
+        "n_layers": 1,
+        "max_len": 64,
+        "num_classes": 3,
+    },
+}
 
 
 def test_length_buckets_reach_the_engine_data_config(api: Api):
@@ -145,13 +167,22 @@ def test_length_buckets_reach_the_engine_data_config(api: Api):
     assert DataConfig(**engine).length_buckets == 8  # the worker's config validates
 
 
-@pytest.mark.parametrize(("changes", "pointer", "text"), [
-    ({"dataset": {"length_buckets": 1025}}, "/dataset/length_buckets", "less than or equal"),
-    ({"dataset": {"length_buckets": -1}}, "/dataset/length_buckets", "greater than or equal"),
-    ({"dataset": {"length_buckets": 4, "generator": "criteo"},
-      "model": {"arch": "dlrm", "config": {}}}, "/dataset", "length_buckets"),
-    ({"dataset": {"length_buckets": 4}}, "", "dataset.length_buckets: 'mlp'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("changes", "pointer", "text"),
+    [
+        ({"dataset": {"length_buckets": 1025}}, "/dataset/length_buckets", "less than or equal"),
+        ({"dataset": {"length_buckets": -1}}, "/dataset/length_buckets", "greater than or equal"),
+        (
+            {
+                "dataset": {"length_buckets": 4, "generator": "criteo"},
+                "model": {"arch": "dlrm", "config": {}},
+            },
+            "/dataset",
+            "length_buckets",
+        ),
+        ({"dataset": {"length_buckets": 4}}, "", "dataset.length_buckets: 'mlp'"),
+    ],
+)
 def test_length_buckets_without_lengths_are_422(api: Api, changes, pointer, text):
     errors = _problem(api.client.post("/v1/jobs", json=job_body(**changes)))
     assert pointer in errors and text in errors[pointer]["message"], errors

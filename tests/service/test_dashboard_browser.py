@@ -32,9 +32,16 @@ from tests.helpers.services import ROOT, TINY_JOB, clean_env, free_port, start_c
 from tests.service.api_helpers import Api
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]  # fmt: skip
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 SCRIPTS = ("app.js", "api.js", "plots.js", "dom.js")
 VERTEX = re.compile(r"([MLHV])\s*([-\d.]+)(?:\s+([-\d.]+))?")
 
@@ -54,8 +61,12 @@ def test_page_and_static_files_are_served_with_types_and_cache_headers(api_lite:
     assert head.status_code == 200 and head.content == b""
     assert int(head.headers["content-length"]) == len(page.content)
 
-    types = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
-             ".svg": "image/svg+xml", ".html": "text/html; charset=utf-8"}  # fmt: skip
+    types = {
+        ".js": "text/javascript; charset=utf-8",
+        ".css": "text/css; charset=utf-8",
+        ".svg": "image/svg+xml",
+        ".html": "text/html; charset=utf-8",
+    }
     for path in STATIC_DIR.iterdir():  # the package-data glob is static/*: no sub-folders
         assert path.is_file(), f"{path} would not be packaged"
         resp = client.get(f"/static/{path.name}")
@@ -70,11 +81,23 @@ def test_page_and_static_files_are_served_with_types_and_cache_headers(api_lite:
             assert (STATIC_DIR / imported).is_file(), f"{name} imports {imported}"
 
 
-@pytest.mark.parametrize("path", [
-    "/static/..%2Fmain.py", "/static/%2e%2e%2fmain.py", "/static/%2e%2e", "/static/%2e",
-    "/static/.hidden", "/static/sub%2Fapp.js", "/static/app.js%00.css", "/static/nope.js",
-    "/static/%2Fetc%2Fpasswd", "/static/..%5Cmain.py", "/static/", "/static/main.py",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/static/..%2Fmain.py",
+        "/static/%2e%2e%2fmain.py",
+        "/static/%2e%2e",
+        "/static/%2e",
+        "/static/.hidden",
+        "/static/sub%2Fapp.js",
+        "/static/app.js%00.css",
+        "/static/nope.js",
+        "/static/%2Fetc%2Fpasswd",
+        "/static/..%5Cmain.py",
+        "/static/",
+        "/static/main.py",
+    ],
+)
 def test_no_file_outside_the_static_folder_is_served(api_lite: Api, path: str):
     api_lite.client.headers.pop("Authorization", None)
     resp = api_lite.client.get(path)
@@ -152,7 +175,8 @@ def _assert_linear(pixels: list[float], values: list[float], what: str) -> None:
 
 def _plot(page, name: str) -> dict[str, Any]:
     """What the page drew in one figure: paths with their vertices, legend, stage markers."""
-    return page.evaluate("""(name) => {
+    return page.evaluate(
+        """(name) => {
       const fig = document.querySelector(`figure[data-plot="${name}"]`);
       const paths = [...fig.querySelectorAll("path.series")].map((p) => ({
         label: p.dataset.label, n: Number(p.dataset.points), d: p.getAttribute("d"),
@@ -163,7 +187,9 @@ def _plot(page, name: str) -> dict[str, Any]:
         line: g.querySelector("line") !== null}));
       const legend = [...fig.querySelectorAll("ul.legend li")].map((li) => li.dataset.label);
       return {paths, stages, legend};
-    }""", name)  # fmt: skip
+    }""",
+        name,
+    )
 
 
 def _series_vertices(d: str) -> list[tuple[float, float]]:
@@ -182,8 +208,9 @@ def _series_vertices(d: str) -> list[tuple[float, float]]:
     return points
 
 
-def _check_metric_plot(page, name: str, api_series: dict[str, list[dict[str, Any]]],
-                       labels: dict[str, str]) -> None:  # fmt: skip
+def _check_metric_plot(
+    page, name: str, api_series: dict[str, list[dict[str, Any]]], labels: dict[str, str]
+) -> None:
     drawn = {p["label"]: p for p in _plot(page, name)["paths"]}
     expected = {labels[k]: pts for k, pts in api_series.items() if k in labels and pts}
     assert set(drawn) == set(expected), (name, set(drawn), set(expected))
@@ -198,11 +225,15 @@ def _check_metric_plot(page, name: str, api_series: dict[str, list[dict[str, Any
 
 
 @pytest.mark.slow
-def test_dashboard_follows_a_job_live_and_downloads_its_model(service: Service, browser: Any,
-                                                              tmp_path: Path):  # fmt: skip
+def test_dashboard_follows_a_job_live_and_downloads_its_model(
+    service: Service, browser: Any, tmp_path: Path
+):
     client = service.client
-    resp = client.post("/v1/jobs", json={**TINY_JOB, "name": "dashboard-mlp"},
-                       headers={"Idempotency-Key": str(uuid.uuid4())})  # fmt: skip
+    resp = client.post(
+        "/v1/jobs",
+        json={**TINY_JOB, "name": "dashboard-mlp"},
+        headers={"Idempotency-Key": str(uuid.uuid4())},
+    )
     assert resp.status_code == 202, resp.text
     job_id = resp.json()["id"]
 
@@ -232,14 +263,25 @@ def test_dashboard_follows_a_job_live_and_downloads_its_model(service: Service, 
     # no reload: the event stream brings the page to the finished job
     page.wait_for_selector('#detail[data-state="SUCCEEDED"]', timeout=30_000)
     page.wait_for_selector("#download-export:not([disabled])")
+    # the size target's outcome is on the page, as the job resource has it
+    reached = job["compression"]["target_reached"]
+    notice = page.text_content("#target-notice") or ""
+    assert notice.startswith("Size target reached" if reached else "Size target not reached")
+    if not reached:
+        assert job["compression"]["target_reason"] in notice
+    assert page.query_selector("#chance-notice") is None  # the tiny job learns its task
 
     base = f"/v1/jobs/{job_id}"
     keys = ["loss", "val_loss", "accuracy", "val_accuracy"]
     metrics = client.get(f"{base}/metrics", params={"keys": ",".join(keys)}).json()["series"]
     series = {s["key"]: s["points"] for s in metrics}
     assert all(series[k] for k in keys)
-    labels = {"loss": "train loss", "val_loss": "validation loss",
-              "accuracy": "train accuracy", "val_accuracy": "validation accuracy"}  # fmt: skip
+    labels = {
+        "loss": "train loss",
+        "val_loss": "validation loss",
+        "accuracy": "train accuracy",
+        "val_accuracy": "validation accuracy",
+    }
     _check_metric_plot(page, "loss", series, {k: labels[k] for k in keys[:2]})
     _check_metric_plot(page, "accuracy", series, {k: labels[k] for k in keys[2:]})
 
@@ -258,16 +300,20 @@ def test_dashboard_follows_a_job_live_and_downloads_its_model(service: Service, 
     assert compression[0]["n"] == len({p["step"] for p in ranks})
 
     stage_events = client.get(f"{base}/events", params={"kind": "stage"}).json()["items"]
-    starts = [(e["data"]["step"], e["data"]["name"]) for e in stage_events
-              if e["data"]["phase"] == "start"]  # fmt: skip
+    starts = [
+        (e["data"]["step"], e["data"]["name"])
+        for e in stage_events
+        if e["data"]["phase"] == "start"
+    ]
     assert [name for _, name in starts] == ["early", "late", "finetune"]
     for name in ("loss", "accuracy", "ranks", "compression"):
         stages = _plot(page, name)["stages"]
         assert [(m["step"], m["name"]) for m in stages] == starts, name
         assert [m["line"] for m in stages] == [step > 0 for step, _ in starts], name
 
-    export = next(c for c in client.get(f"{base}/checkpoints").json()["items"]
-                  if c["kind"] == "export")  # fmt: skip
+    export = next(
+        c for c in client.get(f"{base}/checkpoints").json()["items"] if c["kind"] == "export"
+    )
     with page.expect_download() as download_info:
         page.click("#download-export")
     download = download_info.value
@@ -280,10 +326,10 @@ def test_dashboard_follows_a_job_live_and_downloads_its_model(service: Service, 
 
     if service.key:  # the key went out on every API request, and nowhere else
         api_calls = [r for r in requests if "/v1/" in r.url]
-        assert api_calls and all(r.header_value("authorization") == f"Bearer {service.key}"
-                                 for r in api_calls)  # fmt: skip
-        assert not any(r.header_value("authorization") for r in requests
-                       if "/v1/" not in r.url)  # fmt: skip
+        assert api_calls and all(
+            r.header_value("authorization") == f"Bearer {service.key}" for r in api_calls
+        )
+        assert not any(r.header_value("authorization") for r in requests if "/v1/" not in r.url)
         assert httpx.get(f"{service.url}{base}").status_code == 401  # so the header mattered
 
     shot = tmp_path / "dashboard.png"

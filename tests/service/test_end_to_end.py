@@ -20,11 +20,11 @@ import pytest
 import torch
 
 from api_schemas import JobCreate
+from api_schemas.engine_spec import to_engine
 from engine.data import build_data
 from engine.export import load_compressed
 from engine.models.registry import get_workload
 from engine.train import JobConfig
-from service.spec import to_engine
 from tests.helpers.db import migrated_postgres, postgres_available
 from tests.helpers.services import (
     TINY_JOB,
@@ -98,8 +98,13 @@ def _run_job_and_check(client: httpx.Client, logs: list[Path], workdir: Path) ->
     assert report["file_bytes"] == len(content)
     assert report["params"] < report["params_dense"]
     assert report["execution"]["precision"] == "fp32" and report["execution"]["fast_path"]
-    assert report["execution"]["cuda_graph"] == {"mode": "auto", "used": False, "captures": 0,
-                                                 "replays": 0, "failure": None}  # fmt: skip
+    assert report["execution"]["cuda_graph"] == {
+        "mode": "auto",
+        "used": False,
+        "captures": 0,
+        "replays": 0,
+        "failure": None,
+    }
     # the downloaded model, loaded by the engine, reproduces the reported validation metrics
     manifest = client.get(f"/v1/jobs/{job_id}/checkpoints/{export['id']}/manifest").json()
     folder = workdir / "download"
@@ -116,8 +121,13 @@ def _run_job_and_check(client: httpx.Client, logs: list[Path], workdir: Path) ->
 def _evaluate(model, engine_config: dict, workdir: Path) -> dict[str, float]:
     """Validation metrics of ``model`` on the job's validation data, with engine functions."""
     cfg = JobConfig.from_dict(engine_config)
-    data = build_data(cfg.data, arch=cfg.model.arch, batch_size=cfg.training.batch_size,
-                      seed=cfg.training.seed, workdir=workdir / "eval")  # fmt: skip
+    data = build_data(
+        cfg.data,
+        arch=cfg.model.arch,
+        batch_size=cfg.training.batch_size,
+        seed=cfg.training.seed,
+        workdir=workdir / "eval",
+    )
     workload, sums = get_workload(cfg.model.arch), {}
     with torch.no_grad():
         for batch in data.valid.batches(0):
@@ -148,15 +158,21 @@ def test_distributed_api_and_worker_on_postgres_and_redis(tmp_path):
         pytest.skip("PostgreSQL is not reachable")
     port = free_port()
     with migrated_postgres() as db:
-        env = clean_env(tmp_path / "home", COMERA_DATABASE_URL=db,
-                   COMERA_BROKER_URL="redis://127.0.0.1:6379/11",
-                   COMERA_QUEUE=f"e2e.{port}")  # fmt: skip
+        env = clean_env(
+            tmp_path / "home",
+            COMERA_DATABASE_URL=db,
+            COMERA_BROKER_URL="redis://127.0.0.1:6379/11",
+            COMERA_QUEUE=f"e2e.{port}",
+        )
         logs = [tmp_path / "api.log", tmp_path / "worker.log"]
-        procs = [start_cli(["api", "--port", str(port)], env, logs[0]),
-                 start_cli(["worker", "--hostname", f"e2e{port}@%h"], env, logs[1])]  # fmt: skip
+        procs = [
+            start_cli(["api", "--port", str(port)], env, logs[0]),
+            start_cli(["worker", "--hostname", f"e2e{port}@%h"], env, logs[1]),
+        ]
         try:
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30,
-                              headers=auth_headers(make_key(env))) as client:  # fmt: skip
+            with httpx.Client(
+                base_url=f"http://127.0.0.1:{port}", timeout=30, headers=auth_headers(make_key(env))
+            ) as client:
                 _wait(lambda: _ready(client), 120, "the API")
                 _run_job_and_check(client, logs, tmp_path)
         finally:

@@ -26,7 +26,7 @@ try:
     planner.plan({})  # a real request: starts the child, which refuses the empty job
 except Exception:
     pass
-children = [p.pid for p in planner._pool._processes.values()]
+children = planner.pids()
 stop = []
 signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
 print(" ".join(map(str, children)), flush=True)
@@ -51,8 +51,13 @@ def _session_left(sid: int) -> list[int]:
 
 @pytest.mark.parametrize("how", ["sigterm_to_the_group", "sigkill"])
 def test_the_planner_child_goes_when_the_api_process_goes(how: str):
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT], cwd=ROOT, stdout=subprocess.PIPE,
-                            text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         children = [int(p) for p in proc.stdout.readline().split()]
         assert children and all(_alive(c) for c in children)
@@ -75,17 +80,19 @@ def test_the_planner_child_goes_when_the_api_process_goes(how: str):
 def test_a_child_that_died_is_replaced_on_the_next_request():
     from service.planner import PlanFailed, Planner
 
-    planner = Planner(timeout_s=60)
+    planner = Planner(processes=1, timeout_s=60)
     try:
         with pytest.raises(PlanFailed):
             planner.plan({})  # the engine refuses an empty job, naming no field
-        (first,) = planner._pool._processes.values()
-        os.kill(first.pid, signal.SIGKILL)
-        first.join(10)
+        (first,) = planner.pids()
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _alive(first) and time.monotonic() < deadline:
+            time.sleep(0.05)
         with pytest.raises(PlanFailed):
             planner.plan({})  # answered by a fresh child, not an error
-        (second,) = planner._pool._processes.values()
-        assert second.pid != first.pid and _alive(second.pid)
+        (second,) = planner.pids()
+        assert second != first and _alive(second)
     finally:
         planner.close()
-    assert not _alive(second.pid)
+    assert not _alive(second)

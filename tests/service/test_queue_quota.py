@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import HTTPException
 
 from api_schemas import JobCreate, JobState
-from service.db.crud.job_queries import count_jobs
+from service.store.db.crud.job_queries import count_jobs
 from service.submission import submit
 from tests.service.api_helpers import Api, job_body
 
@@ -28,8 +28,14 @@ def test_concurrent_submissions_never_exceed_the_queued_quota(api: Api):
         with api.sessions() as session:
             start.wait()
             try:
-                job = submit(session=session, settings=settings, tenant_id=tenant, spec=spec,
-                             engine_job={}, enqueue=lambda **kw: True)  # fmt: skip
+                job = submit(
+                    session=session,
+                    settings=settings,
+                    tenant_id=tenant,
+                    spec=spec,
+                    engine_job={},
+                    enqueue=lambda **kw: True,
+                )
                 outcomes.append(job.id)
             except HTTPException as err:
                 outcomes.append(err.status_code)

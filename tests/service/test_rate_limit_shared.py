@@ -16,9 +16,9 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from service.core.config import Settings
 from service.main import create_app
 from service.ratelimit import RateLimiter, RedisRateLimiter, make_rate_limiter
+from service.store.settings import Settings
 from tests.service.api_helpers import issue_key
 
 REDIS = "redis://127.0.0.1:6379/0"
@@ -102,12 +102,16 @@ def test_the_settings_choose_the_store(tmp_path: Path):
         Settings(home=tmp_path, rate_limit_store="redis")
 
 
-def test_two_api_apps_on_one_store_share_each_keys_limit(pg_url: str, tmp_path: Path,
-                                                          prefix: str):  # fmt: skip
+def test_two_api_apps_on_one_store_share_each_keys_limit(pg_url: str, tmp_path: Path, prefix: str):
     apps = []
     for i in range(2):
-        settings = Settings(home=tmp_path / f"home{i}", database_url=pg_url, broker_url=REDIS,
-                            rate_limit_per_minute=60, rate_limit_burst=3)  # fmt: skip
+        settings = Settings(
+            home=tmp_path / f"home{i}",
+            database_url=pg_url,
+            broker_url=REDIS,
+            rate_limit_per_minute=60,
+            rate_limit_burst=3,
+        )
         apps.append(create_app(settings))
     with TestClient(apps[0]) as one, TestClient(apps[1]) as two:
         for app in apps:  # this test's own keys in Redis

@@ -13,23 +13,35 @@ from sqlalchemy import insert, select, update
 from api_schemas import CompressionReport
 from client.render import report_tables
 from service.baseline import baseline_key
-from service.db.crud.tenants import get_or_create_tenant
-from service.db.models import Checkpoint, Job
+from service.store.db.crud.tenants import get_or_create_tenant
+from service.store.db.models import Checkpoint, Job
 from tests.service.api_helpers import Api, job_body, make_job, set_state
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 WEIGHTS = b"\x00" * 1000
 
 
-def _export(api: Api, job_id: str, metrics: dict[str, float], *, file: bool = False,
-            fidelity: dict[str, Any] | None = None) -> str:  # fmt: skip
+def _export(
+    api: Api,
+    job_id: str,
+    metrics: dict[str, float],
+    *,
+    file: bool = False,
+    fidelity: dict[str, Any] | None = None,
+) -> str:
     """A complete export checkpoint of ``job_id`` whose manifest carries ``metrics`` (and the
     worker's report with ``fidelity``, if given)."""
     ckpt_id, rel = f"ckpt_{job_id[-12:]}", f"jobs/{job_id}/export"
-    manifest = {"layers": [], "metrics": metrics,
-                "totals": {"stored_params": 100, "dense_equivalent_params": 400},
-                "weights": {"file": "model.safetensors", "bytes": len(WEIGHTS),
-                            "dense_equivalent_bytes": 1600}}  # fmt: skip
+    manifest = {
+        "layers": [],
+        "metrics": metrics,
+        "totals": {"stored_params": 100, "dense_equivalent_params": 400},
+        "weights": {
+            "file": "model.safetensors",
+            "bytes": len(WEIGHTS),
+            "dense_equivalent_bytes": 1600,
+        },
+    }
     if fidelity is not None:
         manifest["report"] = {"fidelity": fidelity}
     if file:
@@ -37,16 +49,38 @@ def _export(api: Api, job_id: str, metrics: dict[str, float], *, file: bool = Fa
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(WEIGHTS)
     with api.sessions() as s, s.begin():
-        s.execute(insert(Checkpoint), [{
-            "id": ckpt_id, "job_id": job_id, "tenant_id": api.tenant_id(), "attempt": 1,
-            "kind": "export", "step": 10, "stage": "last", "metrics": {}, "path": rel,
-            "size_bytes": len(WEIGHTS), "sha256": None, "state": "complete",
-            "manifest": manifest, "created_at": T0}])  # fmt: skip
+        s.execute(
+            insert(Checkpoint),
+            [
+                {
+                    "id": ckpt_id,
+                    "job_id": job_id,
+                    "tenant_id": api.tenant_id(),
+                    "attempt": 1,
+                    "kind": "export",
+                    "step": 10,
+                    "stage": "last",
+                    "metrics": {},
+                    "path": rel,
+                    "size_bytes": len(WEIGHTS),
+                    "sha256": None,
+                    "state": "complete",
+                    "manifest": manifest,
+                    "created_at": T0,
+                }
+            ],
+        )
     return ckpt_id
 
 
-def _job(api: Api, body: dict[str, Any], *, finished: int, state: str = "SUCCEEDED",
-         metrics: dict[str, float] | None = None) -> str:  # fmt: skip
+def _job(
+    api: Api,
+    body: dict[str, Any],
+    *,
+    finished: int,
+    state: str = "SUCCEEDED",
+    metrics: dict[str, float] | None = None,
+) -> str:
     """A finished job ``finished`` hours after T0, with an export when ``metrics`` is given."""
     job_id = make_job(api, body=body, state=state, finished_at=T0 + timedelta(hours=finished))
     if metrics is not None:
@@ -85,16 +119,27 @@ def test_same_spec_means_model_dataset_training_and_schedule_length():
 
 def test_report_names_the_newest_dense_job_of_the_same_spec_with_deltas(api: Api):
     job_id = make_job(api, state="SUCCEEDED", body=job_body())
-    fidelity = {"metric": "cosine", "mean": 0.9876, "min": 0.9, "sentences": 12, "split": "valid",
-                "measured_on": "export"}  # fmt: skip
+    fidelity = {
+        "metric": "cosine",
+        "mean": 0.9876,
+        "min": 0.9,
+        "sentences": 12,
+        "split": "valid",
+        "measured_on": "export",
+    }
     _export(api, job_id, {"loss": 0.41, "accuracy": 0.875}, file=True, fidelity=fidelity)
     older = _job(api, dense(), finished=1, metrics={"accuracy": 0.5})
-    base = _job(api, dense(training={"log_every": 7}), finished=2,
-                metrics={"loss": 0.35, "accuracy": 0.9, "val_only": 1.0})  # fmt: skip
+    base = _job(
+        api,
+        dense(training={"log_every": 7}),
+        finished=2,
+        metrics={"loss": 0.35, "accuracy": 0.9, "val_only": 1.0},
+    )
     # newer, but not the same spec, not dense, not finished, not exported or not ours
     _job(api, dense(schedule=[{"kind": "early", "steps": 5}]), finished=3, metrics={"loss": 0})
-    _job(api, dense(dataset={"source": "synthetic", "n_train": 512}), finished=3,
-         metrics={"loss": 0})  # fmt: skip
+    _job(
+        api, dense(dataset={"source": "synthetic", "n_train": 512}), finished=3, metrics={"loss": 0}
+    )
     _job(api, dense(training={"seed": 7}), finished=3, metrics={"loss": 0})
     _job(api, job_body(), finished=3, metrics={"loss": 0})  # comera, not dense
     _job(api, dense(), finished=3, state="FAILED", metrics={"loss": 0})
@@ -111,8 +156,10 @@ def test_report_names_the_newest_dense_job_of_the_same_spec_with_deltas(api: Api
     report = resp.json()
     assert report["file_bytes"] == len(WEIGHTS) and report["file_ratio"] == 1.6
     mine, theirs = _stored_metrics(api, job_id), _stored_metrics(api, base)
-    by_hand = {"accuracy": mine["accuracy"] - theirs["accuracy"],
-               "loss": mine["loss"] - theirs["loss"]}  # fmt: skip
+    by_hand = {
+        "accuracy": mine["accuracy"] - theirs["accuracy"],
+        "loss": mine["loss"] - theirs["loss"],
+    }
     assert report["baseline"] == {"job_id": base, "metrics": theirs, "deltas": by_hand}
     assert by_hand == {"accuracy": 0.875 - 0.9, "loss": 0.41 - 0.35}
     assert report["fidelity"] == fidelity

@@ -6,10 +6,10 @@ import pytest
 from sqlalchemy import inspect, select
 
 from api_schemas import JobState
-from service.db.crud.jobs import create_job, transition
-from service.db.migrate import current_revision, head_revision
-from service.db.models import Base, JobEvent, Tenant
-from service.db.session import make_engine, make_sessionmaker, session_scope
+from service.store.db.crud.jobs import create_job, transition
+from service.store.db.migrate import current_revision, head_revision
+from service.store.db.models import Base, JobEvent, Tenant
+from service.store.db.session import make_engine, make_sessionmaker, session_scope
 
 S = JobState
 JOB_TABLES = ("job_attempts", "job_events", "metric_points", "rank_points", "job_latest_metrics")
@@ -35,24 +35,40 @@ def test_transitions_are_compare_and_set_and_log_events(db_url):
     factory = make_sessionmaker(make_engine(db_url))
     tenant = _tenant(factory)
     with session_scope(factory) as s:
-        job = create_job(session=s, tenant_id=tenant, name="j", labels={}, spec={}, spec_hash="h",
-                         max_attempts=3)  # fmt: skip
+        job = create_job(
+            session=s, tenant_id=tenant, name="j", labels={}, spec={}, spec_hash="h", max_attempts=3
+        )
     with session_scope(factory) as s:
-        won = transition(session=s, job_id=job.id, from_states=[S.QUEUED], to_state=S.STARTING,
-                         attempt=1, lease_owner="w1")  # fmt: skip
+        won = transition(
+            session=s,
+            job_id=job.id,
+            from_states=[S.QUEUED],
+            to_state=S.STARTING,
+            attempt=1,
+            lease_owner="w1",
+        )
         assert won is not None and won.state == "STARTING" and won.version == 2
     with session_scope(factory) as s:  # a duplicate message loses the race
-        assert transition(session=s, job_id=job.id, from_states=[S.QUEUED],
-                          to_state=S.STARTING, attempt=1) is None  # fmt: skip
-        assert transition(session=s, job_id=job.id, from_states=[S.STARTING],
-                          to_state=S.RUNNING, version=1) is None  # stale version  # fmt: skip
+        assert (
+            transition(
+                session=s, job_id=job.id, from_states=[S.QUEUED], to_state=S.STARTING, attempt=1
+            )
+            is None
+        )
+        assert (
+            transition(
+                session=s, job_id=job.id, from_states=[S.STARTING], to_state=S.RUNNING, version=1
+            )
+            is None
+        )  # stale version
         done = transition(session=s, job_id=job.id, from_states=[S.STARTING], to_state=S.FAILED)
         assert done.finished_at is not None and done.lease_owner is None
     with session_scope(factory) as s:  # terminal: only a retry (to QUEUED) leaves it
         with pytest.raises(ValueError):
             transition(session=s, job_id=job.id, from_states=[S.FAILED], to_state=S.RUNNING)
-        events = s.scalars(select(JobEvent).where(JobEvent.job_id == job.id)
-                           .order_by(JobEvent.seq)).all()  # fmt: skip
+        events = s.scalars(
+            select(JobEvent).where(JobEvent.job_id == job.id).order_by(JobEvent.seq)
+        ).all()
         assert [e.seq for e in events] == [1, 2, 3]
         assert [e.data["state"] for e in events] == ["QUEUED", "STARTING", "FAILED"]
 
@@ -62,7 +78,7 @@ def test_upgrade_downgrade_upgrade_and_models_agree_with_migrations(db_url):
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
 
-    from service.db.migrate import alembic_config
+    from service.store.db.migrate import alembic_config
 
     cfg = alembic_config(db_url)
     engine = make_engine(db_url)
@@ -83,8 +99,8 @@ def test_the_tenant_migration_gives_existing_rows_their_jobs_tenant(db_url):
     import sqlalchemy as sa
     from alembic import command
 
-    from service.db.migrate import alembic_config
-    from service.db.models import utcnow
+    from service.store.db.migrate import alembic_config
+    from service.store.db.models import utcnow
 
     cfg, engine, now = alembic_config(db_url), make_engine(db_url), utcnow()
     command.downgrade(cfg, "0001")
@@ -93,27 +109,72 @@ def test_the_tenant_migration_gives_existing_rows_their_jobs_tenant(db_url):
         t = {n: sa.Table(n, sa.MetaData(), autoload_with=conn) for n in names}
         assert all("tenant_id" not in t[n].c for n in JOB_TABLES)
         jobs = {"job_a": "ten_a", "job_b": "ten_b", "job_c": "ten_a"}
-        conn.execute(t["tenants"].insert(), [{"id": x, "name": x, "created_at": now}
-                                             for x in set(jobs.values())])  # fmt: skip
-        conn.execute(t["jobs"].insert(), [
-            {"id": j, "tenant_id": ten, "name": j, "labels": {}, "state": "RUNNING",
-             "version": 1, "attempt": 1, "max_attempts": 3, "spec": {}, "spec_hash": "h",
-             "progress": {}, "compression": {}, "enqueue_pending": False, "event_seq": 2,
-             "created_at": now, "updated_at": now} for j, ten in jobs.items()])  # fmt: skip
+        conn.execute(
+            t["tenants"].insert(),
+            [{"id": x, "name": x, "created_at": now} for x in set(jobs.values())],
+        )
+        conn.execute(
+            t["jobs"].insert(),
+            [
+                {
+                    "id": j,
+                    "tenant_id": ten,
+                    "name": j,
+                    "labels": {},
+                    "state": "RUNNING",
+                    "version": 1,
+                    "attempt": 1,
+                    "max_attempts": 3,
+                    "spec": {},
+                    "spec_hash": "h",
+                    "progress": {},
+                    "compression": {},
+                    "enqueue_pending": False,
+                    "event_seq": 2,
+                    "created_at": now,
+                    "updated_at": now,
+                }
+                for j, ten in jobs.items()
+            ],
+        )
         for j in jobs:
-            conn.execute(t["job_attempts"].insert(), [{"job_id": j, "attempt": a}
-                                                      for a in (1, 2)])  # fmt: skip
-            conn.execute(t["job_events"].insert(), [
-                {"job_id": j, "seq": q, "attempt": 1, "kind": "log", "data": {}, "t": now}
-                for q in (1, 2)])  # fmt: skip
-            conn.execute(t["metric_points"].insert(), [
-                {"job_id": j, "attempt": 1, "key": "loss", "step": st, "value": 1.0, "t": now}
-                for st in (1, 2)])  # fmt: skip
-            conn.execute(t["rank_points"].insert(), [
-                {"job_id": j, "attempt": 1, "tensor": "h", "step": st, "kind": "tt", "ranks": [1],
-                 "params": 1, "dense": 2, "ratio": 2.0, "t": now} for st in (1, 2)])  # fmt: skip
-            conn.execute(t["job_latest_metrics"].insert(), [
-                {"job_id": j, "key": k, "step": 2, "value": 1.0, "t": now} for k in ("a", "b")])
+            conn.execute(t["job_attempts"].insert(), [{"job_id": j, "attempt": a} for a in (1, 2)])
+            conn.execute(
+                t["job_events"].insert(),
+                [
+                    {"job_id": j, "seq": q, "attempt": 1, "kind": "log", "data": {}, "t": now}
+                    for q in (1, 2)
+                ],
+            )
+            conn.execute(
+                t["metric_points"].insert(),
+                [
+                    {"job_id": j, "attempt": 1, "key": "loss", "step": st, "value": 1.0, "t": now}
+                    for st in (1, 2)
+                ],
+            )
+            conn.execute(
+                t["rank_points"].insert(),
+                [
+                    {
+                        "job_id": j,
+                        "attempt": 1,
+                        "tensor": "h",
+                        "step": st,
+                        "kind": "tt",
+                        "ranks": [1],
+                        "params": 1,
+                        "dense": 2,
+                        "ratio": 2.0,
+                        "t": now,
+                    }
+                    for st in (1, 2)
+                ],
+            )
+            conn.execute(
+                t["job_latest_metrics"].insert(),
+                [{"job_id": j, "key": k, "step": 2, "value": 1.0, "t": now} for k in ("a", "b")],
+            )
     command.upgrade(cfg, "head")
     with engine.connect() as conn:
         for name in JOB_TABLES:

@@ -1,5 +1,6 @@
-"""Tenancy in the store (service-design b.6): the rows of a job carry its tenant, and every
-read filters on it, so another tenant finds nothing even given the right job id."""
+"""Tenancy in the store (docs/service.md#authentication-and-tenancy): the rows of a job carry
+its tenant, and every read filters on it, so another tenant finds nothing even given the right
+job id."""
 
 from __future__ import annotations
 
@@ -8,17 +9,17 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.db.crud.checkpoints import (
+from service.store.db.crud.checkpoints import (
     get_checkpoint,
     list_checkpoints,
     newest_export,
     stage_events,
 )
-from service.db.crud.job_queries import latest_metrics, list_attempts
-from service.db.crud.jobs import create_job, get_job
-from service.db.crud.series import events_after, metric_series, rank_series
-from service.db.models import Tenant
-from service.db.session import make_engine, make_sessionmaker, session_scope
+from service.store.db.crud.job_queries import latest_metrics, list_attempts
+from service.store.db.crud.jobs import create_job, get_job
+from service.store.db.crud.series import events_after, metric_series, rank_series
+from service.store.db.models import Tenant
+from service.store.db.session import make_engine, make_sessionmaker, session_scope
 from worker.artifacts import checkpoint_row, find_checkpoint
 from worker.recorder import Recorder
 
@@ -31,46 +32,90 @@ def _job_with_rows(factory: sessionmaker[Session], tenant: str, artifacts: Path)
     with session_scope(factory) as s:
         s.add(Tenant(id=tenant, name=tenant))
         s.flush()
-        job = create_job(session=s, tenant_id=tenant, name="j", labels={}, spec={},
-                         spec_hash="h", max_attempts=3)  # fmt: skip
-    rec = Recorder(factory=factory, job_id=job.id, tenant_id=tenant, attempt=1,
-                   flush_seconds=60.0, flush_points=1000)  # fmt: skip
+        job = create_job(
+            session=s, tenant_id=tenant, name="j", labels={}, spec={}, spec_hash="h", max_attempts=3
+        )
+    rec = Recorder(
+        factory=factory,
+        job_id=job.id,
+        tenant_id=tenant,
+        attempt=1,
+        flush_seconds=60.0,
+        flush_points=1000,
+    )
     rec.metric("loss", 5, 0.5, stage="early")
-    rec.rank("hidden.0", 5, stage="early", kind="tt_linear", ranks=[1, 2, 1], params=10,
-             dense=100, ratio=10.0)  # fmt: skip
+    rec.rank(
+        "hidden.0",
+        5,
+        stage="early",
+        kind="tt_linear",
+        ranks=[1, 2, 1],
+        params=10,
+        dense=100,
+        ratio=10.0,
+    )
     rec.event("stage", {"phase": "start", "name": "early", "step": 0})
     weights = artifacts / job.id / "model.safetensors"
     weights.parent.mkdir(parents=True)
     weights.write_bytes(tenant.encode())
     for kind in ("latest", "export"):
-        rec.row(checkpoint_row(path=weights, artifacts=artifacts, job_id=job.id, tenant_id=tenant,
-                               attempt=1, kind=kind, step=5, stage="early",
-                               metrics={}))  # fmt: skip
+        rec.row(
+            checkpoint_row(
+                path=weights,
+                artifacts=artifacts,
+                job_id=job.id,
+                tenant_id=tenant,
+                attempt=1,
+                kind=kind,
+                step=5,
+                stage="early",
+                metrics={},
+            )
+        )
     rec.flush()
     return job.id
 
 
-def _reads(s: Session, tenant: str, job_id: str, artifacts: Path,
-           checkpoint_ids: list[str]) -> dict[str, Any]:  # fmt: skip
+def _reads(
+    s: Session, tenant: str, job_id: str, artifacts: Path, checkpoint_ids: list[str]
+) -> dict[str, Any]:
     """What each read function finds of ``job_id`` when asked as ``tenant``."""
     return {
         "get_job": get_job(session=s, job_id=job_id, tenant_id=tenant),
         "list_attempts": list_attempts(session=s, tenant_id=tenant, job_id=job_id),
         "latest_metrics": latest_metrics(session=s, tenant_id=tenant, job_ids=[job_id])[job_id],
-        "metric_series": metric_series(session=s, tenant_id=tenant, job_id=job_id, keys=None,
-                                       stage=None, from_step=None, to_step=None,
-                                       max_points=10),  # fmt: skip
-        "rank_series": rank_series(session=s, tenant_id=tenant, job_id=job_id, tensor=None,
-                                   stage=None, from_step=None, max_points=10),  # fmt: skip
-        "events_after": events_after(session=s, tenant_id=tenant, job_id=job_id, after=0,
-                                     limit=100),  # fmt: skip
+        "metric_series": metric_series(
+            session=s,
+            tenant_id=tenant,
+            job_id=job_id,
+            keys=None,
+            stage=None,
+            from_step=None,
+            to_step=None,
+            max_points=10,
+        ),
+        "rank_series": rank_series(
+            session=s,
+            tenant_id=tenant,
+            job_id=job_id,
+            tensor=None,
+            stage=None,
+            from_step=None,
+            max_points=10,
+        ),
+        "events_after": events_after(
+            session=s, tenant_id=tenant, job_id=job_id, after=0, limit=100
+        ),
         "stage_events": stage_events(session=s, tenant_id=tenant, job_id=job_id),
         "list_checkpoints": list_checkpoints(session=s, tenant_id=tenant, job_id=job_id),
-        "get_checkpoint": [c for c in checkpoint_ids if get_checkpoint(
-            session=s, tenant_id=tenant, job_id=job_id, checkpoint_id=c) is not None],
+        "get_checkpoint": [
+            c
+            for c in checkpoint_ids
+            if get_checkpoint(session=s, tenant_id=tenant, job_id=job_id, checkpoint_id=c)
+            is not None
+        ],
         "newest_export": newest_export(session=s, tenant_id=tenant, job_id=job_id),
-        "find_checkpoint": find_checkpoint(s, job_id=job_id, tenant_id=tenant,
-                                           artifacts=artifacts),  # fmt: skip
+        "find_checkpoint": find_checkpoint(s, job_id=job_id, tenant_id=tenant, artifacts=artifacts),
     }
 
 

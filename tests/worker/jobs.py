@@ -10,9 +10,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api_schemas import JobCreate
-from service.core.config import Settings
-from service.db.crud.jobs import create_job
-from service.db.models import (
+from service.store.db.crud.jobs import create_job
+from service.store.db.models import (
     Checkpoint,
     Job,
     JobAttempt,
@@ -22,11 +21,23 @@ from service.db.models import (
     RankPoint,
     Tenant,
 )
-from service.db.session import make_engine, make_sessionmaker, session_scope
-from service.spec import spec_hash
+from service.store.db.session import make_engine, make_sessionmaker, session_scope
+from service.store.settings import Settings
+from service.store.spec import spec_hash
 
-__all__ = ["JOB_ROW_MODELS", "TENANT", "checkpoints", "events", "factory_for", "get", "make_job",
-           "metric_series", "row_tenants", "settings_for", "tiny_spec"]  # fmt: skip
+__all__ = [
+    "JOB_ROW_MODELS",
+    "TENANT",
+    "checkpoints",
+    "events",
+    "factory_for",
+    "get",
+    "make_job",
+    "metric_series",
+    "row_tenants",
+    "settings_for",
+    "tiny_spec",
+]
 
 JOB_ROW_MODELS = (JobAttempt, JobEvent, MetricPoint, RankPoint, LatestMetric, Checkpoint)
 
@@ -35,18 +46,26 @@ TENANT = "ten_worker"
 TINY: dict[str, Any] = {
     "name": "tiny",
     "model": {"arch": "mlp", "config": {"hidden": [32, 32]}},
-    "dataset": {"source": "synthetic", "n_train": 256, "n_valid": 64,
-                "params": {"shape": [8, 8], "num_classes": 4}},
+    "dataset": {
+        "source": "synthetic",
+        "n_train": 256,
+        "n_valid": 64,
+        "params": {"shape": [8, 8], "num_classes": 4},
+    },
     "compression": {"max_rank": 4, "min_size": 16, "shrink_every": 5},
     "schedule": [
-        {"kind": "early", "steps": 20, "eval_every": 10,
-         "lr": {"cores": 0.003, "gates": 0.01, "others": 0.003}},
+        {
+            "kind": "early",
+            "steps": 20,
+            "eval_every": 10,
+            "lr": {"cores": 0.003, "gates": 0.01, "others": 0.003},
+        },
         {"kind": "late", "steps": 10, "target_ratio": 0.5},
         {"kind": "finetune", "name": "polish", "steps": 5},
     ],
     "training": {"batch_size": 16, "log_every": 5},
     "checkpointing": {"every_n_steps": 10, "keep": 2},
-}  # fmt: skip
+}
 
 
 def tiny_spec(**sections: Any) -> dict[str, Any]:
@@ -57,8 +76,13 @@ def tiny_spec(**sections: Any) -> dict[str, Any]:
 
 
 def settings_for(home: Path, db_url: str, **over: Any) -> Settings:
-    values: dict[str, Any] = {"home": home, "database_url": db_url, "flush_seconds": 0.05,
-                              "heartbeat_seconds": 0.2, "lease_seconds": 5.0}  # fmt: skip
+    values: dict[str, Any] = {
+        "home": home,
+        "database_url": db_url,
+        "flush_seconds": 0.05,
+        "heartbeat_seconds": 0.2,
+        "lease_seconds": 5.0,
+    }
     return Settings(**{**values, **over})
 
 
@@ -73,17 +97,24 @@ def make_job(factory: sessionmaker[Session], spec: dict[str, Any]) -> str:
         if s.get(Tenant, TENANT) is None:
             s.add(Tenant(id=TENANT, name=TENANT))
             s.flush()
-        job = create_job(session=s, tenant_id=TENANT, name=body.name, labels={},
-                         spec=body.model_dump(mode="json"), spec_hash=spec_hash(body),
-                         max_attempts=3)  # fmt: skip
+        job = create_job(
+            session=s,
+            tenant_id=TENANT,
+            name=body.name,
+            labels={},
+            spec=body.model_dump(mode="json"),
+            spec_hash=spec_hash(body),
+            max_attempts=3,
+        )
         return job.id
 
 
 def get(factory: sessionmaker[Session], job_id: str) -> tuple[Job, list[JobAttempt]]:
     with session_scope(factory) as s:
         job = s.get(Job, job_id)
-        attempts = s.scalars(select(JobAttempt).where(JobAttempt.job_id == job_id)
-                             .order_by(JobAttempt.attempt)).all()  # fmt: skip
+        attempts = s.scalars(
+            select(JobAttempt).where(JobAttempt.job_id == job_id).order_by(JobAttempt.attempt)
+        ).all()
         return job, list(attempts)
 
 
@@ -111,17 +142,27 @@ def rank_series(factory: sessionmaker[Session], job_id: str) -> dict[tuple[str, 
 def row_tenants(factory: sessionmaker[Session], job_id: str) -> dict[str, list[str]]:
     """``{table: [tenant_id of each row of the job]}`` for every table of a job's rows."""
     with session_scope(factory) as s:
-        return {m.__tablename__: list(s.scalars(select(m.tenant_id).where(m.job_id == job_id)))
-                for m in JOB_ROW_MODELS}  # fmt: skip
+        return {
+            m.__tablename__: list(s.scalars(select(m.tenant_id).where(m.job_id == job_id)))
+            for m in JOB_ROW_MODELS
+        }
 
 
 def checkpoints(factory: sessionmaker[Session], job_id: str) -> list[Checkpoint]:
     with session_scope(factory) as s:
-        return list(s.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id)
-                              .order_by(Checkpoint.created_at)).all())  # fmt: skip
+        return list(
+            s.scalars(
+                select(Checkpoint)
+                .where(Checkpoint.job_id == job_id)
+                .order_by(Checkpoint.created_at)
+            ).all()
+        )
 
 
 def events(factory: sessionmaker[Session], job_id: str) -> list[JobEvent]:
     with session_scope(factory) as s:
-        return list(s.scalars(select(JobEvent).where(JobEvent.job_id == job_id)
-                              .order_by(JobEvent.seq)).all())  # fmt: skip
+        return list(
+            s.scalars(
+                select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.seq)
+            ).all()
+        )

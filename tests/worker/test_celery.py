@@ -1,4 +1,4 @@
-"""Real Celery workers (prefork, one child per job) consuming what ``service.queue`` sends.
+"""Real Celery workers (prefork, one child per job) consuming what ``service.store.queue`` sends.
 
 Distributed mode: PostgreSQL + Redis. Embedded mode: SQLite store + SQLite broker (kombu's
 SQLAlchemy transport) under ``COMERA_HOME``, nothing else. Each test starts its own worker
@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from service.core.config import Settings
-from service.db.migrate import upgrade
-from service.queue import enqueue
+from service.store.db.migrate import upgrade
+from service.store.placement import queue_name
+from service.store.queue import enqueue
+from service.store.settings import Settings
 from tests.worker.jobs import factory_for, get, make_job, tiny_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,17 +36,43 @@ pytestmark = pytest.mark.filterwarnings(  # kombu's SQLAlchemy transport, not ou
 
 
 @contextmanager
-def celery_worker(settings: Settings, log: Path) -> Iterator[subprocess.Popen]:
-    """``celery -A worker.celery_app worker`` for ``settings``; killed (its group) on exit."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COMERA_HOME": str(settings.home),
-           "COMERA_DATABASE_URL": settings.db_url, "COMERA_BROKER_URL": settings.broker,
-           "COMERA_QUEUE": settings.queue}  # fmt: skip
-    cmd = [str(CELERY), "-A", "worker.celery_app", "worker", "--pool", "prefork", "-c", "1",
-           "-Q", settings.queue, "-n", f"{settings.queue}@%h", "--loglevel", "INFO",
-           "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
+def celery_worker(
+    settings: Settings, log: Path, *, devices: int = 1, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen]:
+    """``celery -A worker.celery_app worker`` for ``settings``, consuming the queue of jobs on
+    ``devices`` (``service.store.placement``); killed (its group) on exit."""
+    env = {
+        **os.environ,
+        **(env or {}),
+        "PYTHONPATH": str(ROOT),
+        "COMERA_HOME": str(settings.home),
+        "COMERA_DATABASE_URL": settings.db_url,
+        "COMERA_BROKER_URL": settings.broker,
+        "COMERA_QUEUE": settings.queue,
+    }
+    cmd = [
+        str(CELERY),
+        "-A",
+        "worker.celery_app",
+        "worker",
+        "--pool",
+        "prefork",
+        "-c",
+        "1",
+        "-Q",
+        queue_name(settings.queue, devices=devices),
+        "-n",
+        f"{settings.queue}@%h",
+        "--loglevel",
+        "INFO",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+    ]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         yield proc
     finally:
@@ -65,8 +92,9 @@ def wait_terminal(factory, job_id: str, log: Path, timeout: float = 120.0):
         if job.state in TERMINAL:
             return job, attempts
         time.sleep(0.2)
-    raise AssertionError(f"job {job_id} is still {job.state}; worker log:\n"
-                         f"{log.read_text()[-4000:]}")  # fmt: skip
+    raise AssertionError(
+        f"job {job_id} is still {job.state}; worker log:\n{log.read_text()[-4000:]}"
+    )
 
 
 def _queue() -> str:

@@ -11,9 +11,9 @@ from safetensors import safe_open
 from sqlalchemy import update
 
 from api_schemas import JobState
-from service.db.crud.jobs import transition
-from service.db.models import Job, JobAttempt, utcnow
-from service.db.session import session_scope
+from service.store.db.crud.jobs import transition
+from service.store.db.models import Job, JobAttempt, utcnow
+from service.store.db.session import session_scope
 from tests.worker.jobs import (
     checkpoints,
     events,
@@ -39,11 +39,17 @@ def _cancel_when(factory, job_id: str, step: int, *, via_state: bool, deadline: 
         if job.state == "RUNNING" and job.progress.get("step", 0) >= step:
             with session_scope(factory) as s:
                 if via_state:
-                    transition(session=s, job_id=job_id, from_states=[S.RUNNING],
-                               to_state=S.CANCELLING, cancel_requested_at=utcnow())  # fmt: skip
+                    transition(
+                        session=s,
+                        job_id=job_id,
+                        from_states=[S.RUNNING],
+                        to_state=S.CANCELLING,
+                        cancel_requested_at=utcnow(),
+                    )
                 else:
-                    s.execute(update(Job).where(Job.id == job_id)
-                              .values(cancel_requested_at=utcnow()))  # fmt: skip
+                    s.execute(
+                        update(Job).where(Job.id == job_id).values(cancel_requested_at=utcnow())
+                    )
             return
         time.sleep(0.02)
 
@@ -52,9 +58,11 @@ def _cancel_when(factory, job_id: str, step: int, *, via_state: bool, deadline: 
 def test_a_cancelled_job_stops_with_a_partial_checkpoint(db_url, tmp_path, via_state):
     settings, factory = settings_for(tmp_path, db_url), factory_for(db_url)
     job_id = make_job(factory, tiny_spec(schedule=LONG))
-    canceller = threading.Thread(target=_cancel_when, args=(factory, job_id, 20),
-                                 kwargs={"via_state": via_state,
-                                         "deadline": time.monotonic() + 60})  # fmt: skip
+    canceller = threading.Thread(
+        target=_cancel_when,
+        args=(factory, job_id, 20),
+        kwargs={"via_state": via_state, "deadline": time.monotonic() + 60},
+    )
     canceller.start()
     t0 = time.monotonic()
     try:
@@ -87,8 +95,14 @@ def test_a_worker_that_lost_its_lease_stops_and_leaves_the_job_alone(db_url, tmp
             job, _ = get(factory, job_id)
             if job.state == "RUNNING" and job.progress.get("step", 0) >= 20:
                 with session_scope(factory) as s:
-                    back = transition(session=s, job_id=job_id, from_states=[S.RUNNING],
-                                      to_state=S.QUEUED, attempt=1, lease_owner=None)  # fmt: skip
+                    back = transition(
+                        session=s,
+                        job_id=job_id,
+                        from_states=[S.RUNNING],
+                        to_state=S.QUEUED,
+                        attempt=1,
+                        lease_owner=None,
+                    )
                     s.execute(update(Job).where(Job.id == job_id).values(attempt=2))
                     requeued["version"] = back.version
                 return
@@ -139,22 +153,27 @@ class Crash:
 def _retry(factory, job_id: str, attempt: int, resume_from: str = "latest_checkpoint") -> None:
     """What ``POST /v1/jobs/{id}/retry`` does: FAILED -> QUEUED with the next attempt."""
     with session_scope(factory) as s:
-        assert transition(session=s, job_id=job_id, from_states=[S.FAILED], to_state=S.QUEUED,
-                          resume_from=resume_from)  # fmt: skip
+        assert transition(
+            session=s,
+            job_id=job_id,
+            from_states=[S.FAILED],
+            to_state=S.QUEUED,
+            resume_from=resume_from,
+        )
         s.execute(update(Job).where(Job.id == job_id).values(attempt=attempt))
         s.add(JobAttempt(job_id=job_id, tenant_id=s.get(Job, job_id).tenant_id, attempt=attempt))
 
 
 @pytest.mark.parametrize(("resume_from", "step"), [("latest_checkpoint", 20), ("step-10", 10)])
-def test_a_failed_attempt_resumes_from_its_checkpoint_exactly(db_url, tmp_path, resume_from,
-                                                              step):  # fmt: skip
+def test_a_failed_attempt_resumes_from_its_checkpoint_exactly(db_url, tmp_path, resume_from, step):
     settings, factory = settings_for(tmp_path, db_url), factory_for(db_url)
     reference = make_job(factory, tiny_spec())
     assert run_job(job_id=reference, attempt=1, settings=settings, factory=factory) == "succeeded"
 
     job_id = make_job(factory, tiny_spec())
-    out = run_job(job_id=job_id, attempt=1, settings=settings, factory=factory,
-                  callbacks=[Crash(step=27)])  # fmt: skip
+    out = run_job(
+        job_id=job_id, attempt=1, settings=settings, factory=factory, callbacks=[Crash(step=27)]
+    )
     assert out == "failed"
     job, [first] = get(factory, job_id)
     assert first.exit_reason == "error" and job.error["retryable"] is True
@@ -181,8 +200,10 @@ def test_a_failed_attempt_resumes_from_its_checkpoint_exactly(db_url, tmp_path, 
     assert same == {k: v for k, v in ref_job.compression.items() if k != "report_checkpoint_id"}
     [export] = [c for c in checkpoints(factory, job_id) if c.kind == "export"]
     [ref_export] = [c for c in checkpoints(factory, reference) if c.kind == "export"]
-    with safe_open(str(settings.artifacts / export.path), "pt") as got_f, safe_open(
-        str(settings.artifacts / ref_export.path), "pt") as want_f:  # fmt: skip
+    with (
+        safe_open(str(settings.artifacts / export.path), "pt") as got_f,
+        safe_open(str(settings.artifacts / ref_export.path), "pt") as want_f,
+    ):
         # the same weights, bit for bit (not the same file bytes: safetensors writes its
         # header metadata in hash-map order)
         assert sorted(got_f.keys()) == sorted(want_f.keys())

@@ -13,16 +13,18 @@ import torch.nn.functional as F
 from engine.data.sentences import collate_sentences, sentence_tokenizer
 from engine.export import load_compressed
 from engine.models.hf_bert import load_pretrained, mean_pool
-from engine.models.hf_bert_config import read_architecture
-from service.db.models import Job
-from service.db.session import session_scope
+from engine.models.hf_bert.config import read_architecture
 from service.reports import compression_report
+from service.store.db.models import Job
+from service.store.db.session import session_scope
 from tests.helpers.hf_dirs import write_bert_dir
 from tests.worker.jobs import checkpoints, factory_for, get, make_job, settings_for
 from worker.pipeline import run_job
 
-WORDS = ("the model keeps what its teacher knows while tensor train cores shrink and "
-         "every held out sentence shows how faithful the small encoder stays").split()  # fmt: skip
+WORDS = (
+    "the model keeps what its teacher knows while tensor train cores shrink and "
+    "every held out sentence shows how faithful the small encoder stays"
+).split()
 
 
 def _sentences(n: int, seed: int) -> list[str]:
@@ -38,18 +40,32 @@ def _sentences(n: int, seed: int) -> list[str]:
 def hf_spec(path: str = "models/tiny") -> dict[str, Any]:
     return {
         "name": "tiny-bert",
-        "model": {"arch": "hf_bert", "source": {"kind": "hf_dir", "path": path},
-                  "distill": {"kind": "mse_hidden", "weight": 1.0},
-                  "config": {"calibration_sentences": 32}},
-        "dataset": {"source": "path", "path": "text/train.txt", "valid_path": "text/valid.txt",
-                    "format": "text", "max_len": 24},
+        "model": {
+            "arch": "hf_bert",
+            "source": {"kind": "hf_dir", "path": path},
+            "distill": {"kind": "mse_hidden", "weight": 1.0},
+            "config": {"calibration_sentences": 32},
+        },
+        "dataset": {
+            "source": "path",
+            "path": "text/train.txt",
+            "valid_path": "text/valid.txt",
+            "format": "text",
+            "max_len": 24,
+        },
         "compression": {"max_rank": 6, "d": 2, "shrink_every": 2},
-        "schedule": [{"kind": "early", "steps": 4, "gamma": 0.05,
-                      "lr": {"cores": 3e-3, "gates": 0.05, "others": 1e-3}},
-                     {"kind": "late", "steps": 2, "target_ratio": 0.8},
-                     {"kind": "finetune", "steps": 2}],
+        "schedule": [
+            {
+                "kind": "early",
+                "steps": 4,
+                "gamma": 0.05,
+                "lr": {"cores": 3e-3, "gates": 0.05, "others": 1e-3},
+            },
+            {"kind": "late", "steps": 2, "target_ratio": 0.8},
+            {"kind": "finetune", "steps": 2},
+        ],
         "training": {"batch_size": 8, "seed": 1, "log_every": 2, "device": "cpu"},
-    }  # fmt: skip
+    }
 
 
 def _data_root(root: Path) -> list[str]:

@@ -16,9 +16,9 @@ from engine.data import build_data
 from engine.export import load_compressed
 from engine.models.registry import get_workload
 from engine.train import JobConfig
-from service.db.crud.jobs import transition
-from service.db.models import Dataset, LatestMetric, Tenant, utcnow
-from service.db.session import session_scope
+from service.store.db.crud.jobs import transition
+from service.store.db.models import Dataset, LatestMetric, Tenant, utcnow
+from service.store.db.session import session_scope
 from tests.worker.jobs import (
     TENANT,
     checkpoints,
@@ -44,8 +44,13 @@ def _sha(path) -> str:
 def _evaluate(model, engine_config: dict, workdir) -> dict[str, float]:
     """Validation metrics of ``model`` on the job's own validation data (engine functions)."""
     cfg = JobConfig.from_dict(engine_config)
-    data = build_data(cfg.data, arch=cfg.model.arch, batch_size=cfg.training.batch_size,
-                      seed=cfg.training.seed, workdir=workdir)  # fmt: skip
+    data = build_data(
+        cfg.data,
+        arch=cfg.model.arch,
+        batch_size=cfg.training.batch_size,
+        seed=cfg.training.seed,
+        workdir=workdir,
+    )
     workload, sums = get_workload(cfg.model.arch), {}
     for batch in data.valid.batches(0):
         for k, v in workload.forward_loss(model, batch).sums.items():
@@ -65,23 +70,44 @@ def test_a_job_runs_records_its_series_and_exports_a_checked_model(db_url, tmp_p
     assert job.lease_owner is None and job.engine_version == engine.__version__
     assert job.engine_config["method"] == "comera"
     assert attempt.exit_reason == "completed" and attempt.ended_at and attempt.worker
-    assert job.progress == {"step": 35, "total_steps": 35, "fraction": 1.0, "stage_index": 2,
-                            "stage_name": "polish", "stage_count": 3}  # fmt: skip
+    assert job.progress == {
+        "step": 35,
+        "total_steps": 35,
+        "fraction": 1.0,
+        "stage_index": 2,
+        "stage_name": "polish",
+        "stage_count": 3,
+    }
     # metric series: one point per logged step, the documented keys, no duplicates
     series = metric_series(factory, job_id)
     assert sorted(series["loss"]) == [5, 10, 15, 20, 25, 30, 35]
-    assert {"accuracy", "objective", "penalty", "size", "lr/cores", "val_loss", "val_accuracy",
-            "ratio"} <= set(series)  # fmt: skip
+    assert {
+        "accuracy",
+        "objective",
+        "penalty",
+        "size",
+        "lr/cores",
+        "val_loss",
+        "val_accuracy",
+        "ratio",
+    } <= set(series)
     with session_scope(factory) as s:
-        latest = {r.key: (r.step, r.value) for r in
-                  s.scalars(select(LatestMetric).where(LatestMetric.job_id == job_id))}  # fmt: skip
+        latest = {
+            r.key: (r.step, r.value)
+            for r in s.scalars(select(LatestMetric).where(LatestMetric.job_id == job_id))
+        }
     assert latest["loss"] == (35, series["loss"][35])
     assert latest["val_loss"] == (35, series["val_loss"][35])
     # checkpoints: rotated ones are marked deleted; the rest match their files
     rows = checkpoints(factory, job_id)
     by_kind = {(r.kind, r.step): r for r in rows}
-    assert set(by_kind) == {("latest", 10), ("latest", 20), ("latest", 30), ("final", 35),
-                            ("export", 35)}  # fmt: skip
+    assert set(by_kind) == {
+        ("latest", 10),
+        ("latest", 20),
+        ("latest", 30),
+        ("final", 35),
+        ("export", 35),
+    }
     assert by_kind[("latest", 10)].state == "deleted"
     assert not (settings.artifacts / by_kind[("latest", 10)].path).exists()
     for r in rows:
@@ -107,10 +133,15 @@ def test_a_job_runs_records_its_series_and_exports_a_checked_model(db_url, tmp_p
     # events: the state history, stages, checkpoints, ranks and metric summaries
     evs = events(factory, job_id)
     assert [e.data["state"] for e in evs if e.kind == "state"] == [
-        "QUEUED", "STARTING", "RUNNING", "SUCCEEDED"]  # fmt: skip
+        "QUEUED",
+        "STARTING",
+        "RUNNING",
+        "SUCCEEDED",
+    ]
     assert {"stage", "metric", "rank", "checkpoint"} <= {e.kind for e in evs}
     assert [e.seq for e in evs] == list(range(1, len(evs) + 1))
-    # tenancy (b.6): every row the run wrote, in every table of a job's rows, is the tenant's
+    # tenancy (docs/service.md#authentication-and-tenancy): every row the run wrote, in every
+    # table of a job's rows, is the tenant's
     for table, tenants in row_tenants(factory, job_id).items():
         assert tenants and set(tenants) == {TENANT}, table
 
@@ -120,24 +151,41 @@ def test_a_duplicate_or_stale_message_is_a_no_op(db_url, tmp_path):
     job_id = make_job(factory, tiny_spec())
     assert run_job(job_id=job_id, attempt=2, settings=settings, factory=factory) == "skipped"
     with session_scope(factory) as s:  # another worker claimed attempt 1 first
-        transition(session=s, job_id=job_id, from_states=[S.QUEUED], to_state=S.STARTING,
-                   attempt=1, lease_owner="other:1",
-                   lease_expires_at=utcnow() + timedelta(seconds=60))  # fmt: skip
+        transition(
+            session=s,
+            job_id=job_id,
+            from_states=[S.QUEUED],
+            to_state=S.STARTING,
+            attempt=1,
+            lease_owner="other:1",
+            lease_expires_at=utcnow() + timedelta(seconds=60),
+        )
     before, _ = get(factory, job_id)
     assert run_job(job_id=job_id, attempt=1, settings=settings, factory=factory) == "skipped"
     after, [attempt] = get(factory, job_id)
     assert (after.state, after.version, after.event_seq, after.lease_owner) == (
-        "STARTING", before.version, before.event_seq, "other:1")  # fmt: skip
+        "STARTING",
+        before.version,
+        before.event_seq,
+        "other:1",
+    )
     assert attempt.worker is None and attempt.ended_at is None
     assert not (settings.artifacts / "jobs" / job_id).exists()
 
 
-@pytest.mark.parametrize(("section", "pointer", "words"), [
-    ({"compression": {"layers": ["nothing.*"], "min_size": 16}}, "/compression/layers",
-     "compression.layers"),
-])  # fmt: skip
-def test_a_spec_the_engine_refuses_fails_naming_the_field(db_url, tmp_path, section, pointer,
-                                                          words):  # fmt: skip
+@pytest.mark.parametrize(
+    ("section", "pointer", "words"),
+    [
+        (
+            {"compression": {"layers": ["nothing.*"], "min_size": 16}},
+            "/compression/layers",
+            "compression.layers",
+        ),
+    ],
+)
+def test_a_spec_the_engine_refuses_fails_naming_the_field(
+    db_url, tmp_path, section, pointer, words
+):
     settings, factory = settings_for(tmp_path, db_url), factory_for(db_url)
     job_id = make_job(factory, tiny_spec(**section))
     assert run_job(job_id=job_id, attempt=1, settings=settings, factory=factory) == "failed"
@@ -163,19 +211,24 @@ def _npz(path, rows: int, *, poison: bool = False, huge: bool = False) -> None:
 
 def _path_spec(path: str) -> dict:
     dataset = {"source": "path", "path": path, "format": "npz", "valid_every": 4}
-    return tiny_spec(dataset=dataset, schedule=[{"kind": "early", "steps": 6}],
-                     training={"batch_size": 16, "log_every": 3})  # fmt: skip
+    return tiny_spec(
+        dataset=dataset,
+        schedule=[{"kind": "early", "steps": 6}],
+        training={"batch_size": 16, "log_every": 3},
+    )
 
 
-@pytest.mark.parametrize(("name", "kind", "words"), [
-    ("escape.npz", "validation", "outside the data root"),
-    ("missing.npz", "validation", "no such file"),
-    ("bad.npz", "data_error", "bad.npz: row 7"),
-    ("huge.npz", "nan_loss", "loss is nan at step 3"),
-    ("good.npz", None, None),
-])  # fmt: skip
-def test_server_side_dataset_files_stay_inside_the_data_root(db_url, tmp_path, name, kind,
-                                                             words):  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "kind", "words"),
+    [
+        ("escape.npz", "validation", "outside the data root"),
+        ("missing.npz", "validation", "no such file"),
+        ("bad.npz", "data_error", "bad.npz: row 7"),
+        ("huge.npz", "nan_loss", "loss is nan at step 3"),
+        ("good.npz", None, None),
+    ],
+)
+def test_server_side_dataset_files_stay_inside_the_data_root(db_url, tmp_path, name, kind, words):
     settings, factory = settings_for(tmp_path, db_url), factory_for(db_url)
     settings.data.mkdir(parents=True)
     _npz(tmp_path / "outside.npz", 128)
@@ -205,9 +258,13 @@ def test_an_uploaded_dataset_is_read_only_by_its_tenant(db_url, tmp_path, owner)
     stored = settings.artifacts / "datasets" / "ds_1" / "data.npz"
     stored.parent.mkdir(parents=True)
     _npz(stored, 128)
-    job_id = make_job(factory, tiny_spec(
-        dataset={"source": "upload", "dataset_id": "ds_1", "format": "npz", "valid_every": 4},
-        schedule=[{"kind": "early", "steps": 4}]))  # fmt: skip
+    job_id = make_job(
+        factory,
+        tiny_spec(
+            dataset={"source": "upload", "dataset_id": "ds_1", "format": "npz", "valid_every": 4},
+            schedule=[{"kind": "early", "steps": 4}],
+        ),
+    )
     with session_scope(factory) as s:
         if owner == "other":
             s.add(Tenant(id="ten_other", name="other"))

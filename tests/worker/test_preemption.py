@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import update
 
 from engine.train.callbacks import FunctionCallback
-from service.db.models import Job, utcnow
-from service.db.session import session_scope
+from service.store.db.models import Job, utcnow
+from service.store.db.session import session_scope
 from tests.worker.jobs import checkpoints, factory_for, get, make_job, settings_for, tiny_spec
 from worker.artifacts import sha256_file
 from worker.pipeline import run_job
@@ -37,8 +37,9 @@ def _terminate_self_at(factory, job_id: str, step: int, deadline: float) -> None
 
 
 def _run_preempted(factory, settings, job_id: str) -> str:
-    killer = threading.Thread(target=_terminate_self_at,
-                              args=(factory, job_id, 12, time.monotonic() + 120))  # fmt: skip
+    killer = threading.Thread(
+        target=_terminate_self_at, args=(factory, job_id, 12, time.monotonic() + 120)
+    )
     killer.start()
     try:
         return run_job(job_id=job_id, attempt=1, settings=settings, factory=factory)
@@ -47,7 +48,8 @@ def _run_preempted(factory, settings, job_id: str) -> str:
 
 
 def test_sigterm_requeues_the_job_and_the_next_attempt_resumes_from_its_checkpoint(
-        db_url, tmp_path):  # fmt: skip
+    db_url, tmp_path
+):
     settings, factory = settings_for(tmp_path, db_url), factory_for(db_url)
     job_id = make_job(factory, tiny_spec())
     assert _run_preempted(factory, settings, job_id) == "preempted"
@@ -83,19 +85,25 @@ def test_sigterm_on_the_last_attempt_fails_the_job_as_preempted(db_url, tmp_path
 @pytest.mark.parametrize("keep", [1, 2])
 def test_a_cancel_right_after_a_checkpoint_keeps_its_partial_checkpoint(db_url, tmp_path, keep):
     settings, factory = settings_for(tmp_path, db_url), factory_for(db_url)
-    spec = tiny_spec(checkpointing={"every_n_steps": 10, "keep": keep},
-                     schedule=[{"kind": "early", "steps": 200_000}])  # fmt: skip
+    spec = tiny_spec(
+        checkpointing={"every_n_steps": 10, "keep": keep},
+        schedule=[{"kind": "early", "steps": 200_000}],
+    )
     job_id = make_job(factory, spec)
 
     def cancel_at_first_checkpoint(event: dict) -> None:
         if event["event"] == "checkpoint" and event["step"] == 10:
             with session_scope(factory) as s:
-                s.execute(update(Job).where(Job.id == job_id)
-                          .values(cancel_requested_at=utcnow()))  # fmt: skip
+                s.execute(update(Job).where(Job.id == job_id).values(cancel_requested_at=utcnow()))
             time.sleep(1.1)  # past the stopper's poll interval: it stops at the next boundary
 
-    out = run_job(job_id=job_id, attempt=1, settings=settings, factory=factory,
-                  callbacks=[FunctionCallback(cancel_at_first_checkpoint)])  # fmt: skip
+    out = run_job(
+        job_id=job_id,
+        attempt=1,
+        settings=settings,
+        factory=factory,
+        callbacks=[FunctionCallback(cancel_at_first_checkpoint)],
+    )
     job, [attempt] = get(factory, job_id)
     assert out == "cancelled", job.error
     assert job.state == "CANCELLED" and attempt.exit_reason == "cancelled"
@@ -105,24 +113,35 @@ def test_a_cancel_right_after_a_checkpoint_keeps_its_partial_checkpoint(db_url, 
 
 
 def test_a_cancel_with_save_partial_false_leaves_no_partial_checkpoint(db_url, tmp_path):
-    from service.db.crud.job_actions import cancel_job
-    from service.db.crud.jobs import get_job
+    from service.store.db.crud.job_actions import cancel_job
+    from service.store.db.crud.jobs import get_job
 
     settings, factory = settings_for(tmp_path, db_url), factory_for(db_url)
-    spec = tiny_spec(checkpointing={"every_n_steps": 10, "keep": 2},
-                     schedule=[{"kind": "early", "steps": 200_000}])  # fmt: skip
+    spec = tiny_spec(
+        checkpointing={"every_n_steps": 10, "keep": 2},
+        schedule=[{"kind": "early", "steps": 200_000}],
+    )
     job_id = make_job(factory, spec)
 
     def cancel_after_first_checkpoint(event: dict) -> None:
         if event["event"] == "checkpoint" and not event.get("partial") and event["step"] == 10:
             with session_scope(factory) as s:  # what POST /cancel {"save_partial": false} does
-                outcome, _ = cancel_job(session=s, job=get_job(session=s, job_id=job_id),
-                                        mode="graceful", save_partial=False)  # fmt: skip
+                outcome, _ = cancel_job(
+                    session=s,
+                    job=get_job(session=s, job_id=job_id),
+                    mode="graceful",
+                    save_partial=False,
+                )
                 assert outcome == "cancelling"
             time.sleep(1.1)  # past the stopper's poll interval
 
-    out = run_job(job_id=job_id, attempt=1, settings=settings, factory=factory,
-                  callbacks=[FunctionCallback(cancel_after_first_checkpoint)])  # fmt: skip
+    out = run_job(
+        job_id=job_id,
+        attempt=1,
+        settings=settings,
+        factory=factory,
+        callbacks=[FunctionCallback(cancel_after_first_checkpoint)],
+    )
     job, _ = get(factory, job_id)
     assert out == "cancelled" and job.state == "CANCELLED", job.error
     kinds = {c.kind: c for c in checkpoints(factory, job_id)}

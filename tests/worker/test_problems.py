@@ -63,11 +63,14 @@ def test_real_failed_allocations_are_oom():
     assert "you tried to allocate" in _assert_oom(exc)["detail"]
 
 
-@pytest.mark.parametrize("exc", [
-    RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x8 and 9x2)"),
-    RuntimeError("CUDA error: an illegal memory access was encountered"),
-    ValueError("DefaultCPUAllocator: can't allocate memory"),  # not what the allocator raises
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "exc",
+    [
+        RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x8 and 9x2)"),
+        RuntimeError("CUDA error: an illegal memory access was encountered"),
+        ValueError("DefaultCPUAllocator: can't allocate memory"),  # not what the allocator raises
+    ],
+)
 def test_other_errors_are_not_oom(exc: BaseException):
     kind, problem = problem_for(exc)
     assert kind == "error" and problem["status"] == 500 and problem["retryable"] is True
@@ -97,16 +100,27 @@ def test_a_job_whose_model_does_not_fit_fails_as_oom(sqlite_url, tmp_path):
     """A dense MLP with two 16384-wide layers (282 M parameters, 1.1 GB of float32 weights,
     within the API's size limits) on a worker with 512 MiB to spare: FAILED, ``oom``, 507,
     not retryable, no export; the attempt's exit reason is ``oom``."""
-    spec = tiny_spec(model={"arch": "mlp", "config": {"hidden": [16384, 16384]}},
-                     compression={"method": "dense"},
-                     schedule=[{"kind": "early", "steps": 2}])  # fmt: skip
+    spec = tiny_spec(
+        model={"arch": "mlp", "config": {"hidden": [16384, 16384]}},
+        compression={"method": "dense"},
+        schedule=[{"kind": "early", "steps": 2}],
+    )
     factory = factory_for(sqlite_url)
     job_id = make_job(factory, spec)
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
-           "HOME": str(tmp_path)}  # fmt: skip
-    child = subprocess.run([sys.executable, "-c", CHILD, sqlite_url, str(tmp_path / "home"),
-                            job_id, str(HEADROOM)], cwd=ROOT, env=env, capture_output=True,
-                           text=True, timeout=300)  # fmt: skip
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+        "HOME": str(tmp_path),
+    }
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, sqlite_url, str(tmp_path / "home"), job_id, str(HEADROOM)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert child.returncode == 0, child.stderr[-4000:]
     assert "outcome: failed" in child.stdout, (child.stdout, child.stderr[-4000:])
     job, [attempt] = get(factory, job_id)

@@ -1,4 +1,4 @@
-"""The API's side of the queue (``service.queue``): what a message carries, and a dead broker."""
+"""The API's side of the queue (``service.store.queue``): what a message carries, a dead broker."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ import uuid
 import pytest
 import redis
 
-from service.core.config import Settings
-from service.queue import enqueue, revoke
+from service.cli import worker_command
+from service.store.placement import placement, queue_name
+from service.store.queue import enqueue, revoke
+from service.store.settings import Settings
 
 
 def test_enqueue_sends_one_named_message_with_the_job_limits(tmp_path):
@@ -39,6 +41,23 @@ def test_enqueue_sends_one_named_message_with_the_job_limits(tmp_path):
         client.close()
 
 
+def test_a_job_goes_to_the_queue_of_its_placement():
+    assert placement({"training": {"devices": 2}}) == {"devices": 2, "nodes": 1}
+    assert placement({}) == {"devices": 1, "nodes": 1}  # a spec stored before the fields
+    assert queue_name("gpu.any", **placement(None)) == "gpu.any"
+    assert queue_name("gpu.any", devices=4) == "gpu.any.x4"
+    assert queue_name("gpu.any", devices=4, nodes=2) == "gpu.any.n2x4"
+    assert queue_name("gpu.any", nodes=3) == "gpu.any.n3x1"
+
+
+def test_a_worker_for_n_devices_consumes_their_queue(tmp_path):
+    settings = Settings(home=tmp_path, queue="gpu.any")
+    command = worker_command(settings, devices=2)
+    assert command[command.index("--queues") + 1] == "gpu.any.x2"
+    command = worker_command(settings)
+    assert command[command.index("--queues") + 1] == "gpu.any"
+
+
 def test_an_unreachable_broker_fails_fast_instead_of_retrying(tmp_path):
     settings = Settings(home=tmp_path, broker_url="redis://127.0.0.1:1/0")  # nothing listens
     t0 = time.monotonic()
@@ -54,9 +73,20 @@ def _free_port() -> int:
 
 
 def _redis_server(port: int) -> subprocess.Popen:
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                             "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:

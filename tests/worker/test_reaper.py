@@ -1,4 +1,4 @@
-"""The reaper (``service.reaper.reap_once``) on both stores, with a real Redis queue and real
+"""The reaper (``service.store.reaper.reap_once``) on both stores, with a real Redis queue and real
 processes to signal: lost workers, unsent and lost messages, forced cancellation."""
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ import yaml
 from sqlalchemy import select, update
 
 from api_schemas import JobState
-from service.core.config import Settings
-from service.db.crud.idempotency import KEEP
-from service.db.crud.job_actions import mark_enqueued
-from service.db.crud.jobs import transition
-from service.db.crud.pagination import as_utc
-from service.db.models import Checkpoint, IdempotencyKey, Job, JobEvent, Tenant, utcnow
-from service.db.session import session_scope
-from service.queue import enqueue
-from service.reaper import LocalControl, backoff_seconds, reap_once
+from service.store.db.crud.idempotency import KEEP
+from service.store.db.crud.job_actions import mark_enqueued
+from service.store.db.crud.jobs import transition
+from service.store.db.crud.pagination import as_utc
+from service.store.db.models import Checkpoint, IdempotencyKey, Job, JobEvent, Tenant, utcnow
+from service.store.db.session import session_scope
+from service.store.queue import enqueue
+from service.store.reaper import LocalControl, backoff_seconds, reap_once
+from service.store.settings import Settings
 from tests.worker.jobs import factory_for, get, make_job, tiny_spec
 from worker.pipeline import claim
 from worker.problems import PROBLEM_BASE
@@ -51,8 +51,15 @@ def broker():
 
 
 def _settings(tmp_path, db_url, broker_url="redis://127.0.0.1:1/0", queue="q", **over):
-    return Settings(home=tmp_path, database_url=db_url, broker_url=broker_url, queue=queue,
-                    lease_seconds=5.0, heartbeat_seconds=1.0, **over)  # fmt: skip
+    return Settings(
+        home=tmp_path,
+        database_url=db_url,
+        broker_url=broker_url,
+        queue=queue,
+        lease_seconds=5.0,
+        heartbeat_seconds=1.0,
+        **over,
+    )
 
 
 def _sent(client, queue: str) -> list[str]:
@@ -67,8 +74,14 @@ def _running(factory, spec=None, *, owner: str = OWNER, attempt: int = 1, **valu
             s.execute(update(Job).where(Job.id == job_id).values(attempt=attempt))
     assert claim(factory, job_id=job_id, attempt=attempt, owner=owner, lease_seconds=5.0)
     with session_scope(factory) as s:
-        assert transition(session=s, job_id=job_id, from_states=[S.STARTING], to_state=S.RUNNING,
-                          progress={"step": 12, "stage_name": "early"}, **values)  # fmt: skip
+        assert transition(
+            session=s,
+            job_id=job_id,
+            from_states=[S.STARTING],
+            to_state=S.RUNNING,
+            progress={"step": 12, "stage_name": "early"},
+            **values,
+        )
     return job_id
 
 
@@ -76,27 +89,49 @@ def _checkpoint(factory, job_id: str, attempt: int, step: int, kind: str = "late
     with session_scope(factory) as s:
         job = s.get(Job, job_id)
         cid = f"ckpt_{uuid.uuid4().hex[:20]}"
-        s.add(Checkpoint(id=cid, job_id=job_id, tenant_id=job.tenant_id, attempt=attempt,
-                         kind=kind, step=step, path=f"x/step-{step}.safetensors", size_bytes=1,
-                         sha256="0" * 64, state="complete", created_at=utcnow()))  # fmt: skip
+        s.add(
+            Checkpoint(
+                id=cid,
+                job_id=job_id,
+                tenant_id=job.tenant_id,
+                attempt=attempt,
+                kind=kind,
+                step=step,
+                path=f"x/step-{step}.safetensors",
+                size_bytes=1,
+                sha256="0" * 64,
+                state="complete",
+                created_at=utcnow(),
+            )
+        )
     return cid
 
 
 def _states(factory, job_id: str) -> list[tuple[str, int]]:
     with session_scope(factory) as s:
-        rows = s.scalars(select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.kind == "state")
-                         .order_by(JobEvent.seq)).all()  # fmt: skip
+        rows = s.scalars(
+            select(JobEvent)
+            .where(JobEvent.job_id == job_id, JobEvent.kind == "state")
+            .order_by(JobEvent.seq)
+        ).all()
         return [(e.data["state"], e.attempt) for e in rows]
 
 
 def test_backoff_doubles_per_attempt_up_to_its_cap(tmp_path):
     settings = Settings(home=tmp_path, retry_backoff_seconds=60, retry_backoff_max_seconds=1800)
     assert [backoff_seconds(settings, n) for n in (1, 2, 3, 5, 6, 9)] == [
-        60, 120, 240, 960, 1800, 1800]  # fmt: skip
+        60,
+        120,
+        240,
+        960,
+        1800,
+        1800,
+    ]
 
 
 def test_a_lost_worker_requeues_its_job_after_the_backoff_from_its_newest_checkpoint(
-        db_url, tmp_path, broker):  # fmt: skip
+    db_url, tmp_path, broker
+):
     url, queue, client = broker
     settings = _settings(tmp_path, db_url, url, queue, retry_backoff_seconds=60)
     factory = factory_for(db_url)
@@ -129,20 +164,26 @@ def test_a_lost_worker_requeues_its_job_after_the_backoff_from_its_newest_checkp
 
 
 def test_a_lost_worker_without_attempts_left_fails_and_a_cancelling_job_is_cancelled(
-        db_url, tmp_path):  # fmt: skip
+    db_url, tmp_path
+):
     settings, factory = _settings(tmp_path, db_url), factory_for(db_url)
     last = _running(factory, attempt=3)  # max_attempts is 3
     cancelling = _running(factory)
     with session_scope(factory) as s:
-        assert transition(session=s, job_id=cancelling, from_states=[S.RUNNING],
-                          to_state=S.CANCELLING, cancel_requested_at=utcnow())  # fmt: skip
+        assert transition(
+            session=s,
+            job_id=cancelling,
+            from_states=[S.RUNNING],
+            to_state=S.CANCELLING,
+            cancel_requested_at=utcnow(),
+        )
     report = reap_once(factory=factory, settings=settings, now=utcnow() + timedelta(seconds=10))
     assert report.failed == [last] and report.cancelled == [cancelling] and not report.requeued
 
     job, attempts = get(factory, last)
     assert job.state == "FAILED" and job.finished_at is not None and job.lease_owner is None
     assert job.error["type"] == PROBLEM_BASE + "worker_lost" and job.error["retryable"] is True
-    assert job.error["step"] == 12 and OWNER in job.error["detail"]
+    assert job.error["step"] == 12 and OWNER not in job.error["detail"]  # tenants read it
     assert "no attempts are left" in job.error["detail"]
     assert attempts[-1].attempt == 3 and attempts[-1].exit_reason == "worker_lost"
     job, [attempt] = get(factory, cancelling)
@@ -153,7 +194,8 @@ def test_a_lost_worker_without_attempts_left_fails_and_a_cancelling_job_is_cance
 
 
 def test_unsent_jobs_are_sent_when_due_and_stay_pending_while_the_broker_is_down(
-        db_url, tmp_path, broker):  # fmt: skip
+    db_url, tmp_path, broker
+):
     url, queue, client = broker
     factory = factory_for(db_url)
     job_id = make_job(factory, tiny_spec())
@@ -191,13 +233,37 @@ def test_a_lost_message_is_sent_again_only_when_the_queue_lacks_it(db_url, tmp_p
     assert not reap_once(factory=factory, settings=settings, now=later)  # stamped: not again
 
 
+def test_a_lost_message_goes_again_to_the_queue_of_its_placement(db_url, tmp_path, broker):
+    """A 2-device job's message is in ``QUEUE.x2``; when that queue loses it, it is sent there
+    again, while a 1-device job whose message is still in ``QUEUE`` is left alone."""
+    url, queue, client = broker
+    settings = _settings(tmp_path, db_url, url, queue, redeliver_after_seconds=600)
+    factory = factory_for(db_url)
+    one = make_job(factory, tiny_spec())
+    two = make_job(factory, tiny_spec(training={"batch_size": 16, "devices": 2}))
+    assert enqueue(settings=settings, job_id=one, attempt=1, max_wall_time_s=60)
+    assert enqueue(settings=settings, job_id=two, attempt=1, max_wall_time_s=60, devices=2)
+    with session_scope(factory) as s:
+        for job_id in (one, two):
+            mark_enqueued(session=s, job_id=job_id, sent=True)
+    assert _sent(client, queue) == [f"{one}:1"] and _sent(client, f"{queue}.x2") == [f"{two}:1"]
+    later = utcnow() + timedelta(seconds=601)
+    assert not reap_once(factory=factory, settings=settings, now=later)
+
+    client.delete(f"{queue}.x2")
+    report = reap_once(factory=factory, settings=settings, now=later)
+    assert report.resent == [two] and _sent(client, f"{queue}.x2") == [f"{two}:1"]
+    assert _sent(client, queue) == [f"{one}:1"]
+
+
 SLEEPER = "import signal, sys, time\n{}\nprint('ready', flush=True)\ntime.sleep(120)\n"
 
 
 def _sleeper(ignore_term: bool) -> subprocess.Popen:
     setup = "signal.signal(signal.SIGTERM, signal.SIG_IGN)" if ignore_term else ""
-    proc = subprocess.Popen([sys.executable, "-c", SLEEPER.format(setup)],
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLEEPER.format(setup)], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "ready"
     return proc
 
@@ -211,11 +277,19 @@ def test_forced_cancellation_signals_the_lease_owner_then_cancels(db_url, tmp_pa
         owner = f"{socket.gethostname()}:{proc.pid}"
         job_id = _running(factory, owner=owner)
         with session_scope(factory) as s:
-            s.execute(update(Job).where(Job.id == job_id)
-                      .values(lease_expires_at=utcnow() + timedelta(hours=1)))  # fmt: skip
-            assert transition(session=s, job_id=job_id, from_states=[S.RUNNING],
-                              to_state=S.CANCELLING, cancel_requested_at=utcnow(),
-                              cancel_mode="graceful")  # fmt: skip
+            s.execute(
+                update(Job)
+                .where(Job.id == job_id)
+                .values(lease_expires_at=utcnow() + timedelta(hours=1))
+            )
+            assert transition(
+                session=s,
+                job_id=job_id,
+                from_states=[S.RUNNING],
+                to_state=S.CANCELLING,
+                cancel_requested_at=utcnow(),
+                cancel_mode="graceful",
+            )
         now = utcnow()
         assert not reap_once(factory=factory, settings=settings, now=now, control=control)
         assert proc.poll() is None  # within the grace period: left to the worker
@@ -227,8 +301,9 @@ def test_forced_cancellation_signals_the_lease_owner_then_cancels(db_url, tmp_pa
             time.sleep(0.5)
             assert proc.poll() is None
             assert not reap_once(factory=factory, settings=settings, now=now, control=control)
-            report = reap_once(factory=factory, settings=settings, control=control,
-                               now=now + timedelta(seconds=61))  # fmt: skip
+            report = reap_once(
+                factory=factory, settings=settings, control=control, now=now + timedelta(seconds=61)
+            )
             assert report.signalled == [(job_id, "SIGKILL")]
             assert proc.wait(timeout=10) == -signal.SIGKILL
         else:
@@ -237,8 +312,12 @@ def test_forced_cancellation_signals_the_lease_owner_then_cancels(db_url, tmp_pa
         assert report.cancelled == [job_id]
         job, [attempt] = get(factory, job_id)
         assert job.state == "CANCELLED" and attempt.exit_reason == "cancelled"
-        assert job.message == ("cancelled: killed (SIGKILL)" if ignore_term
-                               else "cancelled: stopped after SIGTERM")  # fmt: skip
+        assert job.message == (
+            "cancelled: killed (SIGKILL)" if ignore_term else "cancelled: stopped after SIGTERM"
+        )
+        with session_scope(factory) as s:  # tenants read events: no host:pid in them
+            data = s.scalars(select(JobEvent.data).where(JobEvent.job_id == job_id)).all()
+        assert data and owner not in json.dumps(data)
     finally:
         proc.kill()
         proc.wait()
@@ -251,9 +330,14 @@ def test_an_immediate_cancel_is_forced_without_the_grace_period(db_url, tmp_path
     try:
         job_id = _running(factory, owner=f"{socket.gethostname()}:{proc.pid}")
         with session_scope(factory) as s:
-            assert transition(session=s, job_id=job_id, from_states=[S.RUNNING],
-                              to_state=S.CANCELLING, cancel_requested_at=utcnow(),
-                              cancel_mode="immediate")  # fmt: skip
+            assert transition(
+                session=s,
+                job_id=job_id,
+                from_states=[S.RUNNING],
+                to_state=S.CANCELLING,
+                cancel_requested_at=utcnow(),
+                cancel_mode="immediate",
+            )
         report = reap_once(factory=factory, settings=settings, control=control)
         assert report.signalled == [(job_id, "SIGTERM")]
         assert proc.wait(timeout=10) == -signal.SIGTERM
@@ -271,10 +355,19 @@ def test_expired_idempotency_keys_are_purged_in_bounded_batches_oldest_first(db_
     with session_scope(factory) as s:  # 3 expired (the oldest first), 2 still kept
         s.add(Tenant(id="ten_keys", name="ten_keys"))
         s.flush()
-        s.add_all([IdempotencyKey(tenant_id="ten_keys", key=f"k{i}", fingerprint="f",
-                                  state="done", created_at=now - KEEP + timedelta(hours=h),
-                                  expires_at=now + timedelta(hours=h))
-                   for i, h in enumerate((-3, -2, -1, 1, 2))])  # fmt: skip
+        s.add_all(
+            [
+                IdempotencyKey(
+                    tenant_id="ten_keys",
+                    key=f"k{i}",
+                    fingerprint="f",
+                    state="done",
+                    created_at=now - KEEP + timedelta(hours=h),
+                    expires_at=now + timedelta(hours=h),
+                )
+                for i, h in enumerate((-3, -2, -1, 1, 2))
+            ]
+        )
 
     def keys() -> list[str]:
         with session_scope(factory) as s:
@@ -282,8 +375,15 @@ def test_expired_idempotency_keys_are_purged_in_bounded_batches_oldest_first(db_
 
     report = reap_once(factory=factory, settings=settings, now=now, purge_batch=2)
     assert report.purged_keys == 2 and report and keys() == ["k2", "k3", "k4"]
-    assert report.counts() == {"requeued": 0, "failed": 0, "cancelled": 0, "signalled": 0,
-                               "sent": 0, "resent": 0, "purged_keys": 2}  # fmt: skip
+    assert report.counts() == {
+        "requeued": 0,
+        "failed": 0,
+        "cancelled": 0,
+        "signalled": 0,
+        "sent": 0,
+        "resent": 0,
+        "purged_keys": 2,
+    }
     report = reap_once(factory=factory, settings=settings, now=now, purge_batch=2)
     assert report.purged_keys == 1 and keys() == ["k3", "k4"]
     report = reap_once(factory=factory, settings=settings, now=now, purge_batch=2)
@@ -301,21 +401,35 @@ def test_celery_beat_runs_the_reaper_on_the_maintenance_queue(pg_url, tmp_path, 
     factory = factory_for(pg_url)
     job_id = _running(factory)
     with session_scope(factory) as s:  # the lease ran out a minute ago
-        s.execute(update(Job).where(Job.id == job_id)
-                  .values(lease_expires_at=utcnow() - timedelta(minutes=1)))  # fmt: skip
+        s.execute(
+            update(Job)
+            .where(Job.id == job_id)
+            .values(lease_expires_at=utcnow() - timedelta(minutes=1))
+        )
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["beat"]
     args = compose["command"]
     args[args.index("--queues") + 1] = queue
     args[args.index("--schedule") + 1] = str(tmp_path / "beat-schedule")
-    env = {**os.environ, "COMERA_HOME": str(tmp_path), "COMERA_DATABASE_URL": pg_url,
-           "COMERA_BROKER_URL": url, "COMERA_MAINTENANCE_QUEUE": queue,
-           "COMERA_QUEUE": f"{queue}.gpu", "COMERA_REAPER_INTERVAL_SECONDS": "1",
-           "COMERA_RETRY_BACKOFF_SECONDS": "0"}  # fmt: skip
+    env = {
+        **os.environ,
+        "COMERA_HOME": str(tmp_path),
+        "COMERA_DATABASE_URL": pg_url,
+        "COMERA_BROKER_URL": url,
+        "COMERA_MAINTENANCE_QUEUE": queue,
+        "COMERA_QUEUE": f"{queue}.gpu",
+        "COMERA_REAPER_INTERVAL_SECONDS": "1",
+        "COMERA_RETRY_BACKOFF_SECONDS": "0",
+    }
     log = tmp_path / "beat.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([str(Path(sys.executable).parent / "celery"), *args[1:]],
-                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "celery"), *args[1:]],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 90
         while get(factory, job_id)[0].attempt == 1 and time.monotonic() < deadline:

@@ -12,8 +12,8 @@ import torch
 
 from engine.train.config import ConfigError
 from engine.train.cuda_graphs import CudaGraphUnavailableError
-from service.core.config import Settings
-from service.queue import enqueue
+from service.store.queue import enqueue
+from service.store.settings import Settings
 from tests.worker.jobs import (
     checkpoints,
     events,
@@ -54,7 +54,10 @@ def test_a_bf16_job_runs_on_the_cpu_to_succeeded(pg_url, tmp_path):
     job = done[bf16][0]
     training = job.engine_config["training"]  # the config the worker ran (set at RUNNING)
     assert (training["precision"], training["fast_path"], training["cuda_graph"]) == (
-        "bf16", True, "auto")  # fmt: skip
+        "bf16",
+        True,
+        "auto",
+    )
     assert training["device"] == "cpu"
     running = [e.data for e in events(factory, bf16) if e.data.get("state") == "RUNNING"]
     assert running and running[0]["device"] == "cpu"
@@ -85,13 +88,23 @@ def test_cuda_graph_on_fails_a_job_on_a_worker_without_a_gpu(pg_url, tmp_path):
     assert "no GPU" in job.error["detail"]
 
 
-@pytest.mark.parametrize(("exc", "pointer"), [
-    (ConfigError("training.cuda_graph", "CUDA is not available"), "/training/cuda_graph"),
-    (ConfigError("training.precision", "bf16 runs TT layers through the fast path, which "
-                 "this model cannot use"), "/training/precision"),
-    (CudaGraphUnavailableError("capturing the training step failed: sync"),
-     "/training/cuda_graph"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("exc", "pointer"),
+    [
+        (ConfigError("training.cuda_graph", "CUDA is not available"), "/training/cuda_graph"),
+        (
+            ConfigError(
+                "training.precision",
+                "bf16 runs TT layers through the fast path, which this model cannot use",
+            ),
+            "/training/precision",
+        ),
+        (
+            CudaGraphUnavailableError("capturing the training step failed: sync"),
+            "/training/cuda_graph",
+        ),
+    ],
+)
 def test_engine_refusals_of_the_options_are_validation_problems(exc, pointer):
     kind, problem = problem_for(exc)
     assert kind == "validation"

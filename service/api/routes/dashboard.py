@@ -35,9 +35,11 @@ CONTENT_TYPES = {
     ".png": "image/png",
     ".ico": "image/x-icon",
 }
-CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
-       "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; "
-       "form-action 'self'")  # fmt: skip
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; "
+    "form-action 'self'"
+)
 
 router = APIRouter(tags=["dashboard"], include_in_schema=False)
 
@@ -64,8 +66,11 @@ def _serve(name: str, request: Request, if_none_match: str | None) -> Response:
     body, etag = _load(name)
     headers = {"ETag": etag, "Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
     if name == "index.html":
-        headers |= {"Content-Security-Policy": CSP, "Referrer-Policy": "no-referrer",
-                    "X-Frame-Options": "DENY"}  # fmt: skip
+        headers |= {
+            "Content-Security-Policy": CSP,
+            "Referrer-Policy": "no-referrer",
+            "X-Frame-Options": "DENY",
+        }
     if if_none_match is not None and etag in (t.strip() for t in if_none_match.split(",")):
         return Response(status_code=304, headers=headers)
     media_type = CONTENT_TYPES[Path(name).suffix]
@@ -76,14 +81,16 @@ def _serve(name: str, request: Request, if_none_match: str | None) -> Response:
 
 
 @router.api_route("/", methods=["GET", "HEAD"], response_class=Response)
-def dashboard_page(request: Request,
-                   if_none_match: Annotated[str | None, Header()] = None) -> Response:  # fmt: skip
+def dashboard_page(
+    request: Request, if_none_match: Annotated[str | None, Header()] = None
+) -> Response:
     """The dashboard page (no authentication: it asks for the key and holds no data)."""
     return _serve("index.html", request, if_none_match)
 
 
 @router.api_route("/static/{name}", methods=["GET", "HEAD"], response_class=Response)
-def dashboard_file(name: str, request: Request,
-                   if_none_match: Annotated[str | None, Header()] = None) -> Response:  # fmt: skip
+def dashboard_file(
+    name: str, request: Request, if_none_match: Annotated[str | None, Header()] = None
+) -> Response:
     """One file of the dashboard, by its bare name (no sub-folders, no dot files)."""
     return _serve(name, request, if_none_match)

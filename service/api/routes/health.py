@@ -29,13 +29,15 @@ async def readyz(request: Request, settings: SettingsDep) -> HealthPublic | Resp
     checks = {"database": db or "ok", "broker": broker or "ok"}
     if db or broker:
         down = ", ".join(k for k, v in checks.items() if v != "ok")
-        return problem_response(503, f"Not ready: {down} unavailable.", checks=checks,
-                                headers={"Retry-After": "5"})  # fmt: skip
+        return problem_response(
+            503, f"Not ready: {down} unavailable.", checks=checks, headers={"Retry-After": "5"}
+        )
     return HealthPublic(status="ready", checks=checks)
 
 
-@metrics_router.get("/metrics", response_class=Response,
-                    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})  # fmt: skip
+@metrics_router.get(
+    "/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}}
+)
 def metrics(request: Request) -> Response:
     """Prometheus text format: request counts and latency by route, jobs by state."""
     body = generate_latest(request.app.state.telemetry.registry)

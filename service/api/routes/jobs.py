@@ -1,6 +1,6 @@
 """``/v1/jobs``: submit, dry-run, list, read, relabel, cancel, retry, delete, attempts.
 
-Handlers stay thin: checks and stores live in ``service.submission`` and ``service.db.crud``.
+Handlers stay thin: checks and stores live in ``service.submission`` and ``service.store.db.crud``.
 """
 
 from __future__ import annotations
@@ -29,29 +29,31 @@ from service.api.deps import (
     EnqueueDep,
     JobDep,
     PlannerDep,
+    PrincipalDep,
     RevokeDep,
     SessionDep,
     SettingsDep,
     TenantDep,
 )
 from service.conditional import etag_matches, job_etag, version_matches
-from service.db.crud.idempotency import claim_key, finish_key, forget_key
-from service.db.crud.job_actions import (
+from service.errors import FieldProblem, problems
+from service.request_body import Deferred, DeferredBodyRoute, parse_body
+from service.store.db.crud.idempotency import claim_key, finish_key, forget_key
+from service.store.db.crud.job_actions import (
     cancel_job,
     delete_job,
     resolve_resume,
     retry_job,
     update_job,
 )
-from service.db.crud.job_queries import JobFilter, latest_metrics, list_attempts, list_jobs
-from service.db.crud.jobs import get_job
-from service.errors import FieldProblem, problems
-from service.spec import spec_hash
-from service.storage import remove_artifacts
+from service.store.db.crud.job_queries import JobFilter, latest_metrics, list_attempts, list_jobs
+from service.store.db.crud.jobs import get_job
+from service.store.spec import spec_hash
+from service.store.storage import remove_artifacts
 from service.submission import dispatch, dry_run, plan, prepare, submit
 from service.views import attempt_public, job_public
 
-router = APIRouter(prefix="/jobs", tags=["jobs"])
+router = APIRouter(prefix="/jobs", tags=["jobs"], route_class=DeferredBodyRoute)
 LABEL = re.compile(r"^([\w.\-/]{1,64}):(.{0,256})$")
 
 
@@ -68,16 +70,22 @@ class JobListParams(BaseModel):
     def to_filter(self) -> JobFilter:
         states = [s.strip() for s in (self.state or "").split(",") if s.strip()]
         if bad := [s for s in states if s not in JobState.__members__]:
-            raise FieldProblem.param("state", f"unknown state(s) {bad}; one of "
-                                     f"{[s.value for s in JobState]}")  # fmt: skip
+            raise FieldProblem.param(
+                "state", f"unknown state(s) {bad}; one of {[s.value for s in JobState]}"
+            )
         labels = {}
         for item in self.label:
             if (m := LABEL.match(item)) is None:
                 raise FieldProblem.param("label", f"{item!r} is not key:value")
             labels[m[1]] = m[2]
-        return JobFilter(states=[JobState(s) for s in states], labels=labels, q=self.q,
-                         model=self.model, created_after=self.created_after,
-                         created_before=self.created_before)  # fmt: skip
+        return JobFilter(
+            states=[JobState(s) for s in states],
+            labels=labels,
+            q=self.q,
+            model=self.model,
+            created_after=self.created_after,
+            created_before=self.created_before,
+        )
 
 
 def _with_metrics(session: Any, job: Any) -> JobPublic:
@@ -85,25 +93,42 @@ def _with_metrics(session: Any, job: Any) -> JobPublic:
     return job_public(job, latest[job.id])
 
 
-@router.post("", status_code=202, response_model=JobPublic,
-             responses=problems(400, 413, 422, 429, 503))  # fmt: skip
+@router.post(
+    "", status_code=202, response_model=JobPublic, responses=problems(400, 413, 422, 429, 503)
+)
 def submit_job(
-    spec: JobCreate, session: SessionDep, settings: SettingsDep, tenant: TenantDep,
-    planner: PlannerDep, enqueue: EnqueueDep, response: Response,
-    idempotency_key: Annotated[str, Header(alias="Idempotency-Key", min_length=1, max_length=255,
-                                           description="required (design b.1): a new random "
-                                           "value per job, reused only to retry")],
-) -> Any:  # fmt: skip
+    spec: Deferred[JobCreate],
+    session: SessionDep,
+    settings: SettingsDep,
+    tenant: TenantDep,
+    planner: PlannerDep,
+    enqueue: EnqueueDep,
+    response: Response,
+    idempotency_key: Annotated[
+        str,
+        Header(
+            alias="Idempotency-Key",
+            min_length=1,
+            max_length=255,
+            description=(
+                "required (docs/service.md#idempotency): a new random value per job, reused "
+                "only to retry"
+            ),
+        ),
+    ],
+) -> Any:
     """Store a QUEUED job (attempt 1) and enqueue it; 202 with ``Location``.
 
-    Checked first: the body, dataset references, the engine translation and the model build
-    (the planner; skipped if unavailable). A broker outage still gives 202, with
+    Checked first: the body, dataset references, the engine translation and the plan (the
+    model build, the data's real sizes, the memory estimate against the worker's capacity;
+    :mod:`service.planner`: 429 past the tenant's share of the planner, 503 with
+    ``Retry-After`` when no plan could be made in time). A broker outage still gives 202, with
     ``enqueue_pending`` set: the reaper sends the job later. ``Idempotency-Key`` is required
-    (:mod:`service.db.crud.idempotency`): the same key and body replay the first answer
+    (:mod:`service.store.db.crud.idempotency`): the same key and body replay the first answer
     (``Idempotent-Replayed: true``), another body is a 422, a first request still running 409."""
+    spec = parse_body(JobCreate, spec)  # off the event loop (service.request_body)
     tenant_id, key = tenant.id, idempotency_key
-    claim = claim_key(session=session, tenant_id=tenant_id, key=key,
-                      fingerprint=spec_hash(spec))  # fmt: skip
+    claim = claim_key(session=session, tenant_id=tenant_id, key=key, fingerprint=spec_hash(spec))
     if claim.outcome == "replay":
         return JSONResponse(
             claim.response,
@@ -121,56 +146,93 @@ def submit_job(
         response.headers["Idempotent-Replayed"] = "true"
     else:
         try:
-            engine_job = prepare(session=session, settings=settings, tenant_id=tenant_id,
-                                 spec=spec)  # fmt: skip
+            engine_job = prepare(session=session, settings=settings, tenant_id=tenant_id, spec=spec)
             session.rollback()  # hand the connection back to the pool while the planner works
-            plan(planner, engine_job, required=False)
-            job = submit(session=session, settings=settings, tenant_id=tenant_id, spec=spec,
-                         engine_job=engine_job, enqueue=enqueue, idempotency_key=key)  # fmt: skip
+            plan(planner, engine_job, spec, required=False)
+            job = submit(
+                session=session,
+                settings=settings,
+                tenant_id=tenant_id,
+                spec=spec,
+                engine_job=engine_job,
+                enqueue=enqueue,
+                idempotency_key=key,
+            )
         except Exception:
             forget_key(session=session, tenant_id=tenant_id, key=key)  # a failed one forgets it
             raise
     headers = {"Location": f"/v1/jobs/{job.id}", "ETag": job_etag(job.version, job.updated_at)}
     public = job_public(job)
-    finish_key(session=session, tenant_id=tenant_id, key=key, status_code=202,
-               response=public.model_dump(mode="json"), headers=headers)  # fmt: skip
+    finish_key(
+        session=session,
+        tenant_id=tenant_id,
+        key=key,
+        status_code=202,
+        response=public.model_dump(mode="json"),
+        headers=headers,
+    )
     response.headers.update(headers)
     return public
 
 
-@router.post(":validate", response_model=ValidationReport, responses=problems(400, 413, 422, 503))
-def validate_job(spec: JobCreate, session: SessionDep, settings: SettingsDep, tenant: TenantDep,
-                 planner: PlannerDep) -> ValidationReport:  # fmt: skip
+@router.post(
+    ":validate", response_model=ValidationReport, responses=problems(400, 413, 422, 429, 503)
+)
+def validate_job(
+    spec: Deferred[JobCreate],
+    session: SessionDep,
+    settings: SettingsDep,
+    tenant: TenantDep,
+    planner: PlannerDep,
+) -> ValidationReport:
     """Dry run: the normalized spec and what the worker would build (per-layer shapes, modes
-    and initial ranks; parameters before and after; estimated training memory, counted as
-    parameters x 16 bytes (fp32 weight, gradient, two Adam moments) plus an activation
-    estimate; total steps when known). Nothing is stored or queued."""
+    and initial ranks; parameters before and after; estimated training memory: parameters x
+    16 bytes (fp32 weight, gradient, two Adam moments), activations and the data held in
+    memory, from the data's real sizes, within the worker's capacity; total steps when
+    known). Nothing is stored or queued."""
+    spec = parse_body(JobCreate, spec)
     engine_job = prepare(session=session, settings=settings, tenant_id=tenant.id, spec=spec)
     session.rollback()  # no connection held while the planner works
-    return dry_run(spec, plan(planner, engine_job, required=True) or {})
+    return dry_run(spec, plan(planner, engine_job, spec, required=True) or {})
 
 
 @router.get("", response_model=JobsPublic, responses=problems(400, 422))
-def list_jobs_route(params: Annotated[JobListParams, Query()], session: SessionDep,
-                    tenant: TenantDep) -> JobsPublic:  # fmt: skip
+def list_jobs_route(
+    params: Annotated[JobListParams, Query()], session: SessionDep, tenant: TenantDep
+) -> JobsPublic:
     """The tenant's jobs, newest first; pass ``next_cursor`` back as ``cursor``."""
     try:
-        jobs, cursor = list_jobs(session=session, tenant_id=tenant.id, where=params.to_filter(),
-                                 cursor=params.cursor, limit=params.limit)  # fmt: skip
+        jobs, cursor = list_jobs(
+            session=session,
+            tenant_id=tenant.id,
+            where=params.to_filter(),
+            cursor=params.cursor,
+            limit=params.limit,
+        )
     except ValueError:
         raise HTTPException(400, "Invalid cursor.") from None
     latest = latest_metrics(session=session, tenant_id=tenant.id, job_ids=[j.id for j in jobs])
     return JobsPublic(items=[job_public(j, latest[j.id]) for j in jobs], next_cursor=cursor)
 
 
+@router.head(
+    "/{job_id}",
+    response_model=JobPublic,
+    responses={304: {"description": "Not modified (If-None-Match)"}, **problems(404)},
+)
 @router.get(
     "/{job_id}",
     response_model=JobPublic,
     responses={304: {"description": "Not modified (If-None-Match)"}, **problems(404)},
 )
-def read_job(job: JobDep, session: SessionDep, response: Response,
-             if_none_match: Annotated[str | None, Header()] = None) -> Any:  # fmt: skip
-    """The job; an ``ETag`` (:mod:`service.conditional`), ``Retry-After`` while not finished."""
+def read_job(
+    job: JobDep,
+    session: SessionDep,
+    response: Response,
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> Any:
+    """The job; an ``ETag`` (:mod:`service.conditional`), ``Retry-After`` while not finished.
+    ``HEAD`` gives the same headers without the body (``jobs:read``)."""
     headers = {"ETag": job_etag(job.version, job.updated_at)}
     if JobState(job.state) not in TERMINAL_STATES:
         headers["Retry-After"] = "5"
@@ -180,11 +242,18 @@ def read_job(job: JobDep, session: SessionDep, response: Response,
     return _with_metrics(session, job)
 
 
-@router.patch("/{job_id}", response_model=JobPublic,
-              responses=problems(400, 404, 412, 413, 422, 428))  # fmt: skip
-def update_job_route(job: JobDep, body: JobUpdate, session: SessionDep, response: Response,
-                     if_match: Annotated[str | None, Header()] = None) -> JobPublic:  # fmt: skip
+@router.patch(
+    "/{job_id}", response_model=JobPublic, responses=problems(400, 404, 412, 413, 422, 428)
+)
+def update_job_route(
+    job: JobDep,
+    body: Deferred[JobUpdate],
+    session: SessionDep,
+    response: Response,
+    if_match: Annotated[str | None, Header()] = None,
+) -> JobPublic:
     """Change the name and/or labels; requires ``If-Match`` with the job's ETag."""
+    body = parse_body(JobUpdate, body)
     if if_match is None:
         raise HTTPException(428, "If-Match is required: send the job's ETag.")
     if not version_matches(if_match, job.version):
@@ -199,16 +268,28 @@ def update_job_route(job: JobDep, body: JobUpdate, session: SessionDep, response
     return _with_metrics(session, job)
 
 
-@router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic,
-             responses={200: {"model": JobPublic, "description": "Cancelled (or already)"},
-                        **problems(400, 404, 409, 413, 422)})  # fmt: skip
-def cancel_job_route(job: JobDep, session: SessionDep, revoke: RevokeDep, response: Response,
-                     body: CancelRequest | None = None) -> JobPublic:  # fmt: skip
+@router.post(
+    "/{job_id}/cancel",
+    status_code=202,
+    response_model=JobPublic,
+    responses={
+        200: {"model": JobPublic, "description": "Cancelled (or already)"},
+        **problems(400, 404, 409, 413, 422),
+    },
+)
+def cancel_job_route(
+    job: JobDep,
+    session: SessionDep,
+    revoke: RevokeDep,
+    response: Response,
+    body: Deferred[CancelRequest | None] = None,
+) -> JobPublic:
     """QUEUED: cancelled at once (200). STARTING / RUNNING: CANCELLING, the worker checkpoints
     and stops (202); already CANCELLING: 202; already CANCELLED: 200; finished: 409."""
-    body = body or CancelRequest()
-    outcome, job = cancel_job(session=session, job=job, mode=body.mode,
-                              save_partial=body.save_partial)  # fmt: skip
+    body = parse_body(CancelRequest, body, optional=True) or CancelRequest()
+    outcome, job = cancel_job(
+        session=session, job=job, mode=body.mode, save_partial=body.save_partial
+    )
     if outcome == "finished":
         raise HTTPException(409, "The job has already finished.")
     session.commit()
@@ -218,15 +299,24 @@ def cancel_job_route(job: JobDep, session: SessionDep, revoke: RevokeDep, respon
     return _with_metrics(session, job)
 
 
-@router.post("/{job_id}/retry", status_code=202, response_model=JobPublic,
-             responses=problems(400, 404, 409, 413, 422))  # fmt: skip
-def retry_job_route(job: JobDep, session: SessionDep, enqueue: EnqueueDep, response: Response,
-                    body: RetryRequest | None = None) -> JobPublic:  # fmt: skip
+@router.post(
+    "/{job_id}/retry",
+    status_code=202,
+    response_model=JobPublic,
+    responses=problems(400, 404, 409, 413, 422),
+)
+def retry_job_route(
+    job: JobDep,
+    session: SessionDep,
+    enqueue: EnqueueDep,
+    response: Response,
+    body: Deferred[RetryRequest | None] = None,
+) -> JobPublic:
     """FAILED / CANCELLED -> QUEUED as attempt n+1, resuming ``from`` the latest complete
     checkpoint (default), ``scratch`` or a checkpoint id."""
+    choice = (parse_body(RetryRequest, body, optional=True) or RetryRequest()).from_
     if JobState(job.state) not in (JobState.FAILED, JobState.CANCELLED):
         raise HTTPException(409, "Only FAILED or CANCELLED jobs can be retried.")
-    choice = (body or RetryRequest()).from_
     try:
         resume = resolve_resume(session=session, job=job, choice=choice)
     except ValueError as err:
@@ -240,8 +330,7 @@ def retry_job_route(job: JobDep, session: SessionDep, enqueue: EnqueueDep, respo
     return job_public(job)
 
 
-@router.delete("/{job_id}", status_code=204, response_class=Response,
-               responses=problems(404, 409))  # fmt: skip
+@router.delete("/{job_id}", status_code=204, response_class=Response, responses=problems(404, 409))
 def delete_job_route(job: JobDep, session: SessionDep, settings: SettingsDep) -> Response:
     """Delete a finished job: its rows and its artifact files."""
     if JobState(job.state) not in TERMINAL_STATES:
@@ -254,7 +343,11 @@ def delete_job_route(job: JobDep, session: SessionDep, settings: SettingsDep) ->
 
 
 @router.get("/{job_id}/attempts", response_model=AttemptsPublic, responses=problems(404))
-def list_attempts_route(job: JobDep, session: SessionDep) -> AttemptsPublic:
-    """Every attempt: worker, start and end, exit reason."""
+def list_attempts_route(
+    job: JobDep, session: SessionDep, principal: PrincipalDep
+) -> AttemptsPublic:
+    """Every attempt: start and end, exit reason, the checkpoint it resumed from; the worker
+    that ran it (``host:pid``) for admin keys only."""
     items = list_attempts(session=session, tenant_id=job.tenant_id, job_id=job.id)
-    return AttemptsPublic(items=[attempt_public(a) for a in items])
+    admin = principal.allows("admin")
+    return AttemptsPublic(items=[attempt_public(a, show_worker=admin) for a in items])

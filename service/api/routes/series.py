@@ -11,9 +11,9 @@ from sse_starlette import EventSourceResponse
 from api_schemas import EventsPublic, MetricSeries, MetricsPublic, RanksPublic
 from api_schemas.series import EVENT_KINDS
 from service.api.deps import JobDep, SessionDep
-from service.db.crud.series import events_after, metric_series, rank_series
 from service.errors import FieldProblem, problems
 from service.events_stream import PING_S, event_stream, wants_event_stream
+from service.store.db.crud.series import events_after, metric_series, rank_series
 from service.views import event_public, metric_point, rank_point
 
 router = APIRouter(prefix="/jobs/{job_id}", tags=["series"])
@@ -54,38 +54,65 @@ class EventsQuery(BaseModel):
 
 
 @router.get("/metrics", response_model=MetricsPublic, responses=problems(404, 422))
-def read_metrics(job: JobDep, session: SessionDep,
-                 params: Annotated[MetricsQuery, Query()]) -> MetricsPublic:  # fmt: skip
+def read_metrics(
+    job: JobDep, session: SessionDep, params: Annotated[MetricsQuery, Query()]
+) -> MetricsPublic:
     """Metric series per key, downsampled by row to ``max_points`` (first and last kept)."""
-    found = metric_series(session=session, tenant_id=job.tenant_id, job_id=job.id,
-                          keys=_names(params.keys),
-                          stage=params.stage, from_step=params.from_step,
-                          to_step=params.to_step, max_points=params.max_points)  # fmt: skip
-    series = [MetricSeries(key=s.name, points=[metric_point(p) for p in s.rows],
-                           total_points=s.total, downsampled=s.total > len(s.rows))
-              for s in found]  # fmt: skip
+    found = metric_series(
+        session=session,
+        tenant_id=job.tenant_id,
+        job_id=job.id,
+        keys=_names(params.keys),
+        stage=params.stage,
+        from_step=params.from_step,
+        to_step=params.to_step,
+        max_points=params.max_points,
+    )
+    series = [
+        MetricSeries(
+            key=s.name,
+            points=[metric_point(p) for p in s.rows],
+            total_points=s.total,
+            downsampled=s.total > len(s.rows),
+        )
+        for s in found
+    ]
     return MetricsPublic(job_id=job.id, series=series)
 
 
 @router.get("/ranks", response_model=RanksPublic, responses=problems(404, 422))
-def read_ranks(job: JobDep, session: SessionDep,
-               params: Annotated[RanksQuery, Query()]) -> RanksPublic:  # fmt: skip
+def read_ranks(
+    job: JobDep, session: SessionDep, params: Annotated[RanksQuery, Query()]
+) -> RanksPublic:
     """The rank trajectory: per tensor and step, the active ranks, size and ratio."""
-    found = rank_series(session=session, tenant_id=job.tenant_id, job_id=job.id,
-                        tensor=params.tensor, stage=params.stage, from_step=params.from_step,
-                        max_points=params.max_points)  # fmt: skip
+    found = rank_series(
+        session=session,
+        tenant_id=job.tenant_id,
+        job_id=job.id,
+        tensor=params.tensor,
+        stage=params.stage,
+        from_step=params.from_step,
+        max_points=params.max_points,
+    )
     return RanksPublic(job_id=job.id, points=[rank_point(p) for s in found for p in s.rows])
 
 
-@router.get("/events", response_model=EventsPublic,
-            responses={200: {"content": {"text/event-stream": {}},
-                             "description": "A JSON page, or an SSE stream"},
-                       **problems(404, 406, 422)})  # fmt: skip
-def read_events(job: JobDep, session: SessionDep, request: Request,
-                params: Annotated[EventsQuery, Query()],
-                accept: Annotated[str | None, Header()] = None,
-                last_event_id: Annotated[int | None, Header(ge=0, le=INT32)] = None,
-                ) -> Any:  # fmt: skip
+@router.get(
+    "/events",
+    response_model=EventsPublic,
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "A JSON page, or an SSE stream"},
+        **problems(404, 406, 422),
+    },
+)
+def read_events(
+    job: JobDep,
+    session: SessionDep,
+    request: Request,
+    params: Annotated[EventsQuery, Query()],
+    accept: Annotated[str | None, Header()] = None,
+    last_event_id: Annotated[int | None, Header(ge=0, le=INT32)] = None,
+) -> Any:
     """Events after ``after`` (or ``Last-Event-ID``): a page, or with
     ``Accept: text/event-stream`` a stream that ends after the job's terminal state."""
     sse, kinds = wants_event_stream(accept), params.kinds()
@@ -94,11 +121,16 @@ def read_events(job: JobDep, session: SessionDep, request: Request,
     after = max(params.after, last_event_id or 0)
     if sse:
         session.close()  # the stream opens its own short sessions; hold no connection
-        stream = event_stream(request.app.state.sessionmaker, job.tenant_id, job.id, after,
-                              kinds)  # fmt: skip
+        stream = event_stream(request.app.state.sessionmaker, job.tenant_id, job.id, after, kinds)
         return EventSourceResponse(stream, ping=PING_S, headers={"Cache-Control": "no-cache"})
-    events = events_after(session=session, tenant_id=job.tenant_id, job_id=job.id, after=after,
-                          limit=params.limit + 1, kinds=kinds)  # fmt: skip
+    events = events_after(
+        session=session,
+        tenant_id=job.tenant_id,
+        job_id=job.id,
+        after=after,
+        limit=params.limit + 1,
+        kinds=kinds,
+    )
     page = events[: params.limit]
     cursor = str(page[-1].seq) if len(events) > params.limit else None
     return EventsPublic(items=[event_public(e) for e in page], next_cursor=cursor)

@@ -37,8 +37,7 @@ def test_batched_merge_and_backward_equal_the_chain_merge_per_member(shapes, dir
         member = [c[g] for c in cores]
         want, want_saved = merge(member, direction)
         assert torch.allclose(got[g], want, rtol=1e-13, atol=0)
-        for a, b in zip(d_got, merge_backward(member, want_saved, grad[g], direction),
-                        strict=True):  # fmt: skip
+        for a, b in zip(d_got, merge_backward(member, want_saved, grad[g], direction), strict=True):
             assert torch.allclose(a[g], b, rtol=1e-13, atol=1e-15)
 
 
@@ -51,8 +50,10 @@ LAYERS = [
 
 def _members(case, G: int) -> list[TTLinear]:
     n, m, in_modes, out_modes, ranks = case
-    layers = [TTLinear(n, m, in_modes=in_modes, out_modes=out_modes, ranks=ranks,
-                       dtype=torch.float64) for _ in range(G)]  # fmt: skip
+    layers = [
+        TTLinear(n, m, in_modes=in_modes, out_modes=out_modes, ranks=ranks, dtype=torch.float64)
+        for _ in range(G)
+    ]
     with torch.no_grad():
         for layer in layers:
             for g in layer.gates:
@@ -117,9 +118,21 @@ def test_rank_padding_keeps_the_weight_and_every_gradient(dirs):
         assert_close_rel(a, b, 1e-12, f"grad {i}")
 
 
-@pytest.mark.parametrize(("r", "rows", "want"), [
-    (30, 4096, 32), (31, 256, 32), (26, 1024, 32), (25, 1024, 25), (32, 4096, 32),
-    (12, 4096, 12), (13, 4096, 16), (4, 4096, 4), (30, 255, 30), (48, 512, 48), (60, 512, 64),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("r", "rows", "want"),
+    [
+        (30, 4096, 32),
+        (31, 256, 32),
+        (26, 1024, 32),
+        (25, 1024, 25),
+        (32, 4096, 32),
+        (12, 4096, 12),
+        (13, 4096, 16),
+        (4, 4096, 4),
+        (30, 255, 30),
+        (48, 512, 48),
+        (60, 512, 64),
+    ],
+)
 def test_padded_rank_rounds_up_to_16_within_a_quarter_from_256_rows(r, rows, want):
     assert padded_rank(r, rows) == want

@@ -35,8 +35,10 @@ def _leaf(*shape: int) -> torch.Tensor:
 
 def _params(d: int, ranks: tuple[int, int, int, int], biases: tuple[bool, bool, bool, bool]):
     """Halves and biases of q, k, v, out: ``[(L, R, b), ...]``."""
-    return [(_leaf(d, r), _leaf(r, d), _leaf(d) if has else None)
-            for r, has in zip(ranks, biases, strict=True)]  # fmt: skip
+    return [
+        (_leaf(d, r), _leaf(r, d), _leaf(d) if has else None)
+        for r, has in zip(ranks, biases, strict=True)
+    ]
 
 
 def _reference(x, params, heads, keep, p):
@@ -100,9 +102,12 @@ def test_matches_dense_attention_in_float64(rows, biases, keep_kind, p, save_pro
     got = _lowrank(x, params, heads, keep, p, save_probs)
     want = _reference(x, params, heads, keep, p)
     assert_close_rel(got, want, 1e-12, "output")
-    names = ["x"] + [f"{layer}.{part}" for layer, lrb in zip("qkvo", params, strict=True)
-                     for part, t in zip(("L", "R", "b"), lrb, strict=True)
-                     if t is not None]  # fmt: skip
+    names = ["x"] + [
+        f"{layer}.{part}"
+        for layer, lrb in zip("qkvo", params, strict=True)
+        for part, t in zip(("L", "R", "b"), lrb, strict=True)
+        if t is not None
+    ]
     leaves = [x] + [t for lrb in params for t in lrb if t is not None]
     up = torch.randn_like(want)
     g_got = torch.autograd.grad(got, leaves, up, allow_unused=True)
@@ -140,9 +145,12 @@ def test_cost_model_counts_the_multiply_adds_that_differ(heads, d, rank):
 
     def standard():
         e = d // heads
-        q, k, v = (PremergedLinearFunction.apply(x2, left, right, bias, None)
-                   .view(b, s, heads, e).transpose(1, 2)
-                   for left, right, bias in params[:3])  # fmt: skip
+        q, k, v = (
+            PremergedLinearFunction.apply(x2, left, right, bias, None)
+            .view(b, s, heads, e)
+            .transpose(1, 2)
+            for left, right, bias in params[:3]
+        )
         y = AttentionFunction.apply(q, k, v, None, 0.1).transpose(1, 2).reshape(-1, d)
         PremergedLinearFunction.apply(y, lo, ro, None, None)
 
@@ -169,8 +177,10 @@ def test_float32_matches_float64():
     b, s, heads, d = 2, 16, 4, 32
     params64 = _params(d, (4, 4, 4, 4), (True,) * 4)
     x64 = _leaf(b, s, d)
-    params32 = [tuple(None if t is None else t.detach().float().requires_grad_() for t in lrb)
-                for lrb in params64]  # fmt: skip
+    params32 = [
+        tuple(None if t is None else t.detach().float().requires_grad_() for t in lrb)
+        for lrb in params64
+    ]
     x32 = x64.detach().float().requires_grad_()
     got = _lowrank(x32, params32, heads, None, 0.1, True)
     want = _lowrank(x64, params64, heads, None, 0.1, True)

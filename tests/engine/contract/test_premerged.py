@@ -50,8 +50,7 @@ def test_siblings_match_separate_layers(bias):
     x, lefts, rights = _leaf(B, N), _leaf(S, N, r), _leaf(S, r, M)
     biases = _leaf(S, M) if bias else None
     y = SiblingLinearFunction.apply(x, lefts, rights, biases)  # (S, B, M)
-    ref = torch.stack([x @ lefts[s] @ rights[s] + (biases[s] if bias else 0.0)
-                       for s in range(S)])  # fmt: skip
+    ref = torch.stack([x @ lefts[s] @ rights[s] + (biases[s] if bias else 0.0) for s in range(S)])
     _check(y, ref, [t for t in (x, lefts, rights, biases) if t is not None])
 
 

@@ -45,8 +45,12 @@ def test_rows_match_numpy_reference(tmp_path, monkeypatch, save, chunk):
 def test_shuffle_is_exactly_once_and_split_by_index(tmp_path):
     path = tmp_path / "a.npz"
     np.savez(path, x=np.arange(40, dtype=np.float32)[:, None], y=np.arange(40) % 3)
-    b = build_data(DataConfig(kind="npz", train=str(path), shuffle_buffer=6, valid_every=4),
-                   arch="mlp", batch_size=5, seed=2)  # fmt: skip
+    b = build_data(
+        DataConfig(kind="npz", train=str(path), shuffle_buffer=6, valid_every=4),
+        arch="mlp",
+        batch_size=5,
+        seed=2,
+    )
     assert (b.train.num_examples(), b.valid.num_examples()) == (30, 10)
     tr0, tr1 = (_collect(b.train, e)[0][:, 0].long().tolist() for e in (0, 1))
     va = _collect(b.valid)[0][:, 0].long().tolist()

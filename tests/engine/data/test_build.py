@@ -9,15 +9,22 @@ from engine.data import DataConfig, build_data, write_synthetic
 from engine.models.transformer import TransformerConfig, build_transformer
 
 CONTRACT = {
-    "transformer": {"input_ids": torch.long, "token_type_ids": torch.long,
-                    "attention_mask": torch.bool, "labels": torch.long},
+    "transformer": {
+        "input_ids": torch.long,
+        "token_type_ids": torch.long,
+        "attention_mask": torch.bool,
+        "labels": torch.long,
+    },
     "dlrm": {"dense": torch.float32, "sparse": torch.long, "labels": torch.float32},
     "mlm": {"input_ids": torch.long, "attention_mask": torch.bool, "labels": torch.long},
     "mlp": {"x": torch.float32, "labels": torch.long},
-}  # fmt: skip
-OVERRIDES = {"transformer": {"vocab_size", "num_classes", "max_len"},
-             "dlrm": {"n_dense", "table_sizes"}, "mlm": {"vocab_size", "max_len"},
-             "mlp": {"in_features", "num_classes"}}  # fmt: skip
+}
+OVERRIDES = {
+    "transformer": {"vocab_size", "num_classes", "max_len"},
+    "dlrm": {"n_dense", "table_sizes"},
+    "mlm": {"vocab_size", "max_len"},
+    "mlp": {"in_features", "num_classes"},
+}
 
 
 @pytest.mark.parametrize("arch", sorted(CONTRACT))
@@ -52,8 +59,9 @@ def test_synthetic_batches_follow_the_contract(tmp_path, arch):
 
 
 def test_transformer_runs_on_a_batch_with_the_data_fields(tmp_path):
-    b = build_data(DataConfig(n_train=20, n_valid=0, max_len=24), arch="transformer",
-                   batch_size=5, seed=0)  # fmt: skip
+    b = build_data(
+        DataConfig(n_train=20, n_valid=0, max_len=24), arch="transformer", batch_size=5, seed=0
+    )
     assert b.valid is None
     model = build_transformer(TransformerConfig.tiny(**b.model_overrides), tensorized=False)
     x = next(b.train.batches(0))
@@ -72,15 +80,21 @@ def test_resume_mid_epoch_replays_exactly(tmp_path):
         assert all(torch.equal(x[k], y[k]) for k in x)
 
 
-@pytest.mark.parametrize("cfg,arch,match", [
-    (DataConfig(kind="criteo", train="x.tsv"), "mlp", "data.kind 'criteo' feeds model.arch"),
-    (DataConfig(generator="criteo"), "mlp", "data.generator 'criteo' makes data"),
-    (DataConfig(), "gpt", "model.arch"),
-    (DataConfig(kind="npz", train="/nonexistent.npz"), "mlp", "data.train: no such file"),
-    (DataConfig(kind="text", train=__file__, tokenizer="/none.json"), "mlm",
-     "data.tokenizer: no such file"),
-    (DataConfig(params={"bogus": 1}), "mlp", "data.params: unknown keys"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "cfg,arch,match",
+    [
+        (DataConfig(kind="criteo", train="x.tsv"), "mlp", "data.kind: 'criteo' feeds model.arch"),
+        (DataConfig(generator="criteo"), "mlp", "data.generator: 'criteo' makes data"),
+        (DataConfig(), "gpt", "model.arch"),
+        (DataConfig(kind="npz", train="/nonexistent.npz"), "mlp", "data.train: no such file"),
+        (
+            DataConfig(kind="text", train=__file__, tokenizer="/none.json"),
+            "mlm",
+            "data.tokenizer: no such file",
+        ),
+        (DataConfig(params={"bogus": 1}), "mlp", "data.params.bogus: unknown parameter"),
+    ],
+)
 def test_argument_errors_name_the_field(cfg, arch, match):
     with pytest.raises(ValueError, match=match):
         build_data(cfg, arch=arch, batch_size=2, seed=0)

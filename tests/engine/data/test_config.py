@@ -7,15 +7,23 @@ from pathlib import Path
 
 import pytest
 
+from engine.configs import ConfigError
 from engine.data import DataConfig
 
 
 def test_round_trip_through_json():
-    cfg = DataConfig(kind="criteo", train="t.tsv", valid="v.tsv", num_rows=list(range(1, 27)),
-                     labels=None, shuffle_buffer=5, params={"a": 1})  # fmt: skip
+    cfg = DataConfig(
+        kind="criteo",
+        train="t.tsv",
+        valid="v.tsv",
+        num_rows=list(range(2, 28)),
+        labels=None,
+        shuffle_buffer=5,
+        params={"a": 1},
+    )
     data = json.loads(json.dumps(cfg.to_dict()))
     assert DataConfig.from_dict(data) == cfg and data["version"] == 1
-    assert cfg.table_rows() == tuple(range(1, 27))
+    assert cfg.table_rows() == tuple(range(2, 28))
     assert DataConfig(num_rows=7).table_rows() == (7,) * 26
     cfg = DataConfig(kind="jsonl", train=Path("x.jsonl"), labels=["b", 3])
     assert cfg.train == "x.jsonl" and cfg.labels == ("b", "3")
@@ -24,21 +32,21 @@ def test_round_trip_through_json():
 
 
 def test_unknown_keys_are_rejected():
-    with pytest.raises(ValueError, match=r"data: unknown keys \['shuffle'\]"):
+    with pytest.raises(ValueError, match=r"^data\.shuffle: unknown field"):
         DataConfig.from_dict({"shuffle": 3})
 
 
 BAD = [
     ({"kind": "parquet"}, "data.kind"),
-    ({"kind": "jsonl"}, "data.train is required"),
-    ({"train": "x"}, "data.train must be null for kind 'synthetic'"),
-    ({"kind": "csv", "train": ""}, "data.train must be a file path"),
+    ({"kind": "jsonl"}, "data.train: is required"),
+    ({"train": "x"}, "data.train: must be null for kind 'synthetic'"),
+    ({"kind": "csv", "train": ""}, "data.train: must be a string of 1-4096"),
     ({"kind": "csv", "train": "x", "valid": "y", "valid_every": 3}, "data.valid_every"),
     ({"kind": "csv", "train": "x", "valid_every": 1}, "data.valid_every"),
-    ({"valid_every": 2}, "data.valid_every must be 0 for kind 'synthetic'"),
+    ({"valid_every": 2}, "data.valid_every: must be 0 for kind 'synthetic'"),
     ({"shuffle_buffer": -1}, "data.shuffle_buffer"),
     ({"length_buckets": -1}, "data.length_buckets"),
-    ({"length_buckets": 1025}, "data.length_buckets must be <= 1024"),
+    ({"length_buckets": 1025}, "data.length_buckets: must be an integer >= 0 and <= 1024"),
     ({"kind": "criteo", "train": "x", "length_buckets": 4}, "data.length_buckets: only"),
     ({"generator": "mlp", "length_buckets": 4}, "data.length_buckets: only"),
     ({"drop_last": 1}, "data.drop_last"),
@@ -47,10 +55,10 @@ BAD = [
     ({"label_field": None}, "data.label_field"),
     ({"labels": []}, "data.labels"),
     ({"labels": "abc"}, "data.labels"),
-    ({"labels": ["a", "a"]}, "data.labels must be distinct"),
-    ({"labels": ["a", 1.5]}, "data.labels entries"),
+    ({"labels": ["a", "a"]}, "data.labels: must be distinct"),
+    ({"labels": ["a", 1.5]}, "data.labels: entries"),
     ({"vocab_size": 10}, "data.vocab_size"),
-    ({"max_len": 3}, "data.max_len must be an integer >= 8, got 3"),
+    ({"max_len": 3}, "data.max_len: must be an integer >= 8 and <= 2048, got 3"),
     ({"max_len": True}, "data.max_len"),
     ({"num_rows": 0}, "data.num_rows"),
     ({"num_rows": [5, 5]}, "data.num_rows"),
@@ -66,5 +74,9 @@ BAD = [
 
 @pytest.mark.parametrize("changes,match", BAD)
 def test_invalid_fields_are_named(changes, match):
-    with pytest.raises(ValueError, match=match.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match="^" + match.replace(".", r"\.")):
+        DataConfig.from_dict(changes)
+    field = match.split(":")[0].split(" ")[0]
+    with pytest.raises(ConfigError) as err:  # built directly: the field relative to data
         DataConfig(**changes)
+    assert "data." + err.value.field == field

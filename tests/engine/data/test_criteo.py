@@ -23,8 +23,20 @@ ROWS = [7, 1, 13, 97, 2**20] + [1000 + t for t in range(21)]  # hash buckets per
 def _line(rng: random.Random, i: int) -> str:
     label = str(rng.randint(0, 1))
     ints = [str(i)] + [rng.choice(["", "0", "-1", "-7", "3", "150", str(2**40)]) for _ in range(12)]
-    hexes = [rng.choice(["", "0", "ff", "DEADBEEF", "a1B2c3d4", "ffffffffffffffff",
-                         f"{rng.getrandbits(32):08x}"]) for _ in range(26)]  # fmt: skip
+    hexes = [
+        rng.choice(
+            [
+                "",
+                "0",
+                "ff",
+                "DEADBEEF",
+                "a1B2c3d4",
+                "ffffffffffffffff",
+                f"{rng.getrandbits(32):08x}",
+            ]
+        )
+        for _ in range(26)
+    ]
     return "\t".join([label, *ints, *hexes])
 
 
@@ -45,8 +57,11 @@ def _reference(path: Path) -> list[tuple[float, list[float], list[int]]]:
 
 
 def _rows(batches) -> list[tuple[float, list[float], list[int]]]:
-    return [(float(y), d.tolist(), s.tolist()) for b in batches
-            for y, d, s in zip(b["labels"], b["dense"], b["sparse"], strict=True)]  # fmt: skip
+    return [
+        (float(y), d.tolist(), s.tolist())
+        for b in batches
+        for y, d, s in zip(b["labels"], b["dense"], b["sparse"], strict=True)
+    ]
 
 
 def _cfg(path: Path, **kw) -> DataConfig:
@@ -158,8 +173,15 @@ def test_memory_stays_flat_as_the_file_grows(tmp_path):
     with open(big, "wb") as f:
         for _ in range(10):
             f.write(block)
-    procs = [subprocess.Popen([sys.executable, "-c", _PROBE, str(small), str(p)], cwd=ROOT,
-                              stdout=subprocess.PIPE, text=True) for p in (small, big)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _PROBE, str(small), str(p)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for p in (small, big)
+    ]
     out = [json.loads(p.communicate(timeout=300)[0]) for p in procs]
     assert [o["rows"] for o in out] == [10_000, 100_000]  # nothing dropped
     growth = out[1]["growth_kb"] - out[0]["growth_kb"]

@@ -91,8 +91,9 @@ def test_masking_follows_bert_80_10_10(tmp_path):
     cfg = files.config(max_len=64, vocab_size=400)
     b = build_data(cfg, arch="mlm", batch_size=64, seed=0, workdir=tmp_path / "w")
     tok = Tokenizer.from_file(b.artifacts["tokenizer"])
-    special = torch.tensor([tok.token_to_id(t) for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]",
-                                                         "[MASK]")])  # fmt: skip
+    special = torch.tensor(
+        [tok.token_to_id(t) for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")]
+    )
     counts = torch.zeros(4)  # eligible, chosen, [MASK], kept
     for batch in b.train.batches(0):
         orig = torch.where(batch["labels"] != IGNORE_INDEX, batch["labels"], batch["input_ids"])
@@ -102,9 +103,14 @@ def test_masking_follows_bert_80_10_10(tmp_path):
         assert chosen.any(1).all()  # every sequence contributes
         replaced = batch["input_ids"][chosen]
         assert not torch.isin(replaced, special[special != tok.token_to_id("[MASK]")]).any()
-        counts += torch.tensor([eligible.sum(), chosen.sum(),
-                                (replaced == tok.token_to_id("[MASK]")).sum(),
-                                (replaced == batch["labels"][chosen]).sum()])  # fmt: skip
+        counts += torch.tensor(
+            [
+                eligible.sum(),
+                chosen.sum(),
+                (replaced == tok.token_to_id("[MASK]")).sum(),
+                (replaced == batch["labels"][chosen]).sum(),
+            ]
+        )
     eligible, chosen, masked, kept = counts.tolist()
     assert abs(chosen / eligible - 0.15) < 0.01
     assert abs(masked / chosen - 0.8) < 0.02
@@ -115,22 +121,31 @@ def test_masking_follows_bert_80_10_10(tmp_path):
 def test_masks_replay_per_epoch_and_validation_masks_are_fixed(tmp_path):
     path = tmp_path / "t.txt"
     path.write_text("\n".join(TEXT * 20) + "\n")
-    cfg = DataConfig(kind="text", train=str(path), vocab_size=120, max_len=16, valid_every=3,
-                     shuffle_buffer=4)  # fmt: skip
+    cfg = DataConfig(
+        kind="text", train=str(path), vocab_size=120, max_len=16, valid_every=3, shuffle_buffer=4
+    )
     b = build_data(cfg, arch="mlm", batch_size=4, seed=1, workdir=tmp_path)
 
     def eq(xs, ys):
         xs, ys = list(xs), list(ys)
-        return len(xs) == len(ys) and all(torch.equal(x[k], y[k]) for x, y in
-                                          zip(xs, ys, strict=True) for k in x)  # fmt: skip
+        return len(xs) == len(ys) and all(
+            torch.equal(x[k], y[k]) for x, y in zip(xs, ys, strict=True) for k in x
+        )
 
     assert eq(b.train.batches(2), b.train.batches(2))
     assert eq(list(b.train.batches(2))[3:], b.train.batches(2, start=3))
     assert not eq(b.train.batches(2), b.train.batches(3))
     assert eq(b.valid.batches(0), b.valid.batches(7))
     seqs = _unmasked(b.train.batches(0)) + _unmasked(b.valid.batches(0))
-    whole = _unmasked(build_data(cfg.replace(valid_every=0, shuffle_buffer=0), arch="mlm",
-                                 batch_size=4, seed=1, workdir=tmp_path).train.batches(0))
+    whole = _unmasked(
+        build_data(
+            cfg.replace(valid_every=0, shuffle_buffer=0),
+            arch="mlm",
+            batch_size=4,
+            seed=1,
+            workdir=tmp_path,
+        ).train.batches(0)
+    )
     assert sorted(seqs) == sorted(whole)
 
 
@@ -143,8 +158,9 @@ def test_malformed_text(tmp_path):
     path.write_text("fine line\n\x01\x02\n")  # control characters only: no token
     (tmp_path / "ok.txt").write_text("fine line\n")
     tok = _build(tmp_path / "ok.txt", tmp_path).artifacts["tokenizer"]
-    b = build_data(DataConfig(kind="text", train=str(path), tokenizer=tok), arch="mlm",
-                   batch_size=2, seed=0)  # fmt: skip
+    b = build_data(
+        DataConfig(kind="text", train=str(path), tokenizer=tok), arch="mlm", batch_size=2, seed=0
+    )
     with pytest.raises(DataError, match="at least one token") as err:
         list(b.train.batches(0))
     assert err.value.line == 2

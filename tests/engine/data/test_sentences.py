@@ -58,13 +58,19 @@ def test_stdlib_text_is_deterministic_disjoint_and_bounded():
     assert info["pool_size"] == len(pool) and len(info["pool_sha256"]) == 64
     for s in a:
         assert s[0].isupper() and s.endswith(".") and 6 <= len(s.split()) <= 40
-    with pytest.raises(ValueError, match="data.n_train \\+ data.n_valid"):
+    with pytest.raises(ValueError, match="data.n_train: with data.n_valid asks for"):
         generate_stdlib_text(len(pool) + 1, 0, params)
 
 
 def test_synthetic_stdlib_text_batches_encode_like_the_tokenizer():
-    cfg = DataConfig(kind="synthetic", generator="stdlib_text", n_train=50, n_valid=20,
-                     max_len=16, synthetic_seed=3)  # fmt: skip
+    cfg = DataConfig(
+        kind="synthetic",
+        generator="stdlib_text",
+        n_train=50,
+        n_valid=20,
+        max_len=16,
+        synthetic_seed=3,
+    )
     bundle = build_data(cfg, arch="hf_bert", batch_size=8, seed=0, model_config=MODEL)
     assert bundle.train.num_examples() == 50 and bundle.valid.num_examples() == 20
     sentences, _ = generate_stdlib_text(70, 3, StdlibTextParams())
@@ -95,8 +101,13 @@ def test_text_files_feed_hf_bert_and_blank_lines_are_skipped(tmp_path):
     rows = sum(b["input_ids"].shape[0] for b in bundle.train.batches(0))
     assert rows == 30 and bundle.train.num_examples() == 30
     assert sum(b["input_ids"].shape[0] for b in bundle.valid.batches(0)) == 10
-    split = build_data(DataConfig(kind="text", train=files.train, valid_every=5), arch="hf_bert",
-                       batch_size=4, seed=0, model_config=MODEL)  # fmt: skip
+    split = build_data(
+        DataConfig(kind="text", train=files.train, valid_every=5),
+        arch="hf_bert",
+        batch_size=4,
+        seed=0,
+        model_config=MODEL,
+    )
     assert sum(b["input_ids"].shape[0] for b in split.valid.batches(0)) == 6
 
 
@@ -105,25 +116,55 @@ def test_hf_bert_data_needs_a_tokenizer_and_a_text_kind(tmp_path):
     with pytest.raises(ValueError, match="data.tokenizer: .*model.config.path"):
         build_data(cfg, arch="hf_bert", batch_size=4, seed=0)
     with pytest.raises(ValueError, match="model.config.path: .*is not a directory"):
-        build_data(cfg, arch="hf_bert", batch_size=4, seed=0,
-                   model_config={"path": str(tmp_path / "nowhere")})  # fmt: skip
-    given = DataConfig(kind="synthetic", generator="stdlib_text", n_train=10, n_valid=0,
-                       tokenizer=str(minilm_dir() / "tokenizer.json"))  # fmt: skip
+        build_data(
+            cfg,
+            arch="hf_bert",
+            batch_size=4,
+            seed=0,
+            model_config={"path": str(tmp_path / "nowhere")},
+        )
+    given = DataConfig(
+        kind="synthetic",
+        generator="stdlib_text",
+        n_train=10,
+        n_valid=0,
+        tokenizer=str(minilm_dir() / "tokenizer.json"),
+    )
     assert build_data(given, arch="hf_bert", batch_size=4, seed=0).train.num_examples() == 10
-    with pytest.raises(ValueError, match="data.generator 'mlm' makes data for model.arch 'mlm'"):
-        build_data(cfg.replace(generator="mlm"), arch="hf_bert", batch_size=4, seed=0,
-                   model_config=MODEL)  # fmt: skip
+    with pytest.raises(ValueError, match="data.generator: 'mlm' makes data for model.arch 'mlm'"):
+        build_data(
+            cfg.replace(generator="mlm"), arch="hf_bert", batch_size=4, seed=0, model_config=MODEL
+        )
     (tmp_path / "t.jsonl").write_text('{"premise": "a", "hypothesis": "b", "label": 0}\n')
-    with pytest.raises(ValueError, match="data.kind 'jsonl' feeds model.arch 'transformer'"):
-        build_data(DataConfig(kind="jsonl", train=str(tmp_path / "t.jsonl")), arch="hf_bert",
-                   batch_size=4, seed=0, model_config=MODEL)  # fmt: skip
+    with pytest.raises(ValueError, match="data.kind: 'jsonl' feeds model.arch 'transformer'"):
+        build_data(
+            DataConfig(kind="jsonl", train=str(tmp_path / "t.jsonl")),
+            arch="hf_bert",
+            batch_size=4,
+            seed=0,
+            model_config=MODEL,
+        )
 
 
 def test_stdlib_text_length_buckets_pad_less_and_keep_every_sentence():
-    common = {"kind": "synthetic", "generator": "stdlib_text", "n_train": 96, "n_valid": 8,
-              "max_len": 64, "synthetic_seed": 1}  # fmt: skip
-    plain, bucketed = (build_data(DataConfig(**common, length_buckets=k), arch="hf_bert",
-                                  batch_size=8, seed=0, model_config=MODEL) for k in (0, 6))
+    common = {
+        "kind": "synthetic",
+        "generator": "stdlib_text",
+        "n_train": 96,
+        "n_valid": 8,
+        "max_len": 64,
+        "synthetic_seed": 1,
+    }
+    plain, bucketed = (
+        build_data(
+            DataConfig(**common, length_buckets=k),
+            arch="hf_bert",
+            batch_size=8,
+            seed=0,
+            model_config=MODEL,
+        )
+        for k in (0, 6)
+    )
     tok = tokenizer()
     tok.enable_truncation(64)
 

@@ -91,9 +91,15 @@ def test_abandoned_pass_does_not_record_a_count():
 def test_split_partitions_rows_by_index(k):
     n = 40
     train, valid = train_valid_sources(
-        lambda: iter(range(n)), None, collate=_collate, batch_size=3, seed=0,
-        shuffle_buffer=8, drop_last=False, valid_every=k,
-    )  # fmt: skip
+        lambda: iter(range(n)),
+        None,
+        collate=_collate,
+        batch_size=3,
+        seed=0,
+        shuffle_buffer=8,
+        drop_last=False,
+        valid_every=k,
+    )
     tr, va = sorted(_rows(train, 1)), _rows(valid, 1)
     assert va == [i for i in range(n) if i % k == k - 1]  # in order, unshuffled
     assert tr == [i for i in range(n) if i % k != k - 1]
@@ -104,9 +110,15 @@ def test_split_partitions_rows_by_index(k):
 
 def test_no_validation_without_file_or_split():
     train, valid = train_valid_sources(
-        lambda: iter(range(5)), None, collate=_collate, batch_size=2, seed=0,
-        shuffle_buffer=0, drop_last=False, valid_every=0,
-    )  # fmt: skip
+        lambda: iter(range(5)),
+        None,
+        collate=_collate,
+        batch_size=2,
+        seed=0,
+        shuffle_buffer=0,
+        drop_last=False,
+        valid_every=0,
+    )
     assert valid is None and _rows(train, 0) == list(range(5))
 
 
@@ -132,9 +144,15 @@ def test_count_makes_num_batches_known_before_training():
     assert s.num_batches() is None
     assert s.count() == 23 and s.num_batches() == 6
     train, valid = train_valid_sources(
-        lambda: iter(range(23)), None, collate=_collate, batch_size=4, seed=0,
-        shuffle_buffer=8, drop_last=True, valid_every=3,
-    )  # fmt: skip
+        lambda: iter(range(23)),
+        None,
+        collate=_collate,
+        batch_size=4,
+        seed=0,
+        shuffle_buffer=8,
+        drop_last=True,
+        valid_every=3,
+    )
     assert (train.count(), valid.count()) == split_counts(23, 3) == (16, 7)
     assert (train.num_batches(), valid.num_batches()) == (4, 2)  # validation keeps its last
 
@@ -159,8 +177,11 @@ def test_length_buckets_sort_windows_and_keep_every_example_once(n, k):
     for epoch in (0, 1):
         stream = _rows(plain, epoch)  # the shuffled stream both read
         got = [[int(v) for v in b["x"]] for b in bucketed.batches(epoch)]
-        want = _bucket_reference(stream, 4, k, 3, epoch) if k > 1 else [
-            stream[i : i + 4] for i in range(0, n, 4)]  # fmt: skip
+        want = (
+            _bucket_reference(stream, 4, k, 3, epoch)
+            if k > 1
+            else [stream[i : i + 4] for i in range(0, n, 4)]
+        )
         assert got == want
         assert sorted(v for b in got for v in b) == list(range(n))
     assert bucketed.num_examples() == n
@@ -168,11 +189,22 @@ def test_length_buckets_sort_windows_and_keep_every_example_once(n, k):
 
 def test_length_buckets_cut_padding_replay_and_resume():
     lengths = [random.Random(i).randrange(1, 60) for i in range(256)]
-    s = StreamSource(lambda: iter(lengths), lambda ex, seed: {"x": torch.tensor(ex)},
-                     batch_size=16, seed=0, shuffle_buffer=256, bucket_batches=8,
-                     length=lambda x: x)  # fmt: skip
-    plain = StreamSource(lambda: iter(lengths), lambda ex, seed: {"x": torch.tensor(ex)},
-                         batch_size=16, seed=0, shuffle_buffer=256)  # fmt: skip
+    s = StreamSource(
+        lambda: iter(lengths),
+        lambda ex, seed: {"x": torch.tensor(ex)},
+        batch_size=16,
+        seed=0,
+        shuffle_buffer=256,
+        bucket_batches=8,
+        length=lambda x: x,
+    )
+    plain = StreamSource(
+        lambda: iter(lengths),
+        lambda ex, seed: {"x": torch.tensor(ex)},
+        batch_size=16,
+        seed=0,
+        shuffle_buffer=256,
+    )
 
     def padded(src):  # tokens computed when every batch is padded to its longest row
         return sum(len(b["x"]) * int(b["x"].max()) for b in src.batches(0))
@@ -186,8 +218,7 @@ def test_length_buckets_cut_padding_replay_and_resume():
 
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_length_buckets_drop_only_the_stream_tail(drop_last):
-    s = _source(n=23, shuffle_buffer=0, drop_last=drop_last, bucket_batches=2,
-                length=lambda x: -x)  # fmt: skip
+    s = _source(n=23, shuffle_buffer=0, drop_last=drop_last, bucket_batches=2, length=lambda x: -x)
     got = [[int(v) for v in b["x"]] for b in s.batches(0)]
     assert [len(b) for b in got[:5]] == [4] * 5
     assert got[5:] == ([] if drop_last else [[20, 21, 22]])  # the last 3 of the stream
@@ -197,6 +228,14 @@ def test_length_buckets_need_a_length():
     with pytest.raises(ValueError, match="length"):
         _source(bucket_batches=2)
     with pytest.raises(ValueError, match="data.length_buckets"):
-        train_valid_sources(lambda: [], None, collate=_collate, batch_size=2, seed=0,
-                            shuffle_buffer=0, drop_last=False, valid_every=0,
-                            length_buckets=4)  # fmt: skip
+        train_valid_sources(
+            lambda: [],
+            None,
+            collate=_collate,
+            batch_size=2,
+            seed=0,
+            shuffle_buffer=0,
+            drop_last=False,
+            valid_every=0,
+            length_buckets=4,
+        )

@@ -105,17 +105,23 @@ def test_mlp_clusters_are_separable():
     assert (pred == y[2000:]).mean() > 0.5
 
 
-@pytest.mark.parametrize("gen,fmt", [("nli", "jsonl"), ("nli", "csv"), ("criteo", None),
-                                     ("mlm", None), ("mlp", None)])  # fmt: skip
+@pytest.mark.parametrize(
+    "gen,fmt", [("nli", "jsonl"), ("nli", "csv"), ("criteo", None), ("mlm", None), ("mlp", None)]
+)
 def test_files_load_to_the_same_examples_as_memory(tmp_path, gen, fmt):
     files = write_synthetic(gen, tmp_path / "f", n_train=120, n_valid=30, seed=3, fmt=fmt)
     assert files.kind == (fmt or {"criteo": "criteo", "mlm": "text", "mlp": "npz"}[gen])
     common = {"shuffle_buffer": 0, "num_rows": 5000, "vocab_size": 300, "max_len": 32}
-    mem = build_data(DataConfig(generator=gen, n_train=120, n_valid=30, synthetic_seed=3,
-                                **common), arch=ARCH[gen], batch_size=16, seed=0,
-                     workdir=tmp_path / "w")  # fmt: skip
-    disk = build_data(files.config(**common), arch=ARCH[gen], batch_size=16, seed=0,
-                      workdir=tmp_path / "w")  # fmt: skip
+    mem = build_data(
+        DataConfig(generator=gen, n_train=120, n_valid=30, synthetic_seed=3, **common),
+        arch=ARCH[gen],
+        batch_size=16,
+        seed=0,
+        workdir=tmp_path / "w",
+    )
+    disk = build_data(
+        files.config(**common), arch=ARCH[gen], batch_size=16, seed=0, workdir=tmp_path / "w"
+    )
     assert mem.model_overrides == disk.model_overrides
     for a, b in ((mem.train, disk.train), (mem.valid, disk.valid)):
         xs, ys = list(a.batches(1)), list(b.batches(1))
@@ -125,7 +131,7 @@ def test_files_load_to_the_same_examples_as_memory(tmp_path, gen, fmt):
 
 
 def test_params_are_validated_with_field_names():
-    with pytest.raises(ValueError, match=r"data\.params: unknown keys \['bogus'\]"):
+    with pytest.raises(ValueError, match=r"data\.params\.bogus: unknown parameter .*\['bogus'\]"):
         params_from_dict(NLIParams, {"bogus": 1}, "nli")
     with pytest.raises(ValueError, match=r"data\.params\.n_topics"):
         NLIParams(n_topics=0)

@@ -24,8 +24,11 @@ ROWS = [
 
 
 def _write_jsonl(path: Path, rows, label_key="label") -> Path:
-    path.write_text("".join(json.dumps({"premise": a, "hypothesis": b, label_key: y}) + "\n"
-                            for a, b, y in rows))  # fmt: skip
+    path.write_text(
+        "".join(
+            json.dumps({"premise": a, "hypothesis": b, label_key: y}) + "\n" for a, b, y in rows
+        )
+    )
     return path
 
 
@@ -56,12 +59,14 @@ def _reference(tok: Tokenizer, a: str, b: str | None, max_len: int) -> tuple[lis
 def _unpad(batches):
     out = []
     for b in batches:
-        for ids, types, mask, y in zip(b["input_ids"], b["token_type_ids"], b["attention_mask"],
-                                       b["labels"], strict=True):  # fmt: skip
+        for ids, types, mask, y in zip(
+            b["input_ids"], b["token_type_ids"], b["attention_mask"], b["labels"], strict=True
+        ):
             n = int(mask.sum())
             assert mask[:n].all() and not mask[n:].any()
-            out.append((ids[:n].tolist(), types[:n].tolist(), int(y), ids[n:].tolist(),
-                        types[n:].tolist()))  # fmt: skip
+            out.append(
+                (ids[:n].tolist(), types[:n].tolist(), int(y), ids[n:].tolist(), types[n:].tolist())
+            )
     return out
 
 
@@ -74,8 +79,11 @@ def test_batches_match_reference_encoding(tmp_path, fmt):
     labels = bundle.info["labels"]
     assert labels == sorted({y for _, _, y in ROWS})
     assert json.loads(Path(bundle.artifacts["labels"]).read_text())["labels"] == labels
-    assert bundle.model_overrides == {"vocab_size": tok.get_vocab_size(), "num_classes": 3,
-                                      "max_len": 24}  # fmt: skip
+    assert bundle.model_overrides == {
+        "vocab_size": tok.get_vocab_size(),
+        "num_classes": 3,
+        "max_len": 24,
+    }
     # plain-Python parse of the file
     if fmt == "jsonl":
         ref_rows = [json.loads(x) for x in path.read_text().splitlines()]
@@ -94,8 +102,16 @@ def test_batches_match_reference_encoding(tmp_path, fmt):
 def test_single_sentence_static_padding_and_given_labels(tmp_path):
     path = _write_jsonl(tmp_path / "d.jsonl", ROWS)
     labels = ["neutral", "entailment", "contradiction"]
-    cfg = DataConfig(kind="jsonl", train=str(path), text_b=None, labels=labels, max_len=16,
-                     pad_to_max_len=True, shuffle_buffer=0, vocab_size=200)  # fmt: skip
+    cfg = DataConfig(
+        kind="jsonl",
+        train=str(path),
+        text_b=None,
+        labels=labels,
+        max_len=16,
+        pad_to_max_len=True,
+        shuffle_buffer=0,
+        vocab_size=200,
+    )
     bundle = build_data(cfg, arch="transformer", batch_size=4, seed=0, workdir=tmp_path / "w")
     tok = Tokenizer.from_file(bundle.artifacts["tokenizer"])
     assert "labels" not in bundle.artifacts
@@ -118,8 +134,12 @@ def test_integer_labels_sort_numerically_and_tokenizer_is_reused(tmp_path):
     assert Path(again.artifacts["tokenizer"]).read_text() == tok_text
     for x, y in zip(first.train.batches(1), again.train.batches(1), strict=True):
         assert all(torch.equal(x[k], y[k]) for k in x)
-    given = build_data(cfg.replace(tokenizer=first.artifacts["tokenizer"], labels=[0, 1, 2, 10]),
-                       arch="transformer", batch_size=2, seed=0)  # fmt: skip
+    given = build_data(
+        cfg.replace(tokenizer=first.artifacts["tokenizer"], labels=[0, 1, 2, 10]),
+        arch="transformer",
+        batch_size=2,
+        seed=0,
+    )
     assert given.info["tokenizer"] == "loaded" and given.train.num_examples() is None
     assert [int(v) for b in given.train.batches(0) for v in b["labels"]] != []
 
@@ -131,23 +151,33 @@ def test_valid_file_and_valid_every_split(tmp_path):
     cfg = DataConfig(kind="jsonl", train=str(train), valid=str(valid), vocab_size=100)
     b = build_data(cfg, arch="transformer", batch_size=2, seed=0)
     assert [int(v) for x in b.valid.batches(0) for v in x["labels"]] == [0, 1, 0]
-    cfg = DataConfig(kind="jsonl", train=str(train), valid_every=4, vocab_size=100,
-                     shuffle_buffer=0)  # fmt: skip
+    cfg = DataConfig(
+        kind="jsonl", train=str(train), valid_every=4, vocab_size=100, shuffle_buffer=0
+    )
     w = tmp_path / "w"
     b = build_data(cfg, arch="transformer", batch_size=2, seed=0, workdir=w)
     assert (b.train.num_examples(), b.valid.num_examples()) == (9, 2)  # known from the scan
-    whole = _unpad(build_data(cfg.replace(valid_every=0), arch="transformer", batch_size=2,
-                              seed=0, workdir=w).train.batches(0))  # fmt: skip
+    whole = _unpad(
+        build_data(
+            cfg.replace(valid_every=0), arch="transformer", batch_size=2, seed=0, workdir=w
+        ).train.batches(0)
+    )
     assert _unpad(b.valid.batches(0)) == [whole[3], whole[7]]
     assert _unpad(b.train.batches(0)) == [r for i, r in enumerate(whole) if i % 4 != 3]
 
 
 MALFORMED_JSONL = [
-    ('{"premise": "a", "hypothesis": "b", "label": "x"}\n{"premise": "a", "label": "x"}\n', 2,
-     "expected key 'hypothesis'"),
-    ('{"premise": "a", "hypothesis": "b", "label": "x"}\n{"premise": "a", "hyp\n', 2,
-     "expected a JSON object"),
-    ('[1, 2]\n', 1, "got list"),
+    (
+        '{"premise": "a", "hypothesis": "b", "label": "x"}\n{"premise": "a", "label": "x"}\n',
+        2,
+        "expected key 'hypothesis'",
+    ),
+    (
+        '{"premise": "a", "hypothesis": "b", "label": "x"}\n{"premise": "a", "hyp\n',
+        2,
+        "expected a JSON object",
+    ),
+    ("[1, 2]\n", 1, "got list"),
     ('{"premise": 3, "hypothesis": "b", "label": "x"}\n', 1, "expected a string in 'premise'"),
     ('{"premise": "a", "hypothesis": "b", "label": 1.5}\n', 1, "label"),
     ('{"premise": "a", "hypothesis": "b", "label": true}\n', 1, "label"),
@@ -160,19 +190,23 @@ def test_malformed_jsonl_names_file_and_line(tmp_path, text, line, match):
     path = tmp_path / "bad.jsonl"
     path.write_text(text)
     with pytest.raises(DataError, match=match) as err:
-        build_data(DataConfig(kind="jsonl", train=str(path), vocab_size=100),
-                   arch="transformer", batch_size=2, seed=0)  # fmt: skip
+        build_data(
+            DataConfig(kind="jsonl", train=str(path), vocab_size=100),
+            arch="transformer",
+            batch_size=2,
+            seed=0,
+        )
     assert (err.value.path, err.value.line) == (str(path), line)
     assert str(err.value).startswith(f"{path}:{line}: ")
 
 
 MALFORMED_CSV = [
     ('premise,hypothesis,label\n"multi\nline",b,x\na,b\n', 4, "expected 3 comma-separated"),
-    ('premise,hypothesis,label\na,b,x,extra\n', 2, "expected 3 comma-separated"),
-    ('premise,hypothesis,label\na,b,\n', 2, "non-empty string or integer label"),
-    ('premise,label\na,x\n', 1, "column 'hypothesis'"),
+    ("premise,hypothesis,label\na,b,x,extra\n", 2, "expected 3 comma-separated"),
+    ("premise,hypothesis,label\na,b,\n", 2, "non-empty string or integer label"),
+    ("premise,label\na,x\n", 1, "column 'hypothesis'"),
     ('premise,hypothesis,label\na,"b"x,y\n', 2, "well-formed CSV"),
-    ('premise,hypothesis,label\n\n', 2, "expected 3 comma-separated"),
+    ("premise,hypothesis,label\n\n", 2, "expected 3 comma-separated"),
 ]
 
 
@@ -181,31 +215,53 @@ def test_malformed_csv_names_file_and_line(tmp_path, text, line, match):
     path = tmp_path / "bad.csv"
     path.write_text(text)
     with pytest.raises(DataError, match=match) as err:
-        build_data(DataConfig(kind="csv", train=str(path), vocab_size=100),
-                   arch="transformer", batch_size=2, seed=0)  # fmt: skip
+        build_data(
+            DataConfig(kind="csv", train=str(path), vocab_size=100),
+            arch="transformer",
+            batch_size=2,
+            seed=0,
+        )
     assert (err.value.path, err.value.line) == (str(path), line)
 
 
 def test_errors_found_while_iterating_and_unknown_label(tmp_path):
     good = _write_jsonl(tmp_path / "t.jsonl", ROWS)
-    tok = build_data(DataConfig(kind="jsonl", train=str(good), vocab_size=100),
-                     arch="transformer", batch_size=2, seed=0, workdir=tmp_path / "w"
-                     ).artifacts["tokenizer"]  # fmt: skip
+    tok = build_data(
+        DataConfig(kind="jsonl", train=str(good), vocab_size=100),
+        arch="transformer",
+        batch_size=2,
+        seed=0,
+        workdir=tmp_path / "w",
+    ).artifacts["tokenizer"]
     bad = tmp_path / "b.jsonl"
     bad.write_text(good.read_text() + "not json\n")
-    cfg = DataConfig(kind="jsonl", train=str(bad), tokenizer=tok, labels=["entailment", "neutral",
-                     "contradiction"], shuffle_buffer=3)  # fmt: skip
+    cfg = DataConfig(
+        kind="jsonl",
+        train=str(bad),
+        tokenizer=tok,
+        labels=["entailment", "neutral", "contradiction"],
+        shuffle_buffer=3,
+    )
     b = build_data(cfg, arch="transformer", batch_size=2, seed=0)  # no pass at build time
     with pytest.raises(DataError) as err:
         list(b.train.batches(0))
     assert (err.value.path, err.value.line) == (str(bad), len(ROWS) + 1)
     with pytest.raises(DataError, match="expected a label in") as err:
-        list(build_data(cfg.replace(train=str(good), labels=["entailment", "neutral"]),
-                        arch="transformer", batch_size=2, seed=0).train.batches(0))  # fmt: skip
+        list(
+            build_data(
+                cfg.replace(train=str(good), labels=["entailment", "neutral"]),
+                arch="transformer",
+                batch_size=2,
+                seed=0,
+            ).train.batches(0)
+        )
     assert err.value.line == 2  # the first contradiction row
     utf = tmp_path / "u.jsonl"
     utf.write_bytes(good.read_bytes() + b'{"premise": "\xff"}\n')
     with pytest.raises(DataError, match="UTF-8") as err:
-        list(build_data(cfg.replace(train=str(utf)), arch="transformer", batch_size=2,
-                        seed=0).train.batches(0))  # fmt: skip
+        list(
+            build_data(
+                cfg.replace(train=str(utf)), arch="transformer", batch_size=2, seed=0
+            ).train.batches(0)
+        )
     assert err.value.line == len(ROWS) + 1

@@ -21,8 +21,12 @@ class Trained:
     batch: dict[str, Tensor]
 
     def export_kwargs(self) -> dict:
-        return {"arch": "transformer", "model_config": self.config.to_dict(),
-                "options": self.options.to_dict(), "tensorized": True}  # fmt: skip
+        return {
+            "arch": "transformer",
+            "model_config": self.config.to_dict(),
+            "options": self.options.to_dict(),
+            "tensorized": True,
+        }
 
     def logits(self, model: nn.Module) -> Tensor:
         b = self.batch

@@ -112,8 +112,12 @@ def test_unexpected_and_missing_keys_are_refused(copy_ckpt):
     _rewrite_weights(copy_ckpt, lambda t: {**t, "extra.weight": torch.zeros(2)})
     with pytest.raises(CheckpointError, match=r"unexpected \['extra.weight'\]"):
         load_compressed(copy_ckpt)
-    _rewrite_weights(copy_ckpt, lambda t: {k: v for k, v in t.items() if k != "extra.weight"
-                                           and k != "classifier.fc2.bias"})
+    _rewrite_weights(
+        copy_ckpt,
+        lambda t: {
+            k: v for k, v in t.items() if k != "extra.weight" and k != "classifier.fc2.bias"
+        },
+    )
     with pytest.raises(CheckpointError, match=r"missing \['classifier.fc2.bias'\]"):
         load_compressed(copy_ckpt)
 

@@ -17,7 +17,7 @@ from engine.export import (
     export_compressed,
     load_compressed,
 )
-from engine.export.manifest import tt_modules
+from engine.export.manifest import FORMAT, tt_modules
 from engine.models.registry import TensorizeOptions, get_workload
 from engine.models.transformer import TransformerConfig
 from engine.nn.tt_linear import TTLinear
@@ -86,13 +86,21 @@ def test_file_size_and_counts(trained, tmp_path):
     assert man["totals"]["stored_params"] == stored
     assert weights["payload_bytes"] == 4 * stored
     size = info.weights_path.stat().st_size
-    assert size == info.file_bytes == weights["bytes"] == 8 + _header_len(info.weights_path) + (
-        4 * stored)
-    assert info.sha256 == weights["sha256"] == hashlib.sha256(
-        info.weights_path.read_bytes()).hexdigest()
+    assert (
+        size
+        == info.file_bytes
+        == weights["bytes"]
+        == 8 + _header_len(info.weights_path) + (4 * stored)
+    )
+    assert (
+        info.sha256
+        == weights["sha256"]
+        == hashlib.sha256(info.weights_path.read_bytes()).hexdigest()
+    )
     # counts against the dense build of the same config (gates never count)
-    dense = get_workload("transformer").build(trained.config, tensorized=False,
-                                              options=trained.options)
+    dense = get_workload("transformer").build(
+        trained.config, tensorized=False, options=trained.options
+    )
     dense_params = sum(p.numel() for p in dense.parameters())
     totals = man["totals"]
     assert totals["dense_equivalent_params"] == dense_params
@@ -111,8 +119,14 @@ def test_paper_size_file_within_five_percent(tmp_path):
     cfg, opts = TransformerConfig.mnli(), TensorizeOptions(max_rank=30, shapes="paper")
     model = get_workload("transformer").build(cfg, tensorized=True, options=opts)
     stored = sum(p.numel() for n, p in model.named_parameters() if ".gates." not in n)
-    info = export_compressed(model, tmp_path, arch="transformer", model_config=cfg.to_dict(),
-                             options=opts.to_dict(), tensorized=True)
+    info = export_compressed(
+        model,
+        tmp_path,
+        arch="transformer",
+        model_config=cfg.to_dict(),
+        options=opts.to_dict(),
+        tensorized=True,
+    )
     manifest_bytes = info.manifest_path.stat().st_size
     assert 4 * stored <= info.file_bytes <= 1.05 * 4 * stored
     assert info.file_bytes + manifest_bytes <= 1.05 * 4 * stored
@@ -129,8 +143,9 @@ def test_paper_size_file_within_five_percent(tmp_path):
 
 def test_bfloat16_export_halves_file_and_loads_rounded_weights(trained, tmp_path):
     full = export_compressed(trained.model, tmp_path / "f32", **trained.export_kwargs())
-    half = export_compressed(trained.model, tmp_path / "bf16", **trained.export_kwargs(),
-                             dtype=torch.bfloat16)
+    half = export_compressed(
+        trained.model, tmp_path / "bf16", **trained.export_kwargs(), dtype=torch.bfloat16
+    )
     stored = half.manifest["totals"]["stored_params"]
     assert half.manifest["weights"]["payload_bytes"] == 2 * stored
     assert half.manifest["weights"]["storage_dtypes"] == ["bfloat16"]
@@ -148,8 +163,10 @@ def test_live_model_unchanged(trained, tmp_path):
     model = copy.deepcopy(trained.model).train()
     out = get_workload("transformer").forward_loss(model, trained.batch)
     out.loss.backward()  # grads present: export must not touch them either
-    before = {n: (p, p.detach().clone(), None if p.grad is None else p.grad.clone())
-              for n, p in model.named_parameters()}  # fmt: skip
+    before = {
+        n: (p, p.detach().clone(), None if p.grad is None else p.grad.clone())
+        for n, p in model.named_parameters()
+    }
     assert any(g is not None for _, _, g in before.values())
     ranks = {n: (m.ranks, m.active_ranks()) for n, m in tt_modules(model).items()}
     export_compressed(model, tmp_path, **trained.export_kwargs())
@@ -164,9 +181,13 @@ def test_live_model_unchanged(trained, tmp_path):
 
 
 def test_no_pickle_only_two_files(trained, tmp_path):
-    info = export_compressed(trained.model, tmp_path, **trained.export_kwargs(),
-                             metrics={"accuracy": torch.tensor(0.75), "loss": float("nan")},
-                             extra={"run": "r1", "steps": (1, 2)})
+    info = export_compressed(
+        trained.model,
+        tmp_path,
+        **trained.export_kwargs(),
+        metrics={"accuracy": torch.tensor(0.75), "loss": float("nan")},
+        extra={"run": "r1", "steps": (1, 2)},
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([MANIFEST_FILE, WEIGHTS_FILE])
     for path in tmp_path.iterdir():
         head = path.read_bytes()[:2]
@@ -185,8 +206,14 @@ def test_no_pickle_only_two_files(trained, tmp_path):
 def test_dense_model_exports_and_loads(tmp_path):
     cfg, opts = TransformerConfig.tiny(), TensorizeOptions()
     model = get_workload("transformer").build(cfg, tensorized=False, options=opts).eval()
-    info = export_compressed(model, tmp_path, arch="transformer", model_config=cfg.to_dict(),
-                             options=opts.to_dict(), tensorized=False)
+    info = export_compressed(
+        model,
+        tmp_path,
+        arch="transformer",
+        model_config=cfg.to_dict(),
+        options=opts.to_dict(),
+        tensorized=False,
+    )
     totals = info.manifest["totals"]
     n = sum(p.numel() for p in model.parameters())
     assert info.manifest["layers"] == []
@@ -222,3 +249,21 @@ def test_bad_arguments_write_nothing(trained, tmp_path):
     with pytest.raises(ValueError, match="dtype"):
         export_compressed(trained.model, out, **kw, dtype=torch.int8)
     assert not out.exists()
+
+
+def test_one_model_exports_byte_identical_files(trained, tmp_path):
+    """The same tensors give the same bytes and sha256, export after export (safetensors'
+    own header order varies from one save to the next)."""
+    infos = [
+        export_compressed(trained.model, tmp_path / str(i), **trained.export_kwargs())
+        for i in range(8)
+    ]
+    blobs = {info.weights_path.read_bytes() for info in infos}
+    assert len(blobs) == 1 and len({info.sha256 for info in infos}) == 1
+    [blob] = blobs
+    assert infos[0].sha256 == hashlib.sha256(blob).hexdigest()
+    header_len = int.from_bytes(blob[:8], "little")
+    assert header_len % 8 == 0 and blob[8 : 8 + header_len].startswith(b'{"__metadata__":')
+    with safe_open(infos[1].weights_path, "pt") as f:  # the format's own reader takes it
+        assert f.metadata() == {"comera": FORMAT, "format": "pt"}
+        assert len(f.keys()) > 0 and f.get_tensor(next(iter(f.keys()))).numel() > 0

@@ -50,5 +50,9 @@ def opcheck_utils(use_triton: bool, backward_op: bool = False) -> tuple[str, ...
     ops, whose registered backwards call the backward ops (so those are traced there too)."""
     if use_triton or backward_op:
         return ("test_schema", "test_autograd_registration", "test_faketensor")
-    return ("test_schema", "test_autograd_registration", "test_faketensor",
-            "test_aot_dispatch_dynamic")  # fmt: skip
+    return (
+        "test_schema",
+        "test_autograd_registration",
+        "test_faketensor",
+        "test_aot_dispatch_dynamic",
+    )

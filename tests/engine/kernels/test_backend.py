@@ -36,8 +36,9 @@ class _OpLog(TorchDispatchMode):
 
 def _run_linear(kernel: str, device: str = "cpu") -> tuple[list[torch.Tensor], list[str]]:
     torch.manual_seed(0)
-    layer = TTLinear(12, 10, in_modes=(4, 3), out_modes=(2, 5), max_rank=3, kernel=kernel,
-                     device=device)  # fmt: skip
+    layer = TTLinear(
+        12, 10, in_modes=(4, 3), out_modes=(2, 5), max_rank=3, kernel=kernel, device=device
+    )
     x = torch.randn(5, 12, device=device, requires_grad=True)
     with _OpLog() as log:
         y = layer(x, "gelu")
@@ -47,8 +48,9 @@ def _run_linear(kernel: str, device: str = "cpu") -> tuple[list[torch.Tensor], l
 
 def _run_embedding(kernel: str, device: str = "cpu") -> tuple[list[torch.Tensor], list[str]]:
     torch.manual_seed(0)
-    emb = TTMEmbedding(30, 6, row_modes=(2, 3, 5), col_modes=(1, 2, 3), max_rank=3, kernel=kernel,
-                       device=device)  # fmt: skip
+    emb = TTMEmbedding(
+        30, 6, row_modes=(2, 3, 5), col_modes=(1, 2, 3), max_rank=3, kernel=kernel, device=device
+    )
     with _OpLog() as log:
         out = emb(torch.tensor([[4, 29, 4], [0, 7, 29]], device=device))
         out.backward(torch.ones_like(out))
@@ -103,13 +105,15 @@ def test_triton_without_triton_installed_is_a_clear_error(monkeypatch):
     "make, match",
     [
         (lambda d: [torch.ones(2, dtype=torch.float64, device=d)], "float64 is not supported"),
-        (lambda d: [torch.ones(2, device=d), torch.ones(2, dtype=torch.bfloat16, device=d)],
-         "mixed dtypes"),
+        (
+            lambda d: [torch.ones(2, device=d), torch.ones(2, dtype=torch.bfloat16, device=d)],
+            "mixed dtypes",
+        ),
         (lambda d: [torch.ones(2, device="meta")], "on 'meta'"),
         (lambda d: [torch.ones(2, device=d), torch.ones(2, device="meta")], "several device"),
     ],
     ids=["float64", "mixed", "meta", "two-devices"],
-)  # fmt: skip
+)
 def test_triton_on_unsupported_inputs_names_why(make, match, device):
     with pytest.raises(KernelUnavailableError, match=match):
         resolve_backend("triton", *make(device))

@@ -40,8 +40,9 @@ def test_merge_pair_and_gradients_match_float64_reference(g, a, n, r, m, b, dtyp
     assert z.shape == (g, a, n * m, b) and z.dtype == dtype
     assert_close_rel(z.double(), ref, tol, "Z")
     up = _rand(z.shape, dtype, device, 2)
-    for name, got, want in zip(("dX", "dY"), grads(z, [x, y], up),
-                               grads(ref, [x64, y64], up.double()), strict=True):  # fmt: skip
+    for name, got, want in zip(
+        ("dX", "dY"), grads(z, [x, y], up), grads(ref, [x64, y64], up.double()), strict=True
+    ):
         assert_close_rel(got.double(), want, tol, name)
 
 
@@ -70,8 +71,9 @@ def test_chain_merge_and_backward_match_torch_chain(direction, device):
     and every core gradient equal :mod:`engine.tt.chain`'s (float64 there)."""
     ranks = (1, 3, 2, 1) if direction == "ltr" else (2, 1, 3, 1)
     sizes = (3, 5, 2)
-    cores = [_rand((ranks[k], s, ranks[k + 1]), torch.float32, device, k)
-             for k, s in enumerate(sizes)]  # fmt: skip
+    cores = [
+        _rand((ranks[k], s, ranks[k + 1]), torch.float32, device, k) for k, s in enumerate(sizes)
+    ]
     cores64 = [c.double() for c in cores]
     p, saved = merge_chain(cores, direction, "triton")
     p_ref, saved_ref = merge(cores64, direction)

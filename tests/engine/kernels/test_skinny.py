@@ -35,8 +35,9 @@ def _check(op, ref, inputs, dtype, tol, device, what):
     assert out.dtype == dtype and out.shape == want_out.shape, what
     assert_close_rel(out.double(), want_out, tol, f"{what} out")
     up = _rand(out.shape, dtype, device, 7)
-    for i, (g, w) in enumerate(zip(grads(out, leaves, up), grads(want_out, leaves64, up.double()),
-                                   strict=True)):  # fmt: skip
+    for i, (g, w) in enumerate(
+        zip(grads(out, leaves, up), grads(want_out, leaves64, up.double()), strict=True)
+    ):
         assert_close_rel(g.double(), w, tol, f"{what} d{i}")
 
 
@@ -46,9 +47,15 @@ def _check(op, ref, inputs, dtype, tol, device, what):
 def test_skinny_mm(act, ones, dtype, tol, device):
     """``[act(x) L, 1]`` for x (37, 21), L (21, 3); its backward runs wide_mm and skinny_tmm."""
     x, left = _rand((37, 21), dtype, device, 0), _rand((21, 3), dtype, device, 1)
-    _check(lambda a, b: skinny_mm(a, b, act, ones, True),
-           lambda a, b: skinny_mm_reference(a, b, act, ones), [x, left], dtype, tol, device,
-           "skinny_mm")  # fmt: skip
+    _check(
+        lambda a, b: skinny_mm(a, b, act, ones, True),
+        lambda a, b: skinny_mm_reference(a, b, act, ones),
+        [x, left],
+        dtype,
+        tol,
+        device,
+        "skinny_mm",
+    )
 
 
 @pytest.mark.parametrize("act", ACTS)
@@ -56,9 +63,15 @@ def test_wide_mm_rank1(act, device):
     """``(u R) * act'(x)`` for u (5, 1), R (1, 19): rank one, the output wider than a tile."""
     t, w = _rand((5, 1), torch.float32, device, 2), _rand((1, 19), torch.float32, device, 3)
     pre = _rand((5, 19), torch.float32, device, 4) if act == "gelu" else None
-    _check(lambda a, b: wide_mm(a, b, pre, act, True),
-           lambda a, b: wide_mm_reference(a, b, None if pre is None else pre.double(), act),
-           [t, w], torch.float32, 1e-5, device, "wide_mm")  # fmt: skip
+    _check(
+        lambda a, b: wide_mm(a, b, pre, act, True),
+        lambda a, b: wide_mm_reference(a, b, None if pre is None else pre.double(), act),
+        [t, w],
+        torch.float32,
+        1e-5,
+        device,
+        "wide_mm",
+    )
 
 
 def test_wide_mm_is_not_differentiable_in_pre(device):
@@ -74,9 +87,15 @@ def test_skinny_tmm_long_reduction(split, device, monkeypatch):
     split over three programs accumulating atomically."""
     monkeypatch.setenv(ENV_PIN, f"16,16,16,4,2,{split}")
     x, u = _rand((100, 5), torch.float32, device, 0), _rand((100, 2), torch.float32, device, 1)
-    _check(lambda a, b: skinny_tmm(a, b, "gelu", True),
-           lambda a, b: skinny_tmm_reference(a, b, "gelu"), [x, u], torch.float32, 1e-5,
-           device, "skinny_tmm")  # fmt: skip
+    _check(
+        lambda a, b: skinny_tmm(a, b, "gelu", True),
+        lambda a, b: skinny_tmm_reference(a, b, "gelu"),
+        [x, u],
+        torch.float32,
+        1e-5,
+        device,
+        "skinny_tmm",
+    )
 
 
 def test_strided_and_broadcast_inputs(device):
@@ -123,17 +142,33 @@ def test_tt_linear_matches_dense_reference(bias, act, device):
     dead and negative gates: output and the gradients of x, every core, gate and the bias
     against autograd through the dense float64 weight."""
     torch.manual_seed(0)
-    layer = TTLinear(29, 19, bias=bias, in_modes=(5, 6), out_modes=(4, 5), ranks=(1, 3, 2, 4, 1),
-                     kernel="triton", device=device)  # fmt: skip
+    layer = TTLinear(
+        29,
+        19,
+        bias=bias,
+        in_modes=(5, 6),
+        out_modes=(4, 5),
+        ranks=(1, 3, 2, 4, 1),
+        kernel="triton",
+        device=device,
+    )
     with torch.no_grad():
         layer.gates[0][0] = -0.3
         layer.gates[2][1] = layer.gate_threshold  # exactly tau: dead
         layer.gates[1].mul_(0.7)
     x = _rand((7, 29), torch.float32, device, 1).requires_grad_(True)
     y = layer(x, act)  # (7, 19)
-    ref_layer = TTLinear(29, 19, bias=bias, in_modes=(5, 6), out_modes=(4, 5),
-                         ranks=(1, 3, 2, 4, 1), plan="reference", dtype=torch.float64,
-                         device=device)  # fmt: skip
+    ref_layer = TTLinear(
+        29,
+        19,
+        bias=bias,
+        in_modes=(5, 6),
+        out_modes=(4, 5),
+        ranks=(1, 3, 2, 4, 1),
+        plan="reference",
+        dtype=torch.float64,
+        device=device,
+    )
     ref_layer.load_state_dict({k: v.double() for k, v in layer.state_dict().items()})
     x64 = x.detach().double().requires_grad_(True)
     ref = ref_layer(x64, act)

@@ -33,8 +33,9 @@ def _inputs(n_l, m_l, r, n_r, m_r, p, q, dtype, device):
 
 @pytest.mark.parametrize("dtype, tol", DTYPES)
 @pytest.mark.parametrize("n_l, m_l, r, n_r, m_r, p, q", CASES)
-def test_rows_and_gradients_match_float64_reference(n_l, m_l, r, n_r, m_r, p, q, dtype, tol,
-                                                    device):  # fmt: skip
+def test_rows_and_gradients_match_float64_reference(
+    n_l, m_l, r, n_r, m_r, p, q, dtype, tol, device
+):
     a, bm, up, p, q = _inputs(n_l, m_l, r, n_r, m_r, p, q, dtype, device)
     a.requires_grad_(True)
     bm.requires_grad_(True)
@@ -43,16 +44,18 @@ def test_rows_and_gradients_match_float64_reference(n_l, m_l, r, n_r, m_r, p, q,
     ref = ttm_rows_reference(a64, bm64, p, q)  # autograd of the reference in float64
     assert out.dtype == dtype and out.shape == ref.shape
     assert_close_rel(out.double(), ref, tol, "out")
-    for name, got, want in zip(("dA", "dBm"), grads(out, [a, bm], up),
-                               grads(ref, [a64, bm64], up.double()), strict=True):  # fmt: skip
+    for name, got, want in zip(
+        ("dA", "dBm"), grads(out, [a, bm], up), grads(ref, [a64, bm64], up.double()), strict=True
+    ):
         assert got.dtype == dtype
         assert_close_rel(got.double(), want, tol, name)
 
 
 def test_backward_op_is_the_reference_backward(device):
     """The scatter-add kernels against the explicit torch backward (many repeats)."""
-    a, bm, up, p, q = _inputs(3, 2, 3, 2, 4, [0, 2, 2, 2, 1, 0], [1, 1, 0, 1, 1, 1],
-                              torch.float32, device)  # fmt: skip
+    a, bm, up, p, q = _inputs(
+        3, 2, 3, 2, 4, [0, 2, 2, 2, 1, 0], [1, 1, 0, 1, 1, 1], torch.float32, device
+    )
     d_a, d_b = ttm_rows_backward(up, a, bm, p, q, True)
     r_a, r_b = ttm_rows_backward(up, a, bm, p, q, False)
     assert_close_rel(d_a, r_a, 1e-6, "dA")
@@ -82,8 +85,17 @@ def test_opcheck(use_triton, device):
 def _embedding(rows, cols, ranks, dtype, device, dedup=True) -> TTMEmbedding:
     torch.manual_seed(0)
     v = math.prod(rows) - 1  # one padded row
-    mod = TTMEmbedding(v, math.prod(cols), row_modes=rows, col_modes=cols, ranks=ranks,
-                       dedup=dedup, kernel="triton", device=device, dtype=dtype)  # fmt: skip
+    mod = TTMEmbedding(
+        v,
+        math.prod(cols),
+        row_modes=rows,
+        col_modes=cols,
+        ranks=ranks,
+        dedup=dedup,
+        kernel="triton",
+        device=device,
+        dtype=dtype,
+    )
     with torch.no_grad():  # live, negative and exactly-tau (dead) gate entries
         for gate in mod.gates:
             gate.uniform_(0.3, 1.5)
@@ -106,8 +118,9 @@ def test_lookup_matches_dense_table_in_float64(rows, cols, ranks, dedup, device)
     out = mod(ids)  # (2, 4, D)
     params64 = [p.detach().double().requires_grad_(True) for p in mod.parameters()]
     k = len(mod.cores)
-    table = ttm_table(params64[:k], params64[k:], mod.gate_threshold, mod.num_embeddings,
-                      mod.embedding_dim)  # (V, D)  # fmt: skip
+    table = ttm_table(
+        params64[:k], params64[k:], mod.gate_threshold, mod.num_embeddings, mod.embedding_dim
+    )  # (V, D)
     ref = table[ids]  # (2, 4, D)
     assert_close_rel(out.double(), ref, 1e-5, "out")
     up = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device)
@@ -127,8 +140,9 @@ def test_lookup_bfloat16_tracks_the_torch_path(device):
     tri = _embedding((3, 2, 5), (2, 3, 1), (3, 2), torch.bfloat16, device)
     ids = torch.tensor([1, 4, 4, 28, 4, 0], device=device)
     params64 = [p.detach().double() for p in tri.parameters()]
-    ref = ttm_table(params64[:3], params64[3:], tri.gate_threshold, tri.num_embeddings,
-                    tri.embedding_dim)[ids]  # fmt: skip
+    ref = ttm_table(
+        params64[:3], params64[3:], tri.gate_threshold, tri.num_embeddings, tri.embedding_dim
+    )[ids]
     out_tri = tri(ids).detach()
     tri.kernel = "torch"
     out_torch = tri(ids).detach()

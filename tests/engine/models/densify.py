@@ -15,8 +15,9 @@ def densify_(model: nn.Module) -> list[str]:
     for name, mod in list(model.named_modules()):
         if isinstance(mod, TTLinear):
             w = mod.to_dense().detach()  # (out, in)
-            new: nn.Module = nn.Linear(mod.in_features, mod.out_features, mod.bias is not None,
-                                       dtype=w.dtype)  # fmt: skip
+            new: nn.Module = nn.Linear(
+                mod.in_features, mod.out_features, mod.bias is not None, dtype=w.dtype
+            )
             with torch.no_grad():
                 new.weight.copy_(w)
                 if mod.bias is not None:

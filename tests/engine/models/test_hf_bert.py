@@ -17,8 +17,8 @@ from engine.models.hf_bert import (
     mean_pool,
     tensorize_encoder_,
 )
-from engine.models.hf_bert_config import HFBertConfig
-from engine.models.hf_bert_init import (
+from engine.models.hf_bert.config import HFBertConfig
+from engine.models.hf_bert.whiten import (
     balance_cores_,
     input_gram,
     whiten_tt_linears_,
@@ -168,8 +168,9 @@ def test_conversion_reports_modes_ranks_params_and_respects_patterns(minilm):
     assert {s.name for s in report.skipped} >= {"embeddings.word", "encoder.0.attn.q"}
     assert isinstance(ffn_only.encoder[0].attn.q, nn.Linear)
     with pytest.raises(ValueError, match="layers: pattern 'decoder.*' matches no"):
-        tensorize_encoder_(copy.deepcopy(dense), TensorizeOptions(layers=("decoder.*",)),
-                           embeddings=False)  # fmt: skip
+        tensorize_encoder_(
+            copy.deepcopy(dense), TensorizeOptions(layers=("decoder.*",)), embeddings=False
+        )
 
 
 def test_word_embedding_becomes_ttm_when_asked(tmp_path):
@@ -195,8 +196,9 @@ def test_balance_cores_keeps_the_layer_and_evens_the_norms():
 # -- the teacher and the distillation loss -----------------------------------------------------
 def test_teacher_stays_outside_parameters_and_state_but_follows_to(tmp_path):
     write_tiny_bert(tmp_path)
-    model = build_hf_bert(HFBertConfig(path=str(tmp_path)), tensorized=True,
-                          options=TensorizeOptions(max_rank=4, d=2))  # fmt: skip
+    model = build_hf_bert(
+        HFBertConfig(path=str(tmp_path)), tensorized=True, options=TensorizeOptions(max_rank=4, d=2)
+    )
     teacher = model.teacher
     assert isinstance(teacher, BertEncoder) and not isinstance(teacher.encoder[0].attn.q, TTLinear)
     own = {id(p) for p in model.parameters()}
@@ -262,7 +264,8 @@ def test_whitened_tt_svd_lowers_the_output_error_and_is_exact_at_two_modes(tmp_p
     for row in rows:
         assert row["output_error_whitened"] <= row["output_error_tt_svd"] + 1e-12, row
         layer = model.get_submodule(row["name"])
-        want = whitened_weight(teacher.get_submodule(row["name"]).weight, grams[row["name"]],
-                               layer.ranks[2])  # fmt: skip
+        want = whitened_weight(
+            teacher.get_submodule(row["name"]).weight, grams[row["name"]], layer.ranks[2]
+        )
         assert_close_rel(layer.to_dense(), want, 1e-10, row["name"])  # d = 2: exact
     assert isinstance(x, nn.Linear)

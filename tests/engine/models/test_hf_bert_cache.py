@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.models.hf_bert import distill_loss, mean_pool
-from engine.models.hf_bert_cache import (
+from engine.models.hf_bert.cache import (
     MIN_PASSES,
     TeacherEmbeddings,
     attach_teacher_embeddings_,
@@ -16,7 +16,7 @@ from engine.models.hf_bert_cache import (
     sentence_keys,
     should_build,
 )
-from engine.models.hf_bert_config import HFBertConfig
+from engine.models.hf_bert.config import HFBertConfig
 from engine.models.registry import TensorizeOptions, get_workload
 from tests.helpers.hf_bert import write_tiny_bert
 
@@ -27,12 +27,20 @@ def padded(rows: list[list[int]], width: int, types: int = 0) -> dict[str, torch
     mask = torch.zeros(len(rows), width, dtype=torch.long)  # (B, S)
     for i, r in enumerate(rows):
         ids[i, : len(r)], mask[i, : len(r)] = torch.tensor(r), 1
-    return {"input_ids": ids, "attention_mask": mask,
-            "token_type_ids": torch.full_like(ids, types) * mask}  # fmt: skip
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "token_type_ids": torch.full_like(ids, types) * mask,
+    }
 
 
-SENTENCES = [[101, 7592, 2088, 102], [101, 2023, 2003, 1037, 3231, 102], [101, 2748, 102],
-             [101, 1996, 4937, 2938, 2006, 1996, 13523, 102], [101, 2204, 2851, 102]]  # fmt: skip
+SENTENCES = [
+    [101, 7592, 2088, 102],
+    [101, 2023, 2003, 1037, 3231, 102],
+    [101, 2748, 102],
+    [101, 1996, 4937, 2938, 2006, 1996, 13523, 102],
+    [101, 2204, 2851, 102],
+]
 
 
 def test_keys_ignore_padding_and_separate_token_types():
@@ -48,37 +56,40 @@ def test_keys_ignore_padding_and_separate_token_types():
 def tiny(tmp_path):
     write_tiny_bert(tmp_path)
     cfg = HFBertConfig(path=str(tmp_path))
-    return get_workload("hf_bert").build(cfg, tensorized=True,
-                                         options=TensorizeOptions(max_rank=3, d=2))  # fmt: skip
+    return get_workload("hf_bert").build(
+        cfg, tensorized=True, options=TensorizeOptions(max_rank=3, d=2)
+    )
 
 
 def teacher_embeddings(model, batch) -> torch.Tensor:
     with torch.no_grad():
-        hidden = model.teacher(batch["input_ids"], batch["attention_mask"],
-                               batch["token_type_ids"])  # fmt: skip
+        hidden = model.teacher(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
     return mean_pool(hidden, batch["attention_mask"])  # (B, D)
 
 
 def test_lookup_equals_the_teacher_in_any_batching_and_misses_otherwise(tiny):
     built = [padded(SENTENCES[:3], 9), padded(SENTENCES[3:] + SENTENCES[:1], 8)]  # a repeat
-    table = TeacherEmbeddings.build(tiny.teacher, built, device=torch.device("cpu"),
-                                    max_rows=10, group=2)  # fmt: skip
+    table = TeacherEmbeddings.build(
+        tiny.teacher, built, device=torch.device("cpu"), max_rows=10, group=2
+    )
     assert table is not None and len(table) == 5 and table.table.shape == (5, 32)
     other = padded([SENTENCES[4], SENTENCES[1], SENTENCES[0]], 12)  # new grouping and padding
     got = table.lookup(*other.values())
     assert got is not None
     torch.testing.assert_close(got, teacher_embeddings(tiny, other), rtol=1e-5, atol=1e-6)
     assert table.lookup(*padded([SENTENCES[0], [101, 999, 102]], 5).values()) is None
-    assert TeacherEmbeddings.build(tiny.teacher, built, device=torch.device("cpu"),
-                                   max_rows=4) is None  # fmt: skip
+    assert (
+        TeacherEmbeddings.build(tiny.teacher, built, device=torch.device("cpu"), max_rows=4) is None
+    )
 
 
 def test_distill_loss_with_the_table_equals_the_teacher_path(tiny):
     batch = padded(SENTENCES, 10)
     want, want_sums = distill_loss(tiny, batch)
     (g_want,) = torch.autograd.grad(want, [tiny.encoder[0].attn.q.cores[0]])
-    tiny.set_teacher_embeddings(TeacherEmbeddings.build(
-        tiny.teacher, [batch], device=torch.device("cpu"), max_rows=10))  # fmt: skip
+    tiny.set_teacher_embeddings(
+        TeacherEmbeddings.build(tiny.teacher, [batch], device=torch.device("cpu"), max_rows=10)
+    )
     calls = []
     hook = tiny.teacher.register_forward_hook(lambda *a: calls.append(1))
     got, got_sums = distill_loss(tiny, padded(SENTENCES, 8))
@@ -104,8 +115,9 @@ def test_the_table_is_built_only_when_it_pays_and_fits():
 
 def test_attach_skips_other_losses_and_short_jobs(tiny):
     stages = [SimpleNamespace(steps=4, epochs=None)]
-    source = SimpleNamespace(num_examples=lambda: 16,
-                             batches=lambda epoch: iter([padded(SENTENCES, 9)]))  # fmt: skip
+    source = SimpleNamespace(
+        num_examples=lambda: 16, batches=lambda epoch: iter([padded(SENTENCES, 9)])
+    )
     info = attach_teacher_embeddings_(tiny, source, stages, 8, device=torch.device("cpu"))
     assert info["teacher_embeddings"] == len(SENTENCES) and tiny.teacher_embeddings is not None
     info = attach_teacher_embeddings_(tiny, source, stages, 4, device=torch.device("cpu"))

@@ -1,4 +1,4 @@
-"""Sequential calibration (engine.models.hf_bert_calib) against float64 references."""
+"""Sequential calibration (engine.models.hf_bert.calib) against float64 references."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from engine.models.hf_bert import build_hf_bert
-from engine.models.hf_bert_calib import AffineStats, fit_sequential_, solve
-from engine.models.hf_bert_config import HFBertConfig
-from engine.models.hf_bert_prepare import prepare_student_
+from engine.models.hf_bert.calib import AffineStats, fit_sequential_, solve
+from engine.models.hf_bert.config import HFBertConfig
+from engine.models.hf_bert.prepare import prepare_student_
 from engine.models.registry import TensorizeOptions
 from engine.nn.tt_linear import TTLinear
 from tests.helpers.assertions import assert_close_rel
@@ -96,11 +96,14 @@ def hidden_error(model, batches) -> float:
 def test_sequential_fit_at_full_rank_reproduces_the_teacher(tiny, residual, anchor):
     model = copy.deepcopy(tiny)
     names = [n for n, m in model.named_modules() if isinstance(m, TTLinear)]
-    full = {n: min(model.get_submodule(n).in_features, model.get_submodule(n).out_features)
-            for n in names}  # fmt: skip
+    full = {
+        n: min(model.get_submodule(n).in_features, model.get_submodule(n).out_features)
+        for n in names
+    }
     batches = random_batches(n_batches=8)
-    rows = fit_sequential_(model, model.teacher, batches, full, ridge=1e-10, residual=residual,
-                           anchor=anchor)  # fmt: skip
+    rows = fit_sequential_(
+        model, model.teacher, batches, full, ridge=1e-10, residual=residual, anchor=anchor
+    )
     assert [r["name"] for r in rows] == names  # data-flow order, every layer once
     assert hidden_error(model, random_batches(seed=5)) < 1e-6  # held-out sentences too
 
@@ -112,13 +115,18 @@ def test_sequential_fit_beats_tt_svd_at_the_same_ranks(tiny, residual, anchor):
     plain = copy.deepcopy(model)
     for name in ranks:  # the TT-SVD (weight error) truncation at rank 4, as a reference
         dense = plain.teacher.get_submodule(name)
-        layer = TTLinear.from_linear(dense, max_rank=4, in_modes=plain.get_submodule(name).in_modes,
-                                     out_modes=plain.get_submodule(name).out_modes)  # fmt: skip
+        layer = TTLinear.from_linear(
+            dense,
+            max_rank=4,
+            in_modes=plain.get_submodule(name).in_modes,
+            out_modes=plain.get_submodule(name).out_modes,
+        )
         parent, _, leaf = name.rpartition(".")
         setattr(plain.get_submodule(parent), leaf, layer.double())
     batches = random_batches(n_batches=16, seed=2)
-    rows = fit_sequential_(model, model.teacher, batches, ranks, ridge=1e-6, residual=residual,
-                           anchor=anchor)  # fmt: skip
+    rows = fit_sequential_(
+        model, model.teacher, batches, ranks, ridge=1e-6, residual=residual, anchor=anchor
+    )
     assert all(r["rank"] == 4 and 0 < r["fit_error"] < 1 for r in rows)
     for name in ranks:  # the parameter count is the TT-SVD's: same modes, same rank
         assert model.get_submodule(name).ranks == plain.get_submodule(name).ranks
@@ -128,8 +136,14 @@ def test_sequential_fit_beats_tt_svd_at_the_same_ranks(tiny, residual, anchor):
 
 def test_prepare_probes_a_few_calibration_sentences_when_the_split_has_no_more(tmp_path):
     directory = write_tiny_bert(tmp_path / "bert")
-    cfg = HFBertConfig(path=str(directory), init="sequential", rank_allocation="sensitivity",
-                       target_ratio=3.0, calibration_sentences=32, probe_sentences=4)  # fmt: skip
+    cfg = HFBertConfig(
+        path=str(directory),
+        init="sequential",
+        rank_allocation="sensitivity",
+        target_compression=3.0,
+        calibration_sentences=32,
+        probe_sentences=4,
+    )
     model = build_hf_bert(cfg, tensorized=True, options=TensorizeOptions(max_rank=64, d=1))
     batches = [
         {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}

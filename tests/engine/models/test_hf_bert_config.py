@@ -8,7 +8,7 @@ import pytest
 import safetensors.torch
 
 from engine.models.hf_bert import build_hf_bert
-from engine.models.hf_bert_config import HFBertConfig, resolve_model_dir
+from engine.models.hf_bert.config import HFBertConfig, resolve_model_dir
 from engine.models.registry import TensorizeOptions, get_workload
 from engine.train import JobConfig
 from engine.train.config import ConfigError
@@ -16,19 +16,27 @@ from tests.helpers.hf_bert import MINILM, edit_config, minilm_dir, write_tiny_be
 
 
 def job(config: dict) -> dict:
-    return {"model": {"arch": "hf_bert", "config": config},
-            "data": {"kind": "synthetic", "generator": "stdlib_text"},
-            "schedule": [{"kind": "early", "steps": 1}]}  # fmt: skip
+    return {
+        "model": {"arch": "hf_bert", "config": config},
+        "data": {"kind": "synthetic", "generator": "stdlib_text"},
+        "schedule": [{"kind": "early", "steps": 1}],
+    }
 
 
 def test_minilm_config_is_read_from_the_package_directory():
     cfg = HFBertConfig(path=MINILM)
     assert cfg.model_dir == minilm_dir() and (minilm_dir() / "model.safetensors").is_file()
     assert cfg.arch.to_dict() == {
-        "vocab_size": 30522, "hidden_size": 384, "num_hidden_layers": 6,
-        "num_attention_heads": 12, "intermediate_size": 1536, "max_position_embeddings": 512,
-        "type_vocab_size": 2, "layer_norm_eps": 1e-12, "pad_token_id": 0,
-    }  # fmt: skip
+        "vocab_size": 30522,
+        "hidden_size": 384,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 12,
+        "intermediate_size": 1536,
+        "max_position_embeddings": 512,
+        "type_vocab_size": 2,
+        "layer_norm_eps": 1e-12,
+        "pad_token_id": 0,
+    }
     again = get_workload("hf_bert").config_from_dict(cfg.to_dict())
     assert again == cfg
     assert JobConfig.from_dict(job({"path": MINILM})).model_config() == cfg
@@ -43,9 +51,9 @@ def test_a_missing_directory_or_file_names_model_config_path(tmp_path):
         ValueError, match=r"path: .* lacks \['model.safetensors', 'tokenizer.json'\]"
     ):
         HFBertConfig(path=str(tmp_path))
-    with pytest.raises(ValueError, match="path 'pkg:no_such_pkg_xyz/model': no installed"):
+    with pytest.raises(ValueError, match="path: 'pkg:no_such_pkg_xyz/model': no installed"):
         resolve_model_dir("pkg:no_such_pkg_xyz/model")
-    with pytest.raises(ValueError, match="path is required"):
+    with pytest.raises(ValueError, match="path: is required"):
         HFBertConfig()
     with pytest.raises(ConfigError, match="model.config.path: .*config.json as JSON"):
         write_tiny_bert(tmp_path)
@@ -56,15 +64,18 @@ def test_a_missing_directory_or_file_names_model_config_path(tmp_path):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"model_type": "roberta"}, 'model_type must be "bert"'),
-        ({"hidden_act": "relu"}, 'hidden_act must be "gelu"'),
-        ({"position_embedding_type": "relative_key"}, 'position_embedding_type must be "absolute"'),
-        ({"is_decoder": True}, "is_decoder must be false"),
-        ({"hidden_size": 100_000}, r"hidden_size must be an integer in \[1, 8192\]"),
-        ({"num_hidden_layers": 0}, r"num_hidden_layers must be an integer in \[1, 64\]"),
-        ({"num_attention_heads": 5}, "hidden_size must be divisible by num_attention_heads"),
-        ({"layer_norm_eps": 0}, r"layer_norm_eps must be a number in \(0, 1\)"),
-        ({"intermediate_size": None}, "intermediate_size is required"),
+        ({"model_type": "roberta"}, 'model_type: must be "bert"'),
+        ({"hidden_act": "relu"}, 'hidden_act: must be "gelu"'),
+        (
+            {"position_embedding_type": "relative_key"},
+            'position_embedding_type: must be "absolute"',
+        ),
+        ({"is_decoder": True}, "is_decoder: must be false"),
+        ({"hidden_size": 100_000}, r"hidden_size: must be an integer >= 1 and <= 8192"),
+        ({"num_hidden_layers": 0}, r"num_hidden_layers: must be an integer >= 1 and <= 64"),
+        ({"num_attention_heads": 5}, "hidden_size: must be divisible by num_attention_heads"),
+        ({"layer_norm_eps": 0}, r"layer_norm_eps: must be a finite number > 0 and < 1"),
+        ({"intermediate_size": None}, "intermediate_size: is required"),
     ],
 )
 def test_unsupported_configs_are_rejected_naming_the_field(tmp_path, change, message):
@@ -77,17 +88,36 @@ def test_unsupported_configs_are_rejected_naming_the_field(tmp_path, change, mes
 
 
 def test_workload_fields_are_validated():
-    for bad, message in [({"distill": "kl"}, "model.config.distill: must be one of"),
-                         ({"pooling": "cls"}, "model.config.pooling: must be one of"),
-                         ({"init": "random"}, "model.config.init: must be one of"),
-                         ({"distill_weight": -1}, "model.config.distill_weight: must be"),
-                         ({"depth_gain": 0}, "model.config.depth_gain: must be a number in"),
-                         ({"depth_gain": 11}, "model.config.depth_gain: must be a number in"),
-                         ({"depth_gain": True}, "model.config.depth_gain: must be a number"),
-                         ({"tensorize_embeddings": 1}, "model.config.tensorize_embeddings"),
-                         ({"teacher": "x"}, "model.config.teacher: unknown field")]:  # fmt: skip
+    for bad, message in [
+        ({"distill": "kl"}, "model.config.distill: must be one of"),
+        ({"pooling": "cls"}, "model.config.pooling: must be one of"),
+        ({"init": "random"}, "model.config.init: must be one of"),
+        ({"distill_weight": -1}, "model.config.distill_weight: must be"),
+        ({"depth_gain": 0}, "model.config.depth_gain: must be a finite number >= 0.1"),
+        ({"depth_gain": 11}, "model.config.depth_gain: must be a finite number >= 0.1"),
+        ({"depth_gain": True}, "model.config.depth_gain: must be a finite number"),
+        ({"tensorize_embeddings": 1}, "model.config.tensorize_embeddings"),
+        ({"teacher": "x"}, "model.config.teacher: unknown field"),
+    ]:
         with pytest.raises(ConfigError, match=message):
             JobConfig.from_dict(job({"path": MINILM, **bad}))
+
+
+def test_the_budget_is_target_compression_and_the_old_name_is_refused_with_a_hint():
+    budget = {"path": MINILM, "init": "sequential", "rank_allocation": "sensitivity"}
+    JobConfig.from_dict(job({**budget, "target_compression": 5}))
+    assert HFBertConfig.from_dict({**budget, "target_compression": 5}).target_compression == 5.0
+    for bad, field, message in [
+        ({**budget, "target_ratio": 5.0}, "target_ratio", "renamed to target_compression"),
+        (budget, "target_compression", "is required with rank_allocation='sensitivity'"),
+        ({**budget, "target_compression": 1}, "target_compression", "must be a finite number > 1"),
+        ({"path": MINILM, "target_compression": 5}, "target_compression", "needs a budgeted"),
+    ]:
+        with pytest.raises(ConfigError, match=message) as err:
+            JobConfig.from_dict(job(bad))
+        assert err.value.field == f"model.config.{field}"
+    with pytest.raises(ConfigError, match="target_ratio: renamed to target_compression"):
+        HFBertConfig.from_dict({**budget, "target_ratio": 5.0})
 
 
 def test_architecture_without_path_rebuilds_and_must_match_a_path(tmp_path):
@@ -96,7 +126,7 @@ def test_architecture_without_path_rebuilds_and_must_match_a_path(tmp_path):
     assert HFBertConfig(architecture=arch).arch.hidden_size == 32
     with pytest.raises(ValueError, match="architecture: .* does not match"):
         HFBertConfig(path=str(tmp_path), architecture={**arch, "hidden_size": 64})
-    with pytest.raises(ValueError, match="architecture.hidden_size must be divisible"):
+    with pytest.raises(ValueError, match="architecture.hidden_size: must be divisible"):
         HFBertConfig(architecture={**arch, "num_attention_heads": 5})
 
 
@@ -110,8 +140,10 @@ def test_weights_that_do_not_match_config_json_are_rejected(tmp_path):
     weights = safetensors.torch.load_file(str(tmp_path / "model.safetensors"))
     weights["encoder.layer.0.attention.self.rotary.weight"] = weights["pooler.dense.weight"].clone()
     safetensors.torch.save_file(weights, str(tmp_path / "model.safetensors"))
-    with pytest.raises(ValueError, match="'encoder.layer.0.attention.self.rotary.weight', which "
-                                         "is not a BERT encoder weight"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match="'encoder.layer.0.attention.self.rotary.weight', which is not a BERT encoder weight",
+    ):
         build_hf_bert(cfg, tensorized=False, options=TensorizeOptions())
 
 

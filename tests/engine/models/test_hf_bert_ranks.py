@@ -1,4 +1,4 @@
-"""Rank allocation (engine.models.hf_bert_ranks) against brute force and direct counts."""
+"""Rank allocation (engine.models.hf_bert.ranks) against brute force and direct counts."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from engine.models.hf_bert_ranks import (
+from engine.models.hf_bert.ranks import (
     LayerProfile,
     allocate_ranks,
     depth_weighted,
@@ -84,17 +84,21 @@ def test_tt_params_at_rank_counts_the_cores_of_a_tt_svd(d, shape):
 
 def test_depth_gain_scales_each_block_and_moves_the_budget_up_the_stack():
     base = profiles([3] * 4, [1.0] * 4, top=5, seed=1)
-    named = [LayerProfile(f"encoder.{i}.attn.q", p.energy, p.costs, p.weight * (i + 1))
-             for i, p in enumerate(base)] + [LayerProfile("pooler", base[0].energy,
-                                                          base[0].costs, 0.5)]  # fmt: skip
+    named = [
+        LayerProfile(f"encoder.{i}.attn.q", p.energy, p.costs, p.weight * (i + 1))
+        for i, p in enumerate(base)
+    ] + [LayerProfile("pooler", base[0].energy, base[0].costs, 0.5)]
     scaled = depth_weighted(named, 3.0)
     assert [p.weight for p in scaled] == [1.0, 2 * 3.0, 3 * 9.0, 4 * 27.0, 0.5]
-    assert all(torch.equal(a.energy, b.energy) and a.costs == b.costs
-               for a, b in zip(named, scaled, strict=True))  # fmt: skip
+    assert all(
+        torch.equal(a.energy, b.energy) and a.costs == b.costs
+        for a, b in zip(named, scaled, strict=True)
+    )
     assert [p.weight for p in depth_weighted(named, 1.0)] == [p.weight for p in named]
     # the same layers in every block: a gain above 1 never gives a later block less rank
-    same = [LayerProfile(f"encoder.{i}.ffn.fc1", base[0].energy, base[0].costs, 1.0)
-            for i in range(4)]  # fmt: skip
+    same = [
+        LayerProfile(f"encoder.{i}.ffn.fc1", base[0].energy, base[0].costs, 1.0) for i in range(4)
+    ]
     ranks = allocate_ranks(depth_weighted(same, 2.0), budget=3 * 10)
     got = [ranks[f"encoder.{i}.ffn.fc1"] for i in range(4)]
     assert got == sorted(got) and got[-1] > got[0]

@@ -20,8 +20,7 @@ CFG = MLMConfig.tiny(dropout=0.0, attn_dropout=0.0)
 
 
 def batch(b: int = 3, s: int = 10, seed: int = 0) -> dict[str, torch.Tensor]:
-    return get_workload("mlm").example_batch(CFG, b, torch.Generator().manual_seed(seed),
-                                             seq_len=s)  # fmt: skip
+    return get_workload("mlm").example_batch(CFG, b, torch.Generator().manual_seed(seed), seq_len=s)
 
 
 @pytest.mark.parametrize("tensorized", [False, True])
@@ -82,8 +81,11 @@ def test_reuses_the_transformer_encoder_and_names_its_layers():
     model = build_mlm(CFG, tensorized=True, max_rank=4)
     assert all(isinstance(b, EncoderBlock) for b in model.encoder) and len(model.encoder) == 2
     tt = {n for n, m in model.named_modules() if isinstance(m, TTLinear | TTMEmbedding)}
-    enc = {f"encoder.{i}.{p}" for i in range(2) for p in
-           ("attn.q", "attn.k", "attn.v", "attn.out", "ffn.fc1", "ffn.fc2")}  # fmt: skip
+    enc = {
+        f"encoder.{i}.{p}"
+        for i in range(2)
+        for p in ("attn.q", "attn.k", "attn.v", "attn.out", "ffn.fc1", "ffn.fc2")
+    }
     assert tt == enc | {"embeddings.word", "head.transform", "head.decoder"}
     assert isinstance(model.embeddings.word, TTMEmbedding)
     assert type(model.embeddings.position) is nn.Embedding
@@ -121,5 +123,5 @@ def test_config():
     for field, value in [("vocab_size", 0), ("d_model", 30), ("dropout", 1), ("version", 3)]:
         with pytest.raises(ValueError, match=field):
             MLMConfig.tiny(**{field: value})
-    with pytest.raises(ValueError, match="unknown keys"):
+    with pytest.raises(ValueError, match="unknown field"):
         MLMConfig.from_dict({**CFG.to_dict(), "num_classes": 2})

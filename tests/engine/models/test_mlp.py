@@ -72,8 +72,16 @@ def test_input_checks():
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("in_features", 0), ("hidden", ()), ("hidden", (8, 0)), ("hidden", "64"),
-     ("num_classes", 1.5), ("activation", "tanh"), ("dropout", 1.0), ("version", 2)],
+    [
+        ("in_features", 0),
+        ("hidden", ()),
+        ("hidden", (8, 0)),
+        ("hidden", "64"),
+        ("num_classes", 1.5),
+        ("activation", "tanh"),
+        ("dropout", 1.0),
+        ("version", 2),
+    ],
 )
 def test_config_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -85,7 +93,7 @@ def test_config_round_trip():
     assert cfg.hidden == (16, 8)
     data = json.loads(json.dumps(cfg.to_dict()))
     assert MLPConfig.from_dict(data) == cfg
-    with pytest.raises(ValueError, match="unknown keys"):
+    with pytest.raises(ValueError, match="unknown field"):
         MLPConfig.from_dict({**data, "depth": 2})
     with pytest.raises(ValueError, match="version"):
         MLPConfig.from_dict({k: v for k, v in data.items() if k != "version"})

@@ -169,8 +169,7 @@ def test_a_few_adamw_steps_lower_the_loss(arch, tensorized):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_options_reach_every_tensorized_layer(arch):
-    opts = TensorizeOptions(max_rank=3, embedding_max_rank=5, gate_threshold=0.2, d=2,
-                            min_size=1)  # fmt: skip
+    opts = TensorizeOptions(max_rank=3, embedding_max_rank=5, gate_threshold=0.2, d=2, min_size=1)
     model = build_model(arch, TINY[arch], tensorized=True, options=opts)
     tt = [m for m in model.modules() if isinstance(m, TTLinear)]
     ttm = [m for m in model.modules() if isinstance(m, TTMEmbedding)]
@@ -197,12 +196,20 @@ def test_paper_shapes_are_transformer_only(arch):
 
 
 def test_transformer_paper_shapes_errors_name_the_compression_fields():
-    with pytest.raises(ValueError, match=r"compression\.shapes='paper'.*d_model=768"):
-        build_model("transformer", TINY["transformer"], tensorized=True,
-                    options=TensorizeOptions(shapes="paper"))
+    with pytest.raises(ValueError, match=r"compression\.shapes: 'paper'.*d_model=768"):
+        build_model(
+            "transformer",
+            TINY["transformer"],
+            tensorized=True,
+            options=TensorizeOptions(shapes="paper"),
+        )
     with pytest.raises(ValueError, match=r"compression\.d"):
-        build_model("transformer", TransformerConfig.mnli(n_layers=1), tensorized=True,
-                    options=TensorizeOptions(shapes="paper", d=3))
+        build_model(
+            "transformer",
+            TransformerConfig.mnli(n_layers=1),
+            tensorized=True,
+            options=TensorizeOptions(shapes="paper", d=3),
+        )
 
 
 @pytest.mark.parametrize(
@@ -236,7 +243,7 @@ def test_config_from_dict_round_trips_and_rejects_non_mappings():
         assert w.config_from_dict(data) == cfg
         del data["version"]
         assert w.config_from_dict(data) == cfg  # version defaults to 1
-    with pytest.raises(ValueError, match="model.config must be a mapping"):
+    with pytest.raises(ValueError, match="model.config: must be a mapping"):
         get_workload("mlp").config_from_dict([1, 2])
     with pytest.raises(TypeError, match="model.config"):
         build_model("mlp", DLRMConfig.tiny(), tensorized=False)
@@ -270,8 +277,9 @@ def test_unknown_config_fields_name_the_first_and_list_all():
 
 def test_build_errors_name_the_compression_field():
     with pytest.raises(ValueError, match=r"^compression\.layers: pattern 'encoder\.\*'"):
-        build_model("mlp", TINY["mlp"], tensorized=True,
-                    options=TensorizeOptions(layers=("encoder.*",)))
+        build_model(
+            "mlp", TINY["mlp"], tensorized=True, options=TensorizeOptions(layers=("encoder.*",))
+        )
     with pytest.raises(ValueError, match=r"^compression: cannot tensorize 'embeddings\.0'.*d "):
         build_model("dlrm", TINY["dlrm"], tensorized=True, options=TensorizeOptions(d=1))
     # dense builds ignore the options

@@ -29,9 +29,8 @@ class Toy(nn.Module):
         super().__init__()
         self.emb = embedding_slot(64, 16)
         self.blocks = nn.ModuleList(
-            [nn.ModuleDict({"fc": linear_slot(32, 48), "norm": nn.LayerNorm(48)})
-             for _ in range(2)]
-        )  # fmt: skip
+            [nn.ModuleDict({"fc": linear_slot(32, 48), "norm": nn.LayerNorm(48)}) for _ in range(2)]
+        )
         self.small = linear_slot(16, 32, bias=False, role="tiny")
         self.head = nn.Linear(48, 3)  # never a candidate
 
@@ -100,11 +99,14 @@ def test_options_reach_the_layers_and_specialize_overrides():
             return {"in_modes": (4, 4), "out_modes": (4, 8), "d": None}
         return {}
 
-    opts = TensorizeOptions(max_rank=2, embedding_max_rank=6, gate_threshold=0.3, d=3,
-                            min_size=1)  # fmt: skip
+    opts = TensorizeOptions(max_rank=2, embedding_max_rank=6, gate_threshold=0.3, d=3, min_size=1)
     materialize(model, opts, specialize=specialize)
-    assert sorted(seen) == [("blocks.0.fc", ""), ("blocks.1.fc", ""), ("emb", ""),
-                            ("small", "tiny")]  # fmt: skip
+    assert sorted(seen) == [
+        ("blocks.0.fc", ""),
+        ("blocks.1.fc", ""),
+        ("emb", ""),
+        ("small", "tiny"),
+    ]
     assert model.small.in_modes == (4, 4) and model.small.out_modes == (4, 8)
     assert model.small.bias is None and model.small.gate_threshold == 0.3
     fc = model.blocks[0]["fc"]
@@ -156,7 +158,7 @@ def test_options_round_trip_and_builder_kwargs():
     kw = opts.builder_kwargs()
     assert "shapes" not in kw and kw["min_size"] == 10 and kw["layers"] == ("a.*", "b")
     assert opts.embedding_rank == 7 and TensorizeOptions(embedding_max_rank=3).embedding_rank == 3
-    with pytest.raises(ValueError, match="unknown keys"):
+    with pytest.raises(ValueError, match="unknown field"):
         TensorizeOptions.from_dict({"rank": 3})
     assert TensorizeReport().to_dict() == {"tensorized": [], "skipped": []}
 
@@ -168,22 +170,32 @@ def test_explicit_modes_override_the_automatic_factorization_and_round_trip():
     modes = {"hidden.0": {"in": [4, 4, 4], "out": [2, 4, 4]}}
     opts = TensorizeOptions(max_rank=4, min_size=16, modes=modes)
     assert TensorizeOptions.from_dict(opts.to_dict()) == opts
-    model = build_mlp(MLPConfig(in_features=64, hidden=(32, 32), num_classes=3),
-                      tensorized=True, **opts.builder_kwargs())  # fmt: skip
+    model = build_mlp(
+        MLPConfig(in_features=64, hidden=(32, 32), num_classes=3),
+        tensorized=True,
+        **opts.builder_kwargs(),
+    )
     first = model.get_submodule("hidden.0")
     assert (first.in_modes, first.out_modes) == ((4, 4, 4), (2, 4, 4))
-    auto = build_mlp(MLPConfig(in_features=64, hidden=(32, 32), num_classes=3), tensorized=True,
-                     max_rank=4, min_size=16)  # fmt: skip
+    auto = build_mlp(
+        MLPConfig(in_features=64, hidden=(32, 32), num_classes=3),
+        tensorized=True,
+        max_rank=4,
+        min_size=16,
+    )
     assert auto.get_submodule("hidden.0").in_modes != (4, 4, 4)  # the override did something
     x = torch.randn(5, 64)
     assert model(x).shape == (5, 3)
 
 
-@pytest.mark.parametrize("modes, message", [
-    ({"hidden.0": {"in": [4, 4], "out": [2, 4, 4]}}, "same number"),
-    ({"hidden.0": {"in": [4, 0], "out": [2, 4]}}, "integers >= 1"),
-    ({"hidden.0": {"in": [4, 4]}}, "exactly the keys"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "modes, message",
+    [
+        ({"hidden.0": {"in": [4, 4], "out": [2, 4, 4]}}, "same number"),
+        ({"hidden.0": {"in": [4, 0], "out": [2, 4]}}, "integers >= 1"),
+        ({"hidden.0": {"in": [4, 4]}}, "exactly the keys"),
+    ],
+)
 def test_explicit_modes_are_validated(modes, message):
     with pytest.raises(ValueError, match=message):
         TensorizeOptions(modes=modes)

@@ -41,8 +41,11 @@ def test_mnli_tensorized_counts_are_exact(mnli_tt):
     assert rep.total == 1_490_157
     assert (rep.tt_cores, rep.gates, rep.other) == (1_026_528, 4_362, 459_267)
     assert rep.tensorized_layers == 6 * 6 + 1 + 1
-    enc = [m for n, m in mnli_tt.named_modules() if n.startswith("encoder.")
-           and isinstance(m, TTLinear)]  # fmt: skip
+    enc = [
+        m
+        for n, m in mnli_tt.named_modules()
+        if n.startswith("encoder.") and isinstance(m, TTLinear)
+    ]
     assert len(enc) == 36
     enc_tt = sum(m.tt_parameters() for m in enc)
     enc_dense = sum(m.dense_parameters() for m in enc)
@@ -66,7 +69,10 @@ def test_mnli_shapes_and_ranks(mnli_tt):
     assert fc2.ranks == (1, 16, 30, 30, 30, 12, 1) and fc2.tt_parameters() == 28_960
     cls1 = mnli_tt.classifier.fc1
     assert (cls1.in_modes, cls1.out_modes, cls1.ranks) == (
-        (12, 8, 8), (8, 8, 12), (1, 12, 30, 30, 30, 12, 1))
+        (12, 8, 8),
+        (8, 8, 12),
+        (1, 12, 30, 30, 30, 12, 1),
+    )
     word = mnli_tt.embeddings.word
     assert word.row_modes == (16, 20, 10, 10) and word.col_modes == (4, 4, 8, 6)
     assert word.ranks == (1, 32, 32, 32, 1)
@@ -175,8 +181,16 @@ def test_shape_preset_checks():
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("vocab_size", 0), ("d_model", 30), ("n_layers", 0), ("dropout", 1.0),
-     ("attn_dropout", -0.1), ("ln_eps", 0.0), ("num_classes", True), ("version", 2)],
+    [
+        ("vocab_size", 0),
+        ("d_model", 30),
+        ("n_layers", 0),
+        ("dropout", 1.0),
+        ("attn_dropout", -0.1),
+        ("ln_eps", 0.0),
+        ("num_classes", True),
+        ("version", 2),
+    ],
 )
 def test_config_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -187,7 +201,7 @@ def test_config_round_trip():
     cfg = tiny(num_classes=5)
     assert TransformerConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
     assert cfg.replace(n_layers=3).n_layers == 3
-    with pytest.raises(ValueError, match="unknown keys"):
+    with pytest.raises(ValueError, match="unknown field"):
         TransformerConfig.from_dict({**cfg.to_dict(), "layers": 2})
     with pytest.raises(ValueError, match="version"):
         TransformerConfig.from_dict({k: v for k, v in cfg.to_dict().items() if k != "version"})
@@ -199,16 +213,20 @@ def tt_names(model) -> set[str]:
 
 
 def test_layer_patterns_select_exactly():
-    model = build_transformer(tiny(), tensorized=True, max_rank=4, shapes="auto",
-                              layers=["encoder.0.*"])  # fmt: skip
+    model = build_transformer(
+        tiny(), tensorized=True, max_rank=4, shapes="auto", layers=["encoder.0.*"]
+    )
     assert tt_names(model) == {f"encoder.0.{n}" for n in ENCODER_LINEARS}
     assert type(model.embeddings.word) is nn.Embedding
     assert type(model.classifier.fc1) is nn.Linear and type(model.encoder[1].ffn.fc1) is nn.Linear
     skipped = {s.name for s in model.tensorize_report.skipped}
     assert skipped == {f"encoder.1.{n}" for n in ENCODER_LINEARS} | {
-        "embeddings.word", "classifier.fc1"}  # fmt: skip
-    only = build_transformer(tiny(), tensorized=True, max_rank=4, shapes="auto",
-                             layers=["*.ffn.fc2", "embeddings.word"])  # fmt: skip
+        "embeddings.word",
+        "classifier.fc1",
+    }
+    only = build_transformer(
+        tiny(), tensorized=True, max_rank=4, shapes="auto", layers=["*.ffn.fc2", "embeddings.word"]
+    )
     assert tt_names(only) == {"encoder.0.ffn.fc2", "encoder.1.ffn.fc2", "embeddings.word"}
     with pytest.raises(ValueError, match="layers"):
         build_transformer(tiny(), tensorized=True, shapes="auto", layers=["classifier.fc2"])
@@ -220,13 +238,26 @@ def test_min_size_keeps_small_linears_dense():
     assert tt_names(model) == {"embeddings.word"}
     reasons = {s.name: s.reason for s in model.tensorize_report.skipped}
     assert "min_size=1024" in reasons["encoder.0.ffn.fc1"]
-    assert len(tt_names(build_transformer(cfg, tensorized=True, max_rank=4, shapes="auto",
-                                          min_size=256))) == 1 + 2 * 6 + 1  # fmt: skip
+    assert (
+        len(
+            tt_names(
+                build_transformer(cfg, tensorized=True, max_rank=4, shapes="auto", min_size=256)
+            )
+        )
+        == 1 + 2 * 6 + 1
+    )
 
 
 def test_auto_shapes_take_every_option():
-    model = build_transformer(tiny(), tensorized=True, max_rank=3, shapes="auto",
-                              embedding_max_rank=6, gate_threshold=0.25, d=2)  # fmt: skip
+    model = build_transformer(
+        tiny(),
+        tensorized=True,
+        max_rank=3,
+        shapes="auto",
+        embedding_max_rank=6,
+        gate_threshold=0.25,
+        d=2,
+    )
     q, word = model.encoder[0].attn.q, model.embeddings.word
     assert len(q.in_modes) == 2 and max(q.ranks) == 3 and q.gate_threshold == 0.25
     assert len(word.row_modes) == 2 and max(word.ranks) == 6 and word.gate_threshold == 0.25
@@ -234,8 +265,9 @@ def test_auto_shapes_take_every_option():
 
 def test_mnli_shapes_take_gate_threshold_and_embedding_rank():
     cfg = TransformerConfig.mnli(n_layers=1)
-    model = build_transformer(cfg, tensorized=True, max_rank=8, gate_threshold=0.05,
-                              embedding_max_rank=16)  # fmt: skip
+    model = build_transformer(
+        cfg, tensorized=True, max_rank=8, gate_threshold=0.05, embedding_max_rank=16
+    )
     word = model.embeddings.word
     assert word.row_modes == (16, 20, 10, 10) and word.ranks == (1, 16, 16, 16, 1)
     q = model.encoder[0].attn.q

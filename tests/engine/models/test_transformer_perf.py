@@ -62,10 +62,20 @@ def test_dropout_keeps_the_stated_fraction():
     assert abs(frac - keep) < 5 * math.sqrt(keep * (1 - keep) / n)
 
 
-@pytest.mark.parametrize(("keep", "threshold"), [
-    (0.9, 58982), (0.5, 32768), (0.8, 52429), (0.75, 49152),
-    (0.3333, 21843), (0.99999, 65535), (0.01, None), (0.001, None), (1e-6, None),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("keep", "threshold"),
+    [
+        (0.9, 58982),
+        (0.5, 32768),
+        (0.8, 52429),
+        (0.75, 49152),
+        (0.3333, 21843),
+        (0.99999, 65535),
+        (0.01, None),
+        (0.001, None),
+        (1e-6, None),
+    ],
+)
 def test_sixteen_bit_masks_only_where_they_keep_the_stated_fraction(keep, threshold):
     assert keep_threshold16(keep) == threshold
     if threshold is not None:
@@ -107,7 +117,7 @@ def reference_attention(q, k, v, keep, p, mask):
 
 def keep_masks(b, s, t):
     pad = torch.ones(b, 1, 1, t, dtype=torch.bool)
-    pad[1, ..., t - 3:] = False  # key padding
+    pad[1, ..., t - 3 :] = False  # key padding
     rows = torch.ones(b, 1, s, t, dtype=torch.bool)
     rows[0, 0, 2, :] = False  # a query with no key at all
     rows[1, 0, :, 0] = False
@@ -130,8 +140,9 @@ def test_attention_matches_reference(case, p):
     ref = reference_attention(q, k, v, keep, p, mask)
     assert_close_rel(y, ref, 1e-13, "attention output")
     dy = torch.randn_like(ref)
-    for got, want, name in zip(grads(y, [q, k, v], dy), grads(ref, [q, k, v], dy), "qkv",
-                               strict=True):  # fmt: skip
+    for got, want, name in zip(
+        grads(y, [q, k, v], dy), grads(ref, [q, k, v], dy), "qkv", strict=True
+    ):
         assert_close_rel(got, want, 1e-12, f"d{name}")
     if p == 0.0:  # the no-dropout path is torch's own
         sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
@@ -154,8 +165,9 @@ def test_attention_saves_probabilities_and_a_bool_mask_only():
 @pytest.mark.parametrize("plan", ["auto", "reference", *(str(p) for p in candidate_plans())])
 def test_tt_linear_gelu_input_matches_gelu_then_linear(plan):
     torch.manual_seed(2)
-    layer = TTLinear(24, 10, max_rank=3, in_modes=(4, 6), out_modes=(2, 5), plan=plan,
-                     dtype=torch.float64)  # fmt: skip
+    layer = TTLinear(
+        24, 10, max_rank=3, in_modes=(4, 6), out_modes=(2, 5), plan=plan, dtype=torch.float64
+    )
     with torch.no_grad():
         layer.gates[1][0] = 0.0  # a masked gate entry
     x = torch.randn(9, 24, dtype=torch.float64, requires_grad=True)
@@ -164,8 +176,7 @@ def test_tt_linear_gelu_input_matches_gelu_then_linear(plan):
     ref = layer(F.gelu(x))
     assert_close_rel(y, ref, 1e-13, f"{plan}: output")
     dy = torch.randn_like(ref)
-    for i, (got, want) in enumerate(zip(grads(y, params, dy), grads(ref, params, dy),
-                                        strict=True)):  # fmt: skip
+    for i, (got, want) in enumerate(zip(grads(y, params, dy), grads(ref, params, dy), strict=True)):
         assert_close_rel(got, want, 1e-12, f"{plan}: gradient {i}")
     with pytest.raises(ValueError, match="activation"):
         layer(x, activation="relu")
@@ -214,8 +225,9 @@ def test_recompute_keeps_only_block_inputs():
     ids = torch.randint(0, cfg.vocab_size, (2, 16))
 
     def saved_bytes(recompute):
-        model = build_transformer(cfg.replace(recompute=recompute), tensorized=True,
-                                  max_rank=4, shapes="auto").train()  # fmt: skip
+        model = build_transformer(
+            cfg.replace(recompute=recompute), tensorized=True, max_rank=4, shapes="auto"
+        ).train()
         kept, _ = saved_tensors(lambda: model(ids))
         return sum(t.numel() * t.element_size() for t in kept)
 
@@ -311,10 +323,12 @@ def test_dropout_mask_is_chunked_deterministic_and_seeded():
 def test_tt_feed_forward_matches_the_layers(bias, block, monkeypatch):
     monkeypatch.setattr(ffn, "BLOCK_ELEMENTS", block * 36)  # 4 rows: several row blocks
     torch.manual_seed(0)
-    fc1 = TTLinear(19, 35, bias=bias, max_rank=3, in_modes=(4, 5), out_modes=(6, 6),
-                   dtype=torch.float64)  # padded: 20 > 19 inputs, 36 > 35 hidden
-    fc2 = TTLinear(35, 14, bias=bias, max_rank=3, in_modes=(6, 6), out_modes=(2, 7),
-                   dtype=torch.float64)  # fmt: skip
+    fc1 = TTLinear(
+        19, 35, bias=bias, max_rank=3, in_modes=(4, 5), out_modes=(6, 6), dtype=torch.float64
+    )  # padded: 20 > 19 inputs, 36 > 35 hidden
+    fc2 = TTLinear(
+        35, 14, bias=bias, max_rank=3, in_modes=(6, 6), out_modes=(2, 7), dtype=torch.float64
+    )
     with torch.no_grad():
         fc1.gates[1][0] = 0.0  # masked entries on both layers
         fc2.gates[0][2] = -0.5
@@ -324,8 +338,7 @@ def test_tt_feed_forward_matches_the_layers(bias, block, monkeypatch):
     assert_close_rel(y, ref, 1e-13, "output")
     params = [x, *fc1.parameters(), *fc2.parameters()]
     dy = torch.randn_like(ref)
-    for i, (got, want) in enumerate(zip(grads(y, params, dy), grads(ref, params, dy),
-                                        strict=True)):  # fmt: skip
+    for i, (got, want) in enumerate(zip(grads(y, params, dy), grads(ref, params, dy), strict=True)):
         assert_close_rel(got, want, 1e-12, f"gradient {i}")
 
 
@@ -388,8 +401,7 @@ def _attention_case():
     """q, k, v (leaves), a key mask and an upstream gradient, float64, B 2, H 3, S 6, E 4."""
     torch.manual_seed(1)
     b, h, s, e = 2, 3, 6, 4
-    q, k, v = (torch.randn(b, h, s, e, dtype=torch.float64, requires_grad=True)
-               for _ in range(3))  # fmt: skip
+    q, k, v = (torch.randn(b, h, s, e, dtype=torch.float64, requires_grad=True) for _ in range(3))
     return q, k, v, keep_masks(b, s, s)[2], torch.randn(b, h, s, e, dtype=torch.float64)
 
 
@@ -416,8 +428,9 @@ def test_attention_can_keep_its_probabilities_when_recomputing():
     for keep_probs in (False, True):
         torch.manual_seed(9)
         with recompute_tt_outputs():
-            kept, y = saved_tensors(partial(AttentionFunction.apply, q, k, v, keep, 0.3,
-                                            keep_probs))  # fmt: skip
+            kept, y = saved_tensors(
+                partial(AttentionFunction.apply, q, k, v, keep, 0.3, keep_probs)
+            )
         outs.append((y, grads(y, [q, k, v], dy), kept))
     (y, g, _), (y_k, g_k, kept_k) = outs
     assert torch.equal(y, y_k)

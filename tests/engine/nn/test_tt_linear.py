@@ -24,8 +24,16 @@ PLANS = ["auto", *[str(p) for p in candidate_plans()]]
 
 def make_layer(case, bias=True, plan="auto", dead=True) -> TTLinear:
     n, m, in_modes, out_modes, ranks = case
-    layer = TTLinear(n, m, bias, in_modes=in_modes, out_modes=out_modes, ranks=ranks,
-                     plan=plan, dtype=torch.float64)
+    layer = TTLinear(
+        n,
+        m,
+        bias,
+        in_modes=in_modes,
+        out_modes=out_modes,
+        ranks=ranks,
+        plan=plan,
+        dtype=torch.float64,
+    )
     with torch.no_grad():
         for g in layer.gates:
             g.uniform_(0.2, 1.5)
@@ -179,7 +187,10 @@ def test_mnli_preset_parameter_counts():
     assert attn.ranks == (1, 12, r, r, r, 12, 1)
     assert ffn1.ranks == (1, 12, r, r, r, 16, 1)
     assert (attn.tt_parameters(), ffn1.tt_parameters(), ffn2.tt_parameters()) == (
-        20448, 28960, 28960)
+        20448,
+        28960,
+        28960,
+    )
     encoder = 6 * (4 * attn.tt_parameters() + ffn1.tt_parameters() + ffn2.tt_parameters())
     assert encoder == 838272
     assert round(6 * (4 * 768 * 768 + 2 * 768 * 3072) / encoder, 1) == 50.7

@@ -24,12 +24,19 @@ def layers(draw):
     in_features = draw(st.integers(max(1, n_pad - 3), n_pad))  # some padding
     out_features = draw(st.integers(max(1, m_pad - 3), m_pad))
     ranks = tuple(draw(st.lists(st.integers(1, 4), min_size=2 * d - 1, max_size=2 * d - 1)))
-    gates = [draw(st.lists(st.sampled_from([-0.5, 0.004, 0.3, 1.0, 1.7]), min_size=r,
-                           max_size=r)) for r in ranks]
+    gates = [
+        draw(st.lists(st.sampled_from([-0.5, 0.004, 0.3, 1.0, 1.7]), min_size=r, max_size=r))
+        for r in ranks
+    ]
     return {
-        "in_features": in_features, "out_features": out_features, "in_modes": in_modes,
-        "out_modes": out_modes, "ranks": ranks, "gates": gates,
-        "bias": draw(st.booleans()), "rows": draw(st.integers(1, 9)),
+        "in_features": in_features,
+        "out_features": out_features,
+        "in_modes": in_modes,
+        "out_modes": out_modes,
+        "ranks": ranks,
+        "gates": gates,
+        "bias": draw(st.booleans()),
+        "rows": draw(st.integers(1, 9)),
         "plan": draw(st.sampled_from(PLANS)),
     }
 
@@ -37,9 +44,16 @@ def layers(draw):
 @settings(max_examples=150, deadline=None, derandomize=True)
 @given(spec=layers())
 def test_every_plan_matches_the_dense_reconstruction(spec):
-    layer = TTLinear(spec["in_features"], spec["out_features"], spec["bias"],
-                     in_modes=spec["in_modes"], out_modes=spec["out_modes"],
-                     ranks=spec["ranks"], plan=spec["plan"], dtype=torch.float64)
+    layer = TTLinear(
+        spec["in_features"],
+        spec["out_features"],
+        spec["bias"],
+        in_modes=spec["in_modes"],
+        out_modes=spec["out_modes"],
+        ranks=spec["ranks"],
+        plan=spec["plan"],
+        dtype=torch.float64,
+    )
     with torch.no_grad():
         for g, values in zip(layer.gates, spec["gates"], strict=True):
             g.copy_(torch.tensor(values, dtype=torch.float64))

@@ -298,8 +298,9 @@ def test_ids_out_of_range():
 
 
 def test_padding_idx_reads_zero_and_sends_no_gradient_like_nn_embedding():
-    emb = TTMEmbedding(30, 12, max_rank=3, row_modes=(5, 6), col_modes=(3, 4), padding_idx=-2,
-                       dtype=torch.float64)
+    emb = TTMEmbedding(
+        30, 12, max_rank=3, row_modes=(5, 6), col_modes=(3, 4), padding_idx=-2, dtype=torch.float64
+    )
     assert emb.padding_idx == 28
     ids = torch.tensor([[28, 3, 28], [7, 3, 0]])
     out = emb(ids)

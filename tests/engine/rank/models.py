@@ -20,12 +20,14 @@ class Tiny(nn.Module):
     def __init__(self, dtype: torch.dtype = DT) -> None:
         super().__init__()
         kw = {"dtype": dtype}
-        self.emb = TTMEmbedding(VOCAB, 12, row_modes=(5, 3, 2), col_modes=(2, 2, 3),
-                                ranks=(3, 4), **kw)
+        self.emb = TTMEmbedding(
+            VOCAB, 12, row_modes=(5, 3, 2), col_modes=(2, 2, 3), ranks=(3, 4), **kw
+        )
         self.fc1 = TTLinear(12, 15, in_modes=(4, 3), out_modes=(3, 5), ranks=(3, 4, 2), **kw)
         self.mid = nn.Linear(15, 8, dtype=dtype)
-        self.head = TTLinear(8, CLASSES, in_modes=(2, 2, 2), out_modes=(1, 1, 5),
-                             ranks=(2, 3, 3, 2, 2), **kw)
+        self.head = TTLinear(
+            8, CLASSES, in_modes=(2, 2, 2), out_modes=(1, 1, 5), ranks=(2, 3, 3, 2, 2), **kw
+        )
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         h = self.emb(ids).mean(1)  # (B, 12)
@@ -54,14 +56,14 @@ def randomize_gates_(model: nn.Module, rng: random.Random, p_dead: float) -> Non
     """Every gate entry drawn from LIVE, or from DEAD with probability ``p_dead``."""
     with torch.no_grad():
         for g in gates_of(model):
-            vals = [rng.choice(DEAD) if rng.random() < p_dead else rng.choice(LIVE)
-                    for _ in range(g.numel())]
+            vals = [
+                rng.choice(DEAD) if rng.random() < p_dead else rng.choice(LIVE)
+                for _ in range(g.numel())
+            ]
             g.copy_(torch.tensor(vals, dtype=g.dtype))
 
 
-def kill_random_(
-    model: nn.Module, rng: random.Random, n: int, value: float | None = None
-) -> None:
+def kill_random_(model: nn.Module, rng: random.Random, n: int, value: float | None = None) -> None:
     """Set ``n`` randomly chosen gate entries (dead or alive) to ``value`` or a DEAD value."""
     gates = [g for g in gates_of(model) if g.numel()]
     with torch.no_grad():

@@ -35,8 +35,12 @@ def test_early_objective_gate_gradient_is_ce_gradient_plus_weighted_push(variant
     want_all = torch.autograd.grad(want_value, gates)  # autograd of the plain-loop objective
 
     weights = reference_weights(model, variant)
-    total = sum(w for g, ws in zip(gates, weights, strict=True)
-                for w, v in zip(ws, g.tolist(), strict=True) if v > 1e-2)
+    total = sum(
+        w
+        for g, ws in zip(gates, weights, strict=True)
+        for w, v in zip(ws, g.tolist(), strict=True)
+        if v > 1e-2
+    )
     n_dead = 0
     for g, ws, a, c, b in zip(gates, weights, got, ce_grads, want_all, strict=True):
         c = torch.zeros_like(g) if c is None else c
@@ -61,16 +65,18 @@ def _loss_and_penalty():
 def test_late_objective_hand_set_values(size, lam_want, tensor_refs):
     gamma, loss_weight = 0.01, 0.1
     x, loss, penalty = _loss_and_penalty()
-    loss_ref, size_ref = (torch.tensor(0.8, dtype=DT), torch.tensor(20.0)) if tensor_refs else (
-        0.8, 20.0)
+    loss_ref, size_ref = (
+        (torch.tensor(0.8, dtype=DT), torch.tensor(20.0)) if tensor_refs else (0.8, 20.0)
+    )
     size_t = torch.tensor(size, dtype=DT)
     # (L - L*) / L = 0.2 against (S - S*) / S = 0.8 (S = 100) or 1/21 (S = 21)
     lam = late_switch(loss, size_t, loss_ref, size_ref)
     assert lam.shape == () and not lam.requires_grad and lam.dtype == DT
     assert float(lam) == lam_want
 
-    objective, lam2 = late_objective(loss, penalty, size_t, loss_ref, size_ref,
-                                     gamma=gamma, loss_weight=loss_weight)
+    objective, lam2 = late_objective(
+        loss, penalty, size_t, loss_ref, size_ref, gamma=gamma, loss_weight=loss_weight
+    )
     assert float(lam2) == lam_want
     l_val, r_val = float(loss.detach()), float(penalty.detach())
     value = loss_weight * l_val + gamma * r_val + lam_want * r_val + (1 - lam_want) * l_val

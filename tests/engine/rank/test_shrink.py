@@ -33,9 +33,14 @@ def _kill_same_entries_(full, shrunk, rng, n):
     """
     pairs = list(zip(tensorized_layers(full), tensorized_layers(shrunk), strict=True))
     for _ in range(n):
-        live = [(a, b, k, e) for (_, a), (_, b) in pairs if min(a.active_ranks()) > 0
-                for k, g in enumerate(a.gates) for e in range(g.numel())
-                if g[e] > a.gate_threshold]
+        live = [
+            (a, b, k, e)
+            for (_, a), (_, b) in pairs
+            if min(a.active_ranks()) > 0
+            for k, g in enumerate(a.gates)
+            for e in range(g.numel())
+            if g[e] > a.gate_threshold
+        ]
         a, b, k, e = rng.choice(live)
         e_shrunk = int((a.gates[k][:e] > a.gate_threshold).sum())  # its index among survivors
         with torch.no_grad():
@@ -62,19 +67,25 @@ def test_shrink_keeps_outputs_slices_adam_state_and_leaves_other_layers_alone():
 
     change = shrink_model_(model, opt)
     assert change.changed
-    assert change.per_layer == {"emb": ((1, 3, 4, 1), (1, 3, 3, 1)),
-                                "fc1": ((1, 3, 4, 2, 1), (1, 2, 4, 1, 1))}
+    assert change.per_layer == {
+        "emb": ((1, 3, 4, 1), (1, 3, 3, 1)),
+        "fc1": ((1, 3, 4, 2, 1), (1, 2, 4, 1, 1)),
+    }
     assert json.loads(json.dumps(change.to_dict()))["per_layer"]["emb"]["after"] == [1, 3, 3, 1]
     assert [p.data_ptr() for p in model.head.parameters()] == head_ptrs  # untouched
     assert model.emb.gates[1] is emb_g1  # same Parameter object, sliced in place
     with torch.no_grad():
         assert_close_rel(model(ids), before, 1e-12, "output across shrink")
     keep = {  # parameter -> (dim, kept indices) of the one slice it received
-        model.emb.cores[1]: (3, [0, 1, 3]), model.emb.gates[1]: (0, [0, 1, 3]),
+        model.emb.cores[1]: (3, [0, 1, 3]),
+        model.emb.gates[1]: (0, [0, 1, 3]),
         model.emb.cores[2]: (0, [0, 1, 3]),
-        model.fc1.cores[0]: (2, [1, 2]), model.fc1.gates[0]: (0, [1, 2]),
+        model.fc1.cores[0]: (2, [1, 2]),
+        model.fc1.gates[0]: (0, [1, 2]),
         model.fc1.cores[1]: (0, [1, 2]),
-        model.fc1.cores[2]: (2, [0]), model.fc1.gates[2]: (0, [0]), model.fc1.cores[3]: (0, [0]),
+        model.fc1.cores[2]: (2, [0]),
+        model.fc1.gates[2]: (0, [0]),
+        model.fc1.cores[3]: (0, [0]),
     }
     for p in model.parameters():
         for key in ("exp_avg", "exp_avg_sq"):
@@ -93,9 +104,10 @@ def test_training_with_shrinks_follows_the_unshrunk_trajectory():
     shrunk = copy.deepcopy(full)
     runs = []
     for model in (full, shrunk):
-        params = [{"params": [p for n, p in model.named_parameters() if ".gates." in n],
-                   "lr": 3e-2},
-                  {"params": [p for n, p in model.named_parameters() if ".gates." not in n]}]
+        params = [
+            {"params": [p for n, p in model.named_parameters() if ".gates." in n], "lr": 3e-2},
+            {"params": [p for n, p in model.named_parameters() if ".gates." not in n]},
+        ]
         runs.append((model, GateIndex(model), torch.optim.AdamW(params, lr=1e-2)))
     probe, _ = batch(100)
     changes = 0

@@ -36,7 +36,7 @@ def test_mode_sizes_count_every_core_entry_including_ttm_columns():
     for _, layer in tensorized_layers(model):
         sizes = layer_mode_sizes(layer)
         ranks = layer.ranks
-        for k, core in enumerate(layer.cores):  # the method doc's TTM undercount used n_k only
+        for k, core in enumerate(layer.cores):  # docs/method.md#size-model: n_k m_k for TTM
             assert core.numel() == ranks[k] * sizes[k] * ranks[k + 1]
     assert layer_mode_sizes(model.emb) == (10, 6, 6)
     with pytest.raises(TypeError, match="TTLinear or TTMEmbedding"):
@@ -75,10 +75,12 @@ def test_size_equals_live_stored_entries_after_any_kills_and_shrinks(seed):
 @pytest.mark.parametrize("order", [2, 3, 5])
 def test_standalone_layers_of_several_orders(order):
     rng = random.Random(order)
-    lin = TTLinear(2**order, 3**order, in_modes=(2,) * order, out_modes=(3,) * order,
-                   max_rank=4, dtype=DT)
-    emb = TTMEmbedding(3**order, 2**order, row_modes=(3,) * order, col_modes=(2,) * order,
-                       max_rank=4, dtype=DT)
+    lin = TTLinear(
+        2**order, 3**order, in_modes=(2,) * order, out_modes=(3,) * order, max_rank=4, dtype=DT
+    )
+    emb = TTMEmbedding(
+        3**order, 2**order, row_modes=(3,) * order, col_modes=(2,) * order, max_rank=4, dtype=DT
+    )
     for layer in (lin, emb):
         while stored_size(layer) > 0:
             kill_random_(layer, rng, 2)

@@ -20,9 +20,13 @@ def test_snapshot_rows_describe_each_layer():
     snap = json.loads(json.dumps(rank_snapshot(model), allow_nan=False))
     assert list(snap) == ["emb", "fc1", "head"]
     assert snap["emb"] == {
-        "kind": "ttm_embedding", "modes": [[5, 3, 2], [2, 2, 3]], "ranks": [1, 3, 4, 1],
-        "active_ranks": [1, 3, 4, 1], "params": 1 * 10 * 3 + 3 * 6 * 4 + 4 * 6 * 1,
-        "dense": 29 * 12, "ratio": 29 * 12 / 126,
+        "kind": "ttm_embedding",
+        "modes": [[5, 3, 2], [2, 2, 3]],
+        "ranks": [1, 3, 4, 1],
+        "active_ranks": [1, 3, 4, 1],
+        "params": 1 * 10 * 3 + 3 * 6 * 4 + 4 * 6 * 1,
+        "dense": 29 * 12,
+        "ratio": 29 * 12 / 126,
     }
     fc1 = snap["fc1"]
     assert fc1["kind"] == "tt_linear" and fc1["modes"] == [[4, 3], [3, 5]]
@@ -42,8 +46,14 @@ def test_summary_totals_match_the_parameters_really_stored_after_a_shrink():
     shrink_model_(model)
     after = compression_summary(model)
     assert json.dumps(after, allow_nan=False)
-    for key in ("tensorized_params", "model_params", "model_params_dense", "tensorized_ratio",
-                "active_gate_entries", "other_params"):
+    for key in (
+        "tensorized_params",
+        "model_params",
+        "model_params_dense",
+        "tensorized_ratio",
+        "active_gate_entries",
+        "other_params",
+    ):
         assert after[key] == before[key]
     assert before["tensorized_stored"] > after["tensorized_stored"] == after["tensorized_params"]
     gates = sum(g.numel() for n, g in model.named_parameters() if ".gates." in n)

@@ -14,25 +14,58 @@ from engine.export import load_compressed
 
 ROOT = Path(__file__).resolve().parents[3]
 JOB = {
-    "name": "tiny-nli", "method": "comera",
-    "model": {"arch": "transformer", "config": {"d_model": 32, "n_heads": 4, "d_ff": 64,
-                                                "n_layers": 1, "max_len": 24}},
-    "data": {"kind": "synthetic", "generator": "nli", "n_train": 96, "n_valid": 32,
-             "max_len": 24, "vocab_size": 120},
+    "name": "tiny-nli",
+    "method": "comera",
+    "model": {
+        "arch": "transformer",
+        "config": {"d_model": 32, "n_heads": 4, "d_ff": 64, "n_layers": 1, "max_len": 24},
+    },
+    "data": {
+        "kind": "synthetic",
+        "generator": "nli",
+        "n_train": 96,
+        "n_valid": 32,
+        "max_len": 24,
+        "vocab_size": 120,
+    },
     "compression": {"max_rank": 4, "shrink_every": 3},
-    "schedule": [{"kind": "early", "epochs": 1, "gamma": 0.1, "lr": {"gates": 0.05}},
-                 {"kind": "late", "steps": 4, "target_ratio": 0.6},
-                 {"kind": "finetune", "steps": 2}],
+    "schedule": [
+        {"kind": "early", "epochs": 1, "gamma": 0.1, "lr": {"gates": 0.05}},
+        {"kind": "late", "steps": 4, "target_ratio": 0.6},
+        {"kind": "finetune", "steps": 2},
+    ],
     "training": {"batch_size": 16, "log_every": 2},
 }
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "engine.train", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _run(tmp_path: Path, job: dict) -> subprocess.CompletedProcess:
     cfg = tmp_path / "job.json"
     cfg.write_text(json.dumps(job))
     return subprocess.run(
-        [sys.executable, "-m", "engine.train", "--config", str(cfg), "--out",
-         str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "engine.train",
+            "--config",
+            str(cfg),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_one_job_writes_metrics_ranks_checkpoint_and_report(tmp_path):
@@ -44,8 +77,17 @@ def test_one_job_writes_metrics_ranks_checkpoint_and_report(tmp_path):
     ranks = [json.loads(line) for line in (out / "ranks.jsonl").read_text().splitlines()]
     assert ranks and all("layers" in r and "totals" in r for r in ranks)
     report = json.loads((out / "report.json").read_text())
-    for key in ("method", "arch", "parameters", "compression", "ranks", "stages", "export",
-                "checkpoint", "wall_seconds"):
+    for key in (
+        "method",
+        "arch",
+        "parameters",
+        "compression",
+        "ranks",
+        "stages",
+        "export",
+        "checkpoint",
+        "wall_seconds",
+    ):
         assert key in report, key
     assert [s["kind"] for s in report["stages"]] == ["early", "late", "finetune"]
     assert all("seconds" in s and "metrics" in s for s in report["stages"])
@@ -58,11 +100,14 @@ def test_one_job_writes_metrics_ranks_checkpoint_and_report(tmp_path):
     assert model(ids).shape == (2, 3)
 
 
-@pytest.mark.parametrize(("change", "field"), [
-    ({"model": {"arch": "resnet"}}, "model.arch"),
-    ({"method": "lte"}, "method"),
-    ({"schedule": [{"kind": "warm", "steps": 1}]}, "schedule[0].kind"),
-])
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"model": {"arch": "resnet"}}, "model.arch"),
+        ({"method": "lte"}, "method"),
+        ({"schedule": [{"kind": "warm", "steps": 1}]}, "schedule[0].kind"),
+    ],
+)
 def test_bad_config_exits_2_naming_the_field(tmp_path, change, field):
     proc = _run(tmp_path, {**JOB, **change})
     assert proc.returncode == 2
@@ -72,14 +117,89 @@ def test_bad_config_exits_2_naming_the_field(tmp_path, change, field):
 
 def test_a_malformed_data_row_exits_2_naming_file_and_line(tmp_path):
     train = tmp_path / "train.jsonl"
-    rows = [{"premise": f"sentence number {i}", "hypothesis": "a sentence",
-             "label": "a" if i % 2 else "b"} for i in range(40)]  # fmt: skip
+    rows = [
+        {
+            "premise": f"sentence number {i}",
+            "hypothesis": "a sentence",
+            "label": "a" if i % 2 else "b",
+        }
+        for i in range(40)
+    ]
     lines = [json.dumps(r) for r in rows]
     lines[16] = '{"premise": "no hypothesis", "label": "a"}'
     train.write_text("\n".join(lines) + "\n")
-    job = {**JOB, "data": {"kind": "jsonl", "train": str(train), "max_len": 24},
-           "schedule": [{"kind": "early", "steps": 4}]}  # fmt: skip
+    job = {
+        **JOB,
+        "data": {"kind": "jsonl", "train": str(train), "max_len": 24},
+        "schedule": [{"kind": "early", "steps": 4}],
+    }
     proc = _run(tmp_path, job)
     assert proc.returncode == 2, proc.stderr
     assert f"error: bad data: {train}:17:" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_nproc_per_node_runs_the_job_under_torchrun_and_rank_0_writes(tmp_path):
+    """Two processes under torchrun (a real subprocess, the rendezvous on a free port): the
+    same outputs as one process, the report says how it ran, the events file follows it."""
+    config, out = tmp_path / "job.json", tmp_path / "out"
+    config.write_text(json.dumps(JOB))
+    events = tmp_path / "events.jsonl"
+    proc = _cli(
+        "--config",
+        str(config),
+        "--out",
+        str(out),
+        "--nproc-per-node",
+        "2",
+        "--events",
+        str(events),
+        "--no-progress",
+        "--export-extra",
+        json.dumps({"job_id": "job_1"}),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["execution"]["distributed"]["world_size"] == 2
+    assert report["status"] == "completed" and (out / "model" / "manifest.json").exists()
+    extra = json.loads((out / "model" / "manifest.json").read_text())["extra"]
+    assert extra["job_id"] == "job_1" and extra["execution"] == report["execution"]
+    lines = [json.loads(line) for line in events.read_text().splitlines()]
+    kinds = {e["event"] for e in lines}
+    assert {"stage_start", "step", "eval", "ranks", "checkpoint", "stage_end"} <= kinds
+    assert len([e for e in lines if e["event"] == "stage_end"]) == 3  # rank 0's events only
+
+
+def test_a_stop_file_stops_every_process_with_a_partial_checkpoint(tmp_path):
+    config, out, stop = tmp_path / "job.json", tmp_path / "out", tmp_path / "stop"
+    config.write_text(json.dumps(JOB))
+    stop.touch()  # present from the start: the job stops before its first step
+    proc = _cli(
+        "--config",
+        str(config),
+        "--out",
+        str(out),
+        "--nproc-per-node",
+        "2",
+        "--stop-file",
+        str(stop),
+        "--no-progress",
+    )
+    assert proc.returncode != 0  # torchrun reports the ranks' status 3 as a failure
+    assert list((out / "checkpoints").glob("step-*-partial.safetensors"))
+    assert json.loads((out / "report.json").read_text())["status"] == "cancelled"
+
+
+@pytest.mark.parametrize("extra", ["[1]", "{"])
+def test_export_extra_must_be_a_json_object(tmp_path, extra):
+    config = tmp_path / "job.json"
+    config.write_text(json.dumps(JOB))
+    proc = _cli("--config", str(config), "--out", str(tmp_path / "o"), "--export-extra", extra)
+    assert proc.returncode == 2 and "--export-extra" in proc.stderr
+
+
+def test_a_batch_that_does_not_divide_among_the_processes_exits_2(tmp_path):
+    config = tmp_path / "job.json"
+    config.write_text(json.dumps({**JOB, "training": {"batch_size": 15}}))
+    proc = _cli("--config", str(config), "--out", str(tmp_path / "o"), "--nproc-per-node", "2")
+    assert proc.returncode == 2 and "training.batch_size" in proc.stderr

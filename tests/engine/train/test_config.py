@@ -12,13 +12,17 @@ from engine.train.job import JobConfig
 BASE = {
     "name": "t",
     "method": "comera",
-    "model": {"arch": "transformer", "config": {"d_model": 32, "n_heads": 4, "d_ff": 64,
-                                                "n_layers": 1, "max_len": 32}},
+    "model": {
+        "arch": "transformer",
+        "config": {"d_model": 32, "n_heads": 4, "d_ff": 64, "n_layers": 1, "max_len": 32},
+    },
     "data": {"kind": "synthetic", "generator": "nli"},
     "compression": {"max_rank": 4, "penalty": "uniform"},
-    "schedule": [{"kind": "early", "steps": 5}, {"kind": "late", "steps": 5,
-                                                 "target_ratio": 0.5},
-                 {"kind": "finetune", "steps": 2}],
+    "schedule": [
+        {"kind": "early", "steps": 5},
+        {"kind": "late", "steps": 5, "target_ratio": 0.5},
+        {"kind": "finetune", "steps": 2},
+    ],
     "training": {"batch_size": 8, "seed": 3},
     "galore": {"rank": 8},
     "checkpoint": {"keep": 3},

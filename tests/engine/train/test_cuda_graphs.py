@@ -1,8 +1,8 @@
 """CUDA-graph training steps: CPU behaviour of the option, and on a GPU replay == eager.
 
-GPU tests follow the style guide's recipe: capture, then replay and compare against eager
-steps from the same state; poison a static output and check the replay restores it; gates
-updated in place by the replayed optimizer; capture again after a physical shrink.
+GPU tests follow the recipe of docs/method.md#cuda-graphs: capture, then replay and compare
+against eager steps from the same state; poison a static output and check the replay restores
+it; gates updated in place by the replayed optimizer; capture again after a physical shrink.
 """
 
 from __future__ import annotations
@@ -157,9 +157,18 @@ def test_trainer_with_graphs_tracks_eager_across_stages_and_shrinks(tmp_path):
     ]
     runs, objectives = {}, {}
     for mode in ("on", "off"):
-        job = make_job("comera", model=copy.deepcopy(model), schedule=copy.deepcopy(schedule),
-                       training={"batch_size": 8, "seed": 1, "device": "cuda", "log_every": 1,
-                                 "cuda_graph": mode})  # fmt: skip
+        job = make_job(
+            "comera",
+            model=copy.deepcopy(model),
+            schedule=copy.deepcopy(schedule),
+            training={
+                "batch_size": 8,
+                "seed": 1,
+                "device": "cuda",
+                "log_every": 1,
+                "cuda_graph": mode,
+            },
+        )
         workdir = tmp_path / mode
         if mode == "off":  # the same trained tokenizer (its trainer is not deterministic)
             workdir.mkdir()

