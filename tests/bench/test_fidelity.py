@@ -47,6 +47,14 @@ def test_the_plain_svd_baseline_spends_the_same_budget():
     assert 0.0 < svd["cosine"]["few"] < 0.6  # measured 0.25 on 1,478 sentences
 
 
+def test_the_early_stage_runs_the_longer_of_its_steps_and_its_epochs():
+    assert fidelity.early_steps(1437) == fidelity.EARLY_STEPS  # digits: 22.5 steps an epoch
+    assert fidelity.early_steps(2856) == 1339  # stdlib_modules: 30 epochs of 44.6 steps
+    spec = fidelity.job(Path("t.npz"), Path("v.npz"), "comera", 0, 1339)
+    assert spec["schedule"][0]["steps"] == 1339
+    assert fidelity.late_job(spec, 0.5)["schedule"][0]["steps"] == 1339
+
+
 def encoder_payload() -> dict:
     cos = {"held_out": 0.9, "reference": 0.88, "train": 0.93}
     point = {
@@ -71,7 +79,7 @@ def test_the_tables_print_from_a_payload(capsys):
     run = {"accuracy": 0.95, "accuracy_per_split": [0.95], "seconds": 1.0, "at_chance": False}
     late = {**run, "ratio": 12.0, "target_reached": [True], "reasons": [None]}
     payload = {
-        "protocol": {"job": fidelity.job(Path("t.npz"), Path("v.npz"), "comera", 0)},
+        "protocol": {"job": fidelity.job(Path("t.npz"), Path("v.npz"), "comera", 0, 720)},
         "datasets": {
             "wine": {
                 "info": {"rows": 178, "features": 13, "n_classes": 3},
