@@ -166,8 +166,12 @@ def _bounded(generator: str, params: Mapping[str, Any]) -> list[InitErrorDetails
     return [e for e in errors if e]
 
 
+MAX_PACKAGES = 16  # stdlib_text's packages (engine.data.stdlib_text.MAX_PACKAGES)
+
+
 def _strings(params: Mapping[str, Any]) -> list[InitErrorDetails]:
-    """``stdlib_text``: ``source`` a short string, ``modules`` a pattern or a list of them."""
+    """``stdlib_text``: ``source`` a short string, ``modules`` a pattern or a list of them,
+    ``packages`` a list of at most :data:`MAX_PACKAGES` distinct package (import) names."""
     errors = []
     source = params.get("source", "docstrings")
     if not isinstance(source, str) or len(source) > 32:
@@ -177,6 +181,15 @@ def _strings(params: Mapping[str, Any]) -> list[InitErrorDetails]:
     if not items or not all(isinstance(m, str) and 0 < len(m) <= 64 for m in items):
         msg = "modules must be a list of 1-64 patterns of 1-64 characters"
         errors.append(_error("modules", mods, "invalid", msg))
+    pkgs = params.get("packages", [])
+    if (
+        not isinstance(pkgs, list)
+        or len(pkgs) > MAX_PACKAGES
+        or not all(isinstance(p, str) and p.isidentifier() and len(p) <= 64 for p in pkgs)
+        or len(set(pkgs)) != len(pkgs)
+    ):
+        msg = f"packages must be a list of at most {MAX_PACKAGES} distinct package names"
+        errors.append(_error("packages", pkgs, "invalid", msg))
     return errors
 
 

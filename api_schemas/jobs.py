@@ -189,7 +189,8 @@ class DatasetSpec(StrictModel):
     ``format`` says how to read a file (``jsonl``/``csv`` sentence pairs, ``criteo`` TSV,
     ``text`` lines for MLM and ``hf_bert`` sentences, ``npz`` arrays); for ``synthetic`` the
     generator follows the architecture unless ``generator`` names one (``hf_bert``:
-    ``stdlib_text``, sentences from the standard library's docstrings). ``length_buckets = k``
+    ``stdlib_text``, sentences from the standard library's docstrings; ``params.packages``
+    adds those of installed packages, e.g. ``["torch", "sympy"]``). ``length_buckets = k``
     (sentence, pair and text data) sorts each window of ``k`` training batches by length, so
     batches waste little on padding.
     """

@@ -61,19 +61,34 @@ def recipe(
     target: float, steps: int | None = None, modules: list[str] | None = None
 ) -> dict[str, Any]:
     """The committed recipe at compression ``target`` (``steps``: the distillation's length;
-    ``modules``: docstrings of those module families only, all but 256 for training)."""
+    ``modules``: the standard library's docstrings of those module families only, beside the
+    recipe's ``packages``; all but the ``n_valid`` held out for training)."""
     job = json.loads(RECIPE.read_text())
     job["model"]["config"]["target_compression"] = target
     job["name"] = f"{job['name']}-x{target:g}"
     if steps is not None:
         job["schedule"][-1]["steps"] = steps
     if modules is not None:
-        data = job["data"]
-        pool = len(stdlib_sentences(StdlibTextParams(modules=tuple(modules))))
+        data, config = job["data"], job["model"]["config"]
         data["params"] = {**data.get("params", {}), "modules": modules}
-        data["n_train"] = pool - data["n_valid"]
-        job["model"]["config"]["calibration_sentences"] = data["n_train"]
+        data["n_train"] = len(stdlib_sentences(_params(job))) - data["n_valid"]
+        config["calibration_sentences"] = min(config["calibration_sentences"], data["n_train"])
     return job
+
+
+def unseen(sentences: Sequence[str], job: dict[str, Any]) -> list[str]:
+    """``sentences`` less any that the ``job``'s sentence pool holds (case-insensitive): the
+    standard library's docstrings repeat a few sentences of the Language Reference."""
+    seen = {s.lower() for s in stdlib_sentences(_params(job))}
+    return [s for s in sentences if s.lower() not in seen]
+
+
+def _params(job: dict[str, Any]) -> StdlibTextParams:
+    """The ``stdlib_text`` parameters of ``job``'s data."""
+    params = job["data"].get("params", {})
+    return StdlibTextParams(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in params.items()}
+    )
 
 
 def encode(sentences: Sequence[str], tokenizer: Path, max_len: int) -> list[Batch]:
@@ -203,7 +218,9 @@ def run(
     if threads:
         torch.set_num_threads(threads)
     t_all = time.perf_counter()
-    reference = list(stdlib_sentences(StdlibTextParams(source="reference")))
+    everything = list(stdlib_sentences(StdlibTextParams(source="reference")))
+    reference = unseen(everything, recipe(targets[0], steps))
+    log(f"Language Reference: {len(reference)} of {len(everything)} sentences not in the pool")
     points = []
     with TemporaryDirectory() as tmp:
         for ratio in targets:
@@ -217,7 +234,7 @@ def run(
         if family_split:
             job = recipe(targets[0], steps, FAMILIES[0])
             other = list(stdlib_sentences(StdlibTextParams(modules=tuple(FAMILIES[1]))))
-            extra = {"other_family": other, "reference": reference}
+            extra = {"other_family": unseen(other, job), "reference": unseen(reference, job)}
             family = distill(job, Path(tmp) / "family", extra, svd=False)
             log(_line(f"{targets[0]:g}x family split", family))
     first = points[0]["cosine"]

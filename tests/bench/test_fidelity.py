@@ -8,24 +8,37 @@ import pytest
 import torch
 
 from bench import fidelity, fidelity_encoder
-from engine.data.stdlib_text import StdlibTextParams, stdlib_sentences
 from engine.models.hf_bert import load_pretrained
 from engine.models.hf_bert.config import check_model_dir, read_architecture
 from engine.train import JobConfig
 from tests.helpers.hf_bert import MINILM
 
 
-def test_the_encoder_bench_runs_the_committed_recipe():
+def test_the_encoder_bench_runs_the_committed_recipe(monkeypatch):
     job = fidelity_encoder.recipe(8.0, steps=10)
     assert job["model"]["config"]["target_compression"] == 8.0
     assert job["schedule"][-1]["steps"] == 10
     assert JobConfig.from_dict(job).model.arch == "hf_bert"
+    asked = []
+
+    def pool(params):  # the recipe's packages take ~30 s to parse: a pool of 3,000 here
+        asked.append(params)
+        return tuple(f"Sentence number {i} of the pool." for i in range(3000))
+
+    monkeypatch.setattr(fidelity_encoder, "stdlib_sentences", pool)
     split = fidelity_encoder.recipe(5.0, modules=["[a-l]*"])
-    pool = len(stdlib_sentences(StdlibTextParams(modules=("[a-l]*",))))
+    (params,) = asked
+    assert params.modules == ("[a-l]*",)
+    assert list(params.packages) == job["data"].get("params", {}).get("packages", [])
     assert split["data"]["params"]["modules"] == ["[a-l]*"]
-    assert split["data"]["n_train"] == split["model"]["config"]["calibration_sentences"]
-    assert split["data"]["n_train"] + split["data"]["n_valid"] == pool
+    assert split["data"]["n_train"] + split["data"]["n_valid"] == 3000
+    config = split["model"]["config"]
+    assert config["calibration_sentences"] == min(
+        3000 - 256, job["model"]["config"]["calibration_sentences"]
+    )
     JobConfig.from_dict(split)
+    sentences = ["Sentence number 7 of the pool.", "A sentence of another source."]
+    assert fidelity_encoder.unseen(sentences, split) == ["A sentence of another source."]
 
 
 @pytest.mark.slow

