@@ -78,7 +78,8 @@ def test_a_tenant_over_its_share_is_refused_while_another_is_planned_at_once():
     assert planner.plan({"gate": threading.Event(), "hold": 0.01}, tenant="b", per_tenant=1) == {
         "ok": True
     }
-    assert time.perf_counter() - start < 1.0  # tenant b never waited on tenant a
+    # tenant b never waited on tenant a (whose gate opens only below): bounded for a loaded host
+    assert time.perf_counter() - start < 5.0
     gate.set()
     assert first.result(5) == {"ok": True}
     assert planner.plan({"gate": gate}, tenant="a", per_tenant=1) == {"ok": True}  # freed
@@ -111,7 +112,7 @@ def test_waiting_for_a_busy_planner_ends_at_the_deadline_with_busy():
     start = time.perf_counter()
     with pytest.raises(PlannerBusy, match="busy"):
         planner.plan({"gate": gate}, tenant="b", timeout_s=0.5)
-    assert 0.4 < time.perf_counter() - start < 2.0
+    assert 0.4 < time.perf_counter() - start < 5.0  # the 0.5 s deadline, on a loaded host
     gate.set()
     holder.result(5)
 
@@ -122,7 +123,7 @@ def test_a_plan_past_its_deadline_is_busy_and_its_child_killed_and_replaced():
     start = time.perf_counter()
     with pytest.raises(PlannerBusy, match="longer than 0.3 s"):
         planner.plan({"gate": threading.Event()}, tenant="a")
-    assert time.perf_counter() - start < 2.0
+    assert time.perf_counter() - start < 5.0  # the 0.3 s deadline, on a loaded host
     assert child.killed == 1
     # restarted off the request; the next plan has the child again
     assert planner.plan({"gate": threading.Event(), "hold": 0.01}, tenant="a") == {"ok": True}

@@ -227,8 +227,8 @@ def test_five_thousand_entries_are_fast():
             g.uniform_(0.02, 1.0)
     assert sum(g.numel() for g in gates) >= 5000
     size = model_size(model)
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: a loaded host's descheduling is not the search's
     report = prune_to_target_(model, size // 10)
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     assert size // 10 - 4 * 16 * 2 < report.size_after <= size // 10  # one kill removes <= 128
     assert elapsed < 5.0, f"pruning ~5000 entries took {elapsed:.1f} s"

@@ -196,12 +196,16 @@ def _assert_valid(f: ModeFactorization, n: int, d: int, max_padding: float) -> N
     assert n <= f.padded_size <= n + int(n * max_padding)
 
 
+# CPU time of this process, not wall time: a loaded CI host deschedules the test, which says
+# nothing of factorize's search
+
+
 @pytest.mark.parametrize("d", [3, 4])
 def test_factorize_is_fast_for_the_criteo_tables(d):
     for n in CRITEO_SIZES:
-        start = time.perf_counter()
+        start = time.process_time()
         f = factorize(n, d)
-        elapsed = time.perf_counter() - start
+        elapsed = time.process_time() - start
         assert elapsed < 0.2, f"factorize({n}, {d}) took {elapsed:.3f} s"
         _assert_valid(f, n, d, 0.1)
         assert min(f.modes) > 1 and max(f.modes) <= 2 * min(f.modes)
@@ -211,9 +215,9 @@ def test_factorize_is_fast_for_the_criteo_tables(d):
 def test_factorize_is_fast_up_to_2_31_with_up_to_8_modes(max_padding):
     sizes = (2**31 - 1, 2**31, 1_000_000_007, 2 * 999_999_937, 1_102_701_600)
     for n, d in itertools.product(sizes, range(2, 9)):
-        start = time.perf_counter()
+        start = time.process_time()
         f = factorize(n, d, max_padding=max_padding)
-        elapsed = time.perf_counter() - start
+        elapsed = time.process_time() - start
         assert elapsed < 0.2, f"factorize({n}, {d}, max_padding={max_padding}) took {elapsed:.3f}"
         if f.padding == 0:
             assert math.prod(f.modes) == n
