@@ -31,7 +31,7 @@ from engine.data.config import DataConfig
 from engine.data.criteo import dlrm_overrides
 from engine.data.source import split_counts
 from engine.data.stdlib_text import check_packages
-from engine.data.synthetic import GENERATOR_OF_ARCH, parse_params
+from engine.data.synthetic import parse_params
 from engine.data.synthetic_tabular import BLOCK
 from engine.data.text import read_pairs
 from engine.train.config import as_config_error
@@ -128,7 +128,7 @@ def _without_packages(data: DataConfig, arch: str) -> DataConfig:
     """``stdlib_text`` with ``packages``: they are checked (installed, within the file bound)
     and left out of the sample. Parsing them takes tens of seconds (torch: 2,282 files) and
     the sample needs a few sentences, which the standard library alone gives."""
-    if (data.generator or GENERATOR_OF_ARCH.get(arch)) != "stdlib_text":
+    if generator_of(arch, data.generator) != "stdlib_text":
         return data
     packages = parse_params("stdlib_text", data.params).packages
     if not packages:
