@@ -9,7 +9,6 @@ from pydantic import ValidationError
 from api_schemas import JobCreate
 from api_schemas.generator_limits import MAX_PACKAGES
 from engine.configs import ConfigError
-from engine.data import stdlib_text
 from engine.data.stdlib_text import StdlibTextParams
 
 
@@ -24,10 +23,6 @@ def _job(packages) -> dict:
         },
         "schedule": [{"kind": "early", "steps": 3}],
     }
-
-
-def test_the_wire_bound_on_packages_is_the_engines():
-    assert MAX_PACKAGES == stdlib_text.MAX_PACKAGES
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from api_schemas import generator_limits as wire_generators
 from api_schemas.engine_spec import RENAMES
 from api_schemas.jobs import (
     CheckpointingSpec,
@@ -26,6 +27,8 @@ from api_schemas.jobs import (
     TrainingSpec,
 )
 from engine.configs import bounds
+from engine.data import stdlib_text
+from engine.data import synthetic as engine_synthetic
 from engine.data.config import DataConfig
 from engine.models.tensorize import TensorizeOptions
 from engine.train.config import (
@@ -164,6 +167,12 @@ def test_dataset_choices_agree():
     kinds = set(bounds(DataConfig)["kind"].choices)
     assert literal("format") == kinds - {"synthetic"}
     assert literal("generator") == set(bounds(DataConfig)["generator"].choices)
+
+
+def test_the_default_generator_of_each_arch_is_the_engines():
+    """The planner and the worker read the wire's map (torch-free); the engine generates."""
+    assert wire_generators.GENERATOR_OF_ARCH == engine_synthetic.GENERATOR_OF_ARCH
+    assert wire_generators.MAX_PACKAGES == stdlib_text.MAX_PACKAGES
 
 
 def test_the_stated_differences_are_the_real_ones():
