@@ -50,6 +50,7 @@ import importlib.util
 import re
 import sysconfig
 import warnings
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -241,15 +242,17 @@ def package_sentences(
     """The docstring sentences of ``packages`` in order (each deduplicated, the first kept)."""
     files = check_packages(packages)
     params = StdlibTextParams(min_words=min_words, max_words=max_words)
-    seen: set[str] = set()
-    pool: list[str] = []
-    for path in files:
-        for doc in _docstrings(path):
-            for s in docstring_sentences(doc, params):
-                if s.lower() not in seen:
-                    seen.add(s.lower())
-                    pool.append(s)
-    return tuple(pool)
+    docs = (doc for path in files for doc in _docstrings(path))
+    return tuple(_new_sentences(docs, params, set()))
+
+
+def _new_sentences(docs: Iterable[str], params: StdlibTextParams, seen: set[str]) -> Iterator[str]:
+    """The sentences of ``docs`` in order whose lower case is not in ``seen`` (added to it)."""
+    for doc in docs:
+        for s in docstring_sentences(doc, params):
+            if s.lower() not in seen:
+                seen.add(s.lower())
+                yield s
 
 
 def _version(package: str) -> str | None:
@@ -278,24 +281,13 @@ def tagged_sentences(min_words: int = 6, max_words: int = 40) -> tuple[tuple[str
     pool: list[tuple[str, str]] = []
     for path in _source_files(root):
         module = _top_module(path, root)
-        for doc in _docstrings(path):
-            for s in docstring_sentences(doc, params):
-                if s.lower() not in seen:
-                    seen.add(s.lower())
-                    pool.append((module, s))
+        pool += ((module, s) for s in _new_sentences(_docstrings(path), params, seen))
     return tuple(pool)
 
 
 def _reference_sentences(params: StdlibTextParams) -> tuple[str, ...]:
     topics = importlib.import_module("pydoc_data.topics").topics  # text only, no code run
-    seen: set[str] = set()
-    pool: list[str] = []
-    for key in sorted(topics):
-        for s in docstring_sentences(topics[key], params):
-            if s.lower() not in seen:
-                seen.add(s.lower())
-                pool.append(s)
-    return tuple(pool)
+    return tuple(_new_sentences((topics[key] for key in sorted(topics)), params, set()))
 
 
 @functools.lru_cache(maxsize=8)
