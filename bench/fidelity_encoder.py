@@ -45,6 +45,7 @@ from torch import Tensor, nn
 from bench.common import machine_info, write_json
 from engine.data.sentences import collate_sentences, sentence_tokenizer
 from engine.data.stdlib_text import StdlibTextParams, stdlib_sentences
+from engine.data.synthetic import parse_params
 from engine.models.hf_bert import build_hf_bert, mean_pool
 from engine.models.hf_bert.config import HFBertConfig, check_model_dir
 from engine.models.tensorize import TensorizeOptions
@@ -85,11 +86,8 @@ def unseen(sentences: Sequence[str], job: dict[str, Any]) -> list[str]:
 
 
 def _params(job: dict[str, Any]) -> StdlibTextParams:
-    """The ``stdlib_text`` parameters of ``job``'s data."""
-    params = job["data"].get("params", {})
-    return StdlibTextParams(
-        **{k: tuple(v) if isinstance(v, list) else v for k, v in params.items()}
-    )
+    """The ``stdlib_text`` parameters of ``job``'s data, parsed as the job parses them."""
+    return parse_params("stdlib_text", job["data"].get("params"))
 
 
 def encode(sentences: Sequence[str], tokenizer: Path, max_len: int) -> list[Batch]:
