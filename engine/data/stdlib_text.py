@@ -255,15 +255,19 @@ def _new_sentences(docs: Iterable[str], params: StdlibTextParams, seen: set[str]
                 yield s
 
 
-def _version(package: str) -> str | None:
-    """The installed version of the distribution that provides import name ``package``."""
-    dists = importlib.metadata.packages_distributions().get(package) or []
-    for dist in dists:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
+def _versions(packages: tuple[str, ...]) -> dict[str, str | None]:
+    """The installed version of the distribution that provides each import name."""
+    owners = importlib.metadata.packages_distributions()  # one scan of the installed metadata
+    out: dict[str, str | None] = {}
+    for package in packages:
+        out[package] = None
+        for dist in owners.get(package) or []:
+            try:
+                out[package] = importlib.metadata.version(dist)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
+    return out
 
 
 def _top_module(path: Path, root: Path) -> str:
@@ -332,6 +336,6 @@ def generate_stdlib_text(
         "max_words": params.max_words,
         "source": params.source,
         "modules": list(params.modules),
-        "packages": {p: _version(p) for p in params.packages},
+        "packages": _versions(params.packages),
     }
     return [pool[i] for i in order], info
