@@ -20,6 +20,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
+from service.process_pools import kill_pool, pool_processes
+
 __all__ = ["PlannerChild", "plan_in_child"]
 
 
@@ -102,15 +104,10 @@ class PlannerChild:
 
     def pids(self) -> list[int]:
         pool = self._pool
-        return [p.pid for p in (getattr(pool, "_processes", None) or {}).values() if p.pid]
+        return [p.pid for p in pool_processes(pool) if p.pid] if pool is not None else []
 
     def kill(self) -> None:
         """Stop the process now (it may be stuck in a plan); never waits on it long."""
         pool, self._pool = self._pool, None
-        if pool is None:
-            return
-        children = list((getattr(pool, "_processes", None) or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for child in children:
-            child.kill()
-            child.join(5)
+        if pool is not None:
+            kill_pool(pool)

@@ -38,6 +38,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError, WrapValidator
 
 from api_schemas import FieldError
 from service.errors import FieldProblem, field_errors
+from service.process_pools import kill_pool
 from service.store import json_limits
 
 __all__ = [
@@ -168,13 +169,8 @@ class _Child:
         """Stop the child now (killed: it may be stuck on a body)."""
         with self._lock:
             pool, self._pool = self._pool, None
-        if pool is None:
-            return
-        children = list((getattr(pool, "_processes", None) or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for child in children:
-            child.kill()
-            child.join(5)
+        if pool is not None:
+            kill_pool(pool)
 
 
 _child = _Child()
