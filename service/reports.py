@@ -6,7 +6,7 @@ the export manifest (the same model with every tensorized layer dense, at the sa
 sizes), and ``file_ratio`` their quotient. Parameter counts and the per-layer rows come from
 the manifest (``engine.export``: ``totals`` and ``layers``). ``metrics`` are the export's
 (the final validation metrics). ``fidelity`` (``hf_bert``) is what the worker measured on
-the reloaded export against the original model (``worker.training.measure_fidelity``), kept
+the reloaded export against the original model (``engine.train.fidelity``), kept
 in the export row's manifest. ``baseline`` is the dense baseline of :mod:`service.baseline`
 (same tenant, same spec, method ``dense``, newest SUCCEEDED): its export's metrics and the
 deltas ``this job - baseline`` per shared metric; null when there is none.

@@ -335,7 +335,8 @@ def _run_processes(
     run.recorder.flush()
     if outcome.completed and outcome.report is not None:
         info = processes.published_export(out)
-        return _register_export(run, job, outcome.report, info, None, config.checkpoint.keep)
+        fidelity = outcome.report.get("fidelity")  # rank 0 measured it on the export
+        return _register_export(run, job, outcome.report, info, fidelity, config.checkpoint.keep)
     if outcome.stopped:
         return _stopped(run, job, stopper)
     raise outcome.error()

@@ -5,7 +5,7 @@ Shaped like ``api_schemas.CompressionReport``. It is stored in the export checkp
 per-stage lists goes into ``jobs.compression``. The sizes come from the export manifest,
 which the engine computed from the bytes it wrote; the sha256 was checked against the file.
 ``fidelity`` (``hf_bert`` jobs) is the exported model's agreement with the original on the
-held-out sentences (``worker.training.measure_fidelity``); ``target`` says whether the last
+held-out sentences (``engine.train.fidelity``); ``target`` says whether the last
 size target was reached (the fidelity guard may stop a late stage short of it, and why);
 ``chance`` whether the final accuracy is no better than the majority class or uniform
 guessing; ``baseline`` is filled in by the API when the report is read (``service.baseline``).

@@ -3,10 +3,10 @@
 Everything that touches torch lives here, so :mod:`worker.pipeline` can claim (or skip) a job
 without importing it: a duplicate message costs a database round trip, not a torch import.
 
-Fidelity (``hf_bert``): :func:`measure_fidelity` reloads the exported file
-(``engine.export.load_compressed``) and compares its mean-pooled sentence embeddings with the
-original model's (the trainer's frozen teacher) on the held-out sentences, one cosine per
-sentence; the report gets their mean, minimum and count.
+Fidelity (``hf_bert``): :func:`measure_fidelity` (``engine.train.fidelity``, re-exported)
+reloads the exported file and compares its mean-pooled sentence embeddings with the original
+model's on the held-out sentences; a job in several processes gets the same measure from rank
+0's ``report.json``.
 
 Before the trainer is built, :func:`preflight` plans the job again on this worker (the checks
 the planner made at submission, on the files as the worker sees them).
@@ -21,17 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from safetensors import safe_open
 
 import engine
 from api_schemas import JobCreate
 from api_schemas.engine_spec import engine_pointer, to_engine
 from engine.data import DataError
-from engine.export import ExportInfo, export_compressed, load_compressed
-from engine.models.hf_bert import mean_pool
+from engine.export import ExportInfo, export_compressed
 from engine.train import ConfigError, JobConfig, Trainer, TrainResult
 from engine.train.checkpoint import FORMAT_VERSION as CHECKPOINT_FORMAT
+from engine.train.fidelity import measure_fidelity
 from engine.train.resume import check_compatible
 from engine.train.state import TrainState
 from worker.artifacts import publish_dir
@@ -161,37 +160,6 @@ def export_model(
         info.sha256,
         info.manifest,
     )
-
-
-@torch.no_grad()
-def measure_fidelity(trainer: Trainer, export_dir: Path) -> dict[str, Any] | None:
-    """``hf_bert``: cosine of the exported model's sentence embeddings with the original's on
-    the held-out sentences (at most ``training.eval_batches`` batches); None otherwise."""
-    teacher = getattr(trainer.model, "teacher", None)
-    valid = trainer.data.valid
-    if trainer.job.model.arch != "hf_bert" or teacher is None or valid is None:
-        return None
-    student, _ = load_compressed(export_dir, device=trainer.device)
-    limit, cosines = trainer.job.training.eval_batches, []
-    for i, batch in enumerate(valid.batches(0)):
-        if limit is not None and i >= limit:
-            break
-        b = {k: v.to(trainer.device) for k, v in batch.items()}
-        ids, mask, types = b["input_ids"], b["attention_mask"], b.get("token_type_ids")
-        got = mean_pool(student(ids, mask, types), mask)  # (B, D)
-        want = mean_pool(teacher(ids, mask, types), mask)  # (B, D)
-        cosines.append(F.cosine_similarity(got, want, dim=-1).double().cpu())  # (B,)
-    if not cosines:
-        return None
-    cos = torch.cat(cosines)  # (N,)
-    return {
-        "metric": "cosine",
-        "mean": float(cos.mean()),
-        "min": float(cos.min()),
-        "sentences": int(cos.numel()),
-        "split": "valid",
-        "measured_on": "export",
-    }
 
 
 def gpu_memory() -> int | None:

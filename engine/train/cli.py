@@ -131,11 +131,13 @@ def run_job(
     trainer_cls: type | None = None,
     export_extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Train, export and write the report; returns the report (every rank's; only rank 0
-    writes files). ``should_stop`` is polled when there is no ``stop_file``; ``trainer_cls``:
-    a :class:`~engine.train.trainer.Trainer` subclass (Ray Train's reports at checkpoints);
+    """Train, export, measure the export's fidelity (``hf_bert``) and write the report;
+    returns the report (every rank's; only rank 0 writes files and measures).
+    ``should_stop`` is polled when there is no ``stop_file``; ``trainer_cls``: a
+    :class:`~engine.train.trainer.Trainer` subclass (Ray Train's reports at checkpoints);
     ``export_extra``: more keys of the export manifest's ``extra``."""
     from engine.export import export_compressed
+    from engine.train.fidelity import measure_fidelity
     from engine.train.trainer import Trainer
 
     ctx = distributed.current()
@@ -199,6 +201,7 @@ def run_job(
             "sha256": info.sha256,
             "totals": info.manifest.get("totals"),
         }
+        report["fidelity"] = measure_fidelity(trainer, out / "model")
     (out / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     return report
 

@@ -93,10 +93,18 @@ def _reference_cosines(export: Path, original: Path, sentences: list[str]) -> to
 
 
 @pytest.mark.slow
-def test_hf_bert_job_succeeds_and_reports_fidelity_measured_on_the_export(db_url, tmp_path):
+@pytest.mark.parametrize("devices", [1, 2], ids=["one-process", "two-processes"])
+def test_hf_bert_job_succeeds_and_reports_fidelity_measured_on_the_export(
+    db_url, tmp_path, monkeypatch, devices
+):
+    """Two processes (gloo, torchrun): rank 0 measures the export in the engine and the worker
+    reads it from its report; the figure must be the same recomputation as in one process."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # each process: 1 thread on the shared CPUs
     settings, factory = settings_for(tmp_path, db_url), factory_for(db_url)
     valid = _data_root(Path(settings.data))
-    job_id = make_job(factory, hf_spec())
+    spec = hf_spec()
+    spec["training"]["devices"] = devices
+    job_id = make_job(factory, spec)
 
     assert run_job(job_id=job_id, attempt=1, settings=settings, factory=factory) == "succeeded"
 
@@ -116,6 +124,8 @@ def test_hf_bert_job_succeeds_and_reports_fidelity_measured_on_the_export(db_url
     # ... and agrees with the engine's last validation of the in-memory model
     assert fidelity["mean"] == pytest.approx(export.metrics["val_cosine"], abs=1e-4)
     assert job.compression["fidelity_cosine"] == fidelity["mean"]
+    distributed = export.manifest["extra"]["execution"].get("distributed") or {}
+    assert distributed.get("world_size", 1) == devices
     # the API serves it next to the compression measured on the file
     with session_scope(factory) as s:
         served = compression_report(session=s, settings=settings, job=s.get(Job, job_id))

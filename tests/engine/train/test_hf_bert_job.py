@@ -164,7 +164,12 @@ def test_tiny_bert_job_resumes_exactly_and_exports(tmp_path):
     loaded, manifest = load_compressed(tmp_path / "c" / "model")
     assert manifest["model_config"]["path"] is None
     assert manifest["totals"]["tensorized_layers"] == 12
-    batches = list(Trainer(job, workdir=tmp_path / "d").data.valid.batches(0))
+    fresh = Trainer(job, workdir=tmp_path / "d")
+    batches = list(fresh.data.valid.batches(0))
+    # the report's fidelity: the saved file against the original model, per sentence
+    fidelity = report["fidelity"]
+    assert fidelity["sentences"] == sum(len(b["input_ids"]) for b in batches)
+    assert fidelity["mean"] == pytest.approx(cosine(loaded, fresh.model.teacher, batches), abs=1e-5)
     reference = Trainer(
         job, workdir=tmp_path / "e", resume=tmp_path / "c" / "checkpoints" / "final.safetensors"
     ).model
