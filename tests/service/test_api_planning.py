@@ -205,13 +205,13 @@ def _docs_job(packages: list[str]) -> dict[str, Any]:
 
 def test_stdlib_text_packages_are_checked_at_submission_but_not_parsed(api_lite: Api):
     """The planner lists the packages' files (installed? within the bound?) and samples the
-    standard library's sentences only: parsing torch's 2,282 files would take ~20 s."""
-    start = time.perf_counter()
+    standard library's sentences only: parsing torch's 2,282 files would take past the plan's
+    deadline (a 503). That nothing is parsed is checked without a clock in
+    tests/worker/test_plan_packages.py (a first plan took 12-22 s on a loaded host)."""
     ok = api_lite.client.post(
         "/v1/jobs:validate", json=_docs_job(["torch", "sympy", "networkx", "numpy"])
     )
     assert ok.status_code == 200, ok.text
-    assert time.perf_counter() - start < 15  # the plan itself: ~3 s
     bad = api_lite.client.post("/v1/jobs:validate", json=_docs_job(["no_such_package_here"]))
     assert bad.status_code == 422, bad.text
     assert _pointers(bad) == ["/dataset/params/packages"]
