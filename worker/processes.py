@@ -5,8 +5,8 @@ cannot train inside the Celery task's process: that process is a prefork pool ch
 not fork multiprocessing children, and one rank's crash must not take the worker with it. So
 the task starts the engine's own launcher with :class:`subprocess.Popen`:
 
-* one machine: ``torchrun`` (``engine.train.launch.torchrun_command``, a rendezvous on a free
-  local port) running ``python -m engine.train`` in N processes;
+* one machine: ``torchrun`` (``engine.train.launch.torchrun_command``, a standalone
+  rendezvous) running ``python -m engine.train`` in N processes;
 * several machines: the Ray Train driver (``engine.train.ray_launch.driver_command``), which
   connects to the cluster named by ``COMERA_RAY_ADDRESS`` (docs/distributed.md).
 

@@ -2,7 +2,9 @@
 
 ``python -m engine.train --config job.json --out DIR`` with ``training.devices: N`` (or
 ``--nproc-per-node N``, which overrides it) runs :data:`TORCHRUN` (``torch.distributed.run``,
-the module behind ``torchrun``) with ``N`` processes and a rendezvous on a free local port, each
+the module behind ``torchrun``) with ``N`` processes and a standalone rendezvous (a store on a
+port the system picks when it binds, under a fresh run id: two jobs on one machine can neither
+race for a port nor join each other), each
 process running the same CLI inside the process group (``WORLD_SIZE`` is set, so it trains
 instead of launching). Rank 0 writes the outputs; ``--events FILE`` makes it append every event
 as a JSON line too, which is how a parent process (the Celery worker) follows a job it did not
@@ -17,39 +19,30 @@ from taking the worker with it.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["TORCHRUN", "free_port", "torchrun_command", "run_torchrun"]
+__all__ = ["TORCHRUN", "torchrun_command", "run_torchrun"]
 
 TORCHRUN = "torch.distributed.run"
 
 
-def free_port() -> int:
-    """A TCP port free on this machine now (the rendezvous of one job)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def torchrun_command(cli_args: Sequence[str], nproc: int) -> list[str]:
+    """``python -m torch.distributed.run ... -m engine.train <cli_args>`` on this node.
 
-
-def torchrun_command(cli_args: Sequence[str], nproc: int, *, port: int | None = None) -> list[str]:
-    """``python -m torch.distributed.run ... -m engine.train <cli_args>`` on this node."""
-    port = free_port() if port is None else port
+    ``--standalone``: a c10d store on port 0 (bound by the system, no window between choosing
+    a free port and binding it) under a random run id."""
     return [
         sys.executable,
         "-m",
         TORCHRUN,
+        "--standalone",
         "--nnodes",
         "1",
         "--nproc-per-node",
         str(nproc),
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        f"127.0.0.1:{port}",
         "--max-restarts",
         "0",
         "-m",

@@ -258,6 +258,9 @@ def test_the_launcher_is_torchrun_on_one_machine_and_the_ray_driver_across_machi
     command = launch.command
     assert command[1:3] == ["-m", "torch.distributed.run"]
     assert command[command.index("--nproc-per-node") + 1] == "2"
+    # a store the system binds on a port of its choosing, under a fresh run id: no window in
+    # which another job takes a chosen port, and no default run id to join another job by
+    assert "--standalone" in command and "--rdzv-endpoint" not in command
     assert command[command.index("--events") + 1] == str(tmp_path / "a" / "events.jsonl")
     assert json.loads(command[command.index("--export-extra") + 1]) == {"job_id": "job_1"}
     assert JobConfig.from_dict(json.loads((tmp_path / "a" / "job.json").read_text())) == two
