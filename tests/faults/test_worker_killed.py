@@ -11,13 +11,16 @@ from tests.faults.stack import SPEC, wait_for
 
 pytestmark = pytest.mark.slow
 # long enough that the kill lands while attempt 1 runs: with SPEC's 40 steps a CI machine ran
-# from the first checkpoint (step 10) to the last (step 40) before the kill
+# from the first checkpoint (step 10) to the last (step 40) before the kill; 220 steps left
+# ~2.5 s between the first checkpoint and the end, which a stalled poll of the API could miss;
+# the first stage evaluates every 100 steps, not 10, so its 600 steps cost what 200 did
 KILLED = {
     **SPEC,
     "schedule": [
-        {**stage, "steps": steps}
-        for stage, steps in zip(SPEC["schedule"], (200, 10, 10), strict=True)
+        {**stage, "steps": steps, **({"eval_every": 100} if "eval_every" in stage else {})}
+        for stage, steps in zip(SPEC["schedule"], (600, 10, 10), strict=True)
     ],
+    "checkpointing": {"every_n_steps": 50, "keep": 2},
 }
 TOTAL = sum(stage["steps"] for stage in KILLED["schedule"])
 

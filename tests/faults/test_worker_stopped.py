@@ -69,6 +69,9 @@ def _worker_of(stack, job_id: str, attempt: int) -> str:
 
 
 def test_sigterm_to_the_running_task_preempts_it_and_attempt_2_resumes(stack, redis_server):
+    # the frozen task's heartbeat thread is frozen too (4-10 s under load): with the 10 s
+    # lease the reaper could end attempt 1 as lost before the SIGTERM is delivered
+    stack.env["COMERA_LEASE_SECONDS"] = "60"
     stack.start("reaper", ["reaper"])
     stack.worker("worker")
     client = stack.api()
