@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
 import pytest
@@ -25,26 +24,29 @@ pytestmark = pytest.mark.filterwarnings(  # kombu's SQLAlchemy transport, not ou
 )
 
 
-def _terminate_self_at(factory, job_id: str, step: int, deadline: float) -> None:
-    """SIGTERM to this process once the job runs at ``step`` (its handler is installed)."""
-    while time.monotonic() < deadline:
-        job, _ = get(factory, job_id)
-        if job.state == "RUNNING" and job.progress.get("step", 0) >= step:
-            if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
-                os.kill(os.getpid(), signal.SIGTERM)
+def _run_preempted(factory, settings, job_id: str, step: int = 12) -> str:
+    """Attempt 1, with a SIGTERM to this process at the first event of ``step`` or later,
+    sent from the training loop itself (a thread polling the store could see a 35-step job
+    only after it ended)."""
+    sent: list[int] = []
+
+    def terminate_at(event: dict) -> None:
+        if sent or event.get("step", 0) < step:
             return
-        time.sleep(0.02)
+        handler = signal.getsignal(signal.SIGTERM)
+        assert handler not in (signal.SIG_DFL, None), "run_job has no SIGTERM handler"
+        sent.append(event["step"])
+        os.kill(os.getpid(), signal.SIGTERM)  # handled in this (the main) thread
 
-
-def _run_preempted(factory, settings, job_id: str) -> str:
-    killer = threading.Thread(
-        target=_terminate_self_at, args=(factory, job_id, 12, time.monotonic() + 120)
+    out = run_job(
+        job_id=job_id,
+        attempt=1,
+        settings=settings,
+        factory=factory,
+        callbacks=[FunctionCallback(terminate_at)],
     )
-    killer.start()
-    try:
-        return run_job(job_id=job_id, attempt=1, settings=settings, factory=factory)
-    finally:
-        killer.join()
+    assert sent, f"the job never reached step {step}"
+    return out
 
 
 def test_sigterm_requeues_the_job_and_the_next_attempt_resumes_from_its_checkpoint(

@@ -150,7 +150,7 @@ def test_sigterm_stops_the_processes_and_the_next_attempt_resumes(sqlite_url, tm
     checkpoint, the job is requeued as attempt 2, which resumes from it in 2 new processes."""
     settings, factory = settings_for(tmp_path, sqlite_url), factory_for(sqlite_url)
     job_id = make_job(factory, tiny_spec(training={**TWO, "log_every": 1}))
-    killer = threading.Thread(target=_preempt_at, args=(tmp_path, 12, time.monotonic() + 50))
+    killer = threading.Thread(target=_preempt_at, args=(tmp_path, 12, time.monotonic() + 150))
     killer.start()
     try:
         outcome = run_job(job_id=job_id, attempt=1, settings=settings, factory=factory)
@@ -229,7 +229,7 @@ def test_processes_that_ignore_the_stop_are_killed_and_the_cancel_completes(
     job_id = make_job(factory, tiny_spec(training=TWO))
 
     def cancel_when_started() -> None:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         while not marker.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         with session_scope(factory) as s:
