@@ -164,7 +164,10 @@ def test_a_slow_plan_holds_neither_another_tenant_nor_more_than_its_share(sqlite
             )
             assert [r.status_code for r in warm] == [200, 200]
             slow_plan = asyncio.create_task(a.post("/v1/jobs:validate", json=slow))
-            await asyncio.sleep(0.5)
+            for _ in range(400):  # until tenant a's slow plan holds its slot (20 s at most)
+                if any(t.running for t in planner._tenants.values()):
+                    break
+                await asyncio.sleep(0.05)
             second = await a.post("/v1/jobs:validate", json=job_body())
             start = time.perf_counter()
             other = await b.post("/v1/jobs:validate", json=job_body())

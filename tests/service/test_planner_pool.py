@@ -27,7 +27,8 @@ OK = {"status": "ok", "plan": {"ok": True}}
 
 
 class GatedChild:
-    """A stand-in child: each plan waits until its job's ``gate`` is set (or ``hold`` s)."""
+    """A stand-in child: each plan waits until its job's ``gate`` is set (or ``hold`` s); a
+    job's ``entered`` event, if it has one, is set once a child has it."""
 
     def __init__(self) -> None:
         self.started = False
@@ -38,6 +39,9 @@ class GatedChild:
         self.started = True
 
     def submit(self, job: dict[str, Any], options: dict[str, Any]) -> Future[dict[str, Any]]:
+        if "entered" in job:
+            job["entered"].set()
+
         def run() -> dict[str, Any]:
             job["gate"].wait(job.get("hold", 30))
             return OK
@@ -51,6 +55,18 @@ class GatedChild:
         self.started = False
         self.killed += 1
         self._threads = ThreadPoolExecutor(1)  # the stuck plan is left behind, as if killed
+
+
+def _gated(gate: threading.Event) -> dict[str, Any]:
+    return {"gate": gate, "entered": threading.Event()}
+
+
+def _until(predicate, timeout: float = 10.0) -> None:
+    """Wait for ``predicate()`` (another thread's progress), not for a fixed time."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
 
 
 def _in_thread(fn, *args, **kwargs) -> Future:
@@ -69,8 +85,9 @@ def _in_thread(fn, *args, **kwargs) -> Future:
 def test_a_tenant_over_its_share_is_refused_while_another_is_planned_at_once():
     planner = Planner(processes=2, timeout_s=10, child=GatedChild)
     gate = threading.Event()
-    first = _in_thread(planner.plan, {"gate": gate}, tenant="a", per_tenant=1)
-    time.sleep(0.2)  # tenant a's plan is running
+    job = _gated(gate)
+    first = _in_thread(planner.plan, job, tenant="a", per_tenant=1)
+    assert job["entered"].wait(10)  # tenant a's plan is running
     with pytest.raises(PlanThrottled) as err:
         planner.plan({"gate": gate}, tenant="a", per_tenant=1)
     assert err.value.retry_after >= 1
@@ -88,12 +105,13 @@ def test_a_tenant_over_its_share_is_refused_while_another_is_planned_at_once():
 def test_a_tenants_next_plans_wait_their_turn_in_a_short_queue():
     planner = Planner(processes=2, timeout_s=10, child=GatedChild)
     first_gate, second_gate = threading.Event(), threading.Event()
-    first = _in_thread(planner.plan, {"gate": first_gate}, tenant="a", per_tenant=1)
-    time.sleep(0.2)
+    job = _gated(first_gate)
+    first = _in_thread(planner.plan, job, tenant="a", per_tenant=1)
+    assert job["entered"].wait(10)
     second = _in_thread(
         planner.plan, {"gate": second_gate}, tenant="a", per_tenant=1, queue_per_tenant=1
     )
-    time.sleep(0.2)
+    _until(lambda: planner._tenants["a"].waiting == 1)
     with pytest.raises(PlanThrottled):  # the queue of one is taken
         planner.plan({"gate": second_gate}, tenant="a", per_tenant=1, queue_per_tenant=1)
     second_gate.set()  # the second may finish at once, but has not even started: a's turn
@@ -107,8 +125,9 @@ def test_a_tenants_next_plans_wait_their_turn_in_a_short_queue():
 def test_waiting_for_a_busy_planner_ends_at_the_deadline_with_busy():
     planner = Planner(processes=1, timeout_s=10, child=GatedChild)
     gate = threading.Event()
-    holder = _in_thread(planner.plan, {"gate": gate}, tenant="a", timeout_s=10)
-    time.sleep(0.2)
+    job = _gated(gate)
+    holder = _in_thread(planner.plan, job, tenant="a", timeout_s=10)
+    assert job["entered"].wait(10)  # the only child is taken
     start = time.perf_counter()
     with pytest.raises(PlannerBusy, match="busy"):
         planner.plan({"gate": gate}, tenant="b", timeout_s=0.5)
@@ -180,7 +199,7 @@ def test_the_app_warms_its_planner_at_start_up(tmp_path):
 
     async def start() -> None:
         async with app.router.lifespan_context(app):
-            for _ in range(100):
+            for _ in range(400):  # 20 s for a loaded host
                 if all(c.started for c in planner._children):
                     return
                 await asyncio.sleep(0.05)

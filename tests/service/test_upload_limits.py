@@ -50,12 +50,13 @@ class Live:
 
 
 @pytest.fixture
-def live(sqlite_url: str, tmp_path: Path) -> Iterator[Live]:
+def live(sqlite_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Live]:
+    """The API under uvicorn; ``upload_idle_seconds`` 2, or the test's indirect parameter."""
     settings = Settings(
         home=tmp_path / "home",
         database_url=sqlite_url,
         broker_url="memory://",
-        upload_idle_seconds=2.0,
+        upload_idle_seconds=getattr(request, "param", 2.0),
         max_uploads_per_tenant=1,
         max_dataset_bytes_per_tenant=3000,
     )
@@ -76,7 +77,7 @@ def live(sqlite_url: str, tmp_path: Path) -> Iterator[Live]:
 
 def _stalled_upload(live: Live) -> socket.socket:
     """A chunked upload that sends its headers and one chunk, then nothing."""
-    sock = socket.create_connection(("127.0.0.1", live.port), timeout=15)
+    sock = socket.create_connection(("127.0.0.1", live.port), timeout=30)
     head = (
         "POST /v1/datasets?name=slow&format=jsonl HTTP/1.1\r\n"
         f"Host: 127.0.0.1:{live.port}\r\n"
@@ -116,6 +117,8 @@ def test_a_stalled_upload_is_dropped_with_408_and_its_file_removed(live: Live):
     assert live.temp_files() == []
 
 
+# a stalled upload holds the slot 10 s: the second upload has that long to be refused
+@pytest.mark.parametrize("live", [10.0], indirect=True)
 def test_a_tenant_runs_a_bounded_number_of_uploads_at_once(live: Live):
     sock = _stalled_upload(live)  # holds the tenant's one slot until it is dropped
     try:
