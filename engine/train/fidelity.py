@@ -36,20 +36,17 @@ def measure_fidelity(trainer: Any, export_dir: Path) -> dict[str, Any] | None:
     if trainer.job.model.arch != "hf_bert" or teacher is None or valid is None:
         return None
     student, _ = load_compressed(export_dir, device=trainer.device)
-    teacher_mode = teacher.training
-    teacher.eval()
+    # the teacher is in eval mode for good: set_teacher puts it there, and it is not a
+    # submodule, so the trainer's model.train() never reaches it
     limit, cosines = trainer.job.training.eval_batches, []
-    try:
-        for i, batch in enumerate(valid.batches(0)):
-            if limit is not None and i >= limit:
-                break
-            b = {k: v.to(trainer.device) for k, v in batch.items()}
-            ids, mask, types = b["input_ids"], b["attention_mask"], b.get("token_type_ids")
-            got = mean_pool(student(ids, mask, types), mask)  # (B, D)
-            want = mean_pool(teacher(ids, mask, types), mask)  # (B, D)
-            cosines.append(F.cosine_similarity(got, want, dim=-1).double().cpu())  # (B,)
-    finally:
-        teacher.train(teacher_mode)
+    for i, batch in enumerate(valid.batches(0)):
+        if limit is not None and i >= limit:
+            break
+        b = {k: v.to(trainer.device) for k, v in batch.items()}
+        ids, mask, types = b["input_ids"], b["attention_mask"], b.get("token_type_ids")
+        got = mean_pool(student(ids, mask, types), mask)  # (B, D)
+        want = mean_pool(teacher(ids, mask, types), mask)  # (B, D)
+        cosines.append(F.cosine_similarity(got, want, dim=-1).double().cpu())  # (B,)
     if not cosines:
         return None
     cos = torch.cat(cosines)  # (N,)
