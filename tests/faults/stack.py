@@ -14,8 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 import httpx
 import redis
 
-from tests.helpers.services import ROOT, clean_env, free_port
+from tests.helpers.services import ROOT, clean_env, free_port, wait_for
 
 __all__ = ["FAST", "SPEC", "RedisServer", "Stack", "api_key", "running", "wait_for"]
 
@@ -62,18 +61,6 @@ SPEC: dict[str, Any] = {
     "checkpointing": {"every_n_steps": 10, "keep": 2},
 }
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
-
-
-def wait_for(
-    predicate: Callable[[], Any], timeout: float, what: str, logs: Callable[[], str] = str
-) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{logs()}")
 
 
 class RedisServer:

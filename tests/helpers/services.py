@@ -13,7 +13,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "ROOT",
@@ -25,6 +27,7 @@ __all__ = [
     "read_key",
     "start_cli",
     "stop",
+    "wait_for",
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,6 +63,20 @@ TINY_JOB = {
     "training": {"batch_size": 32, "seed": 0, "log_every": 5},
     "checkpointing": {"every_n_steps": 25, "keep": 2},
 }
+
+
+def wait_for(
+    predicate: Callable[[], Any], timeout: float, what: str, logs: Callable[[], str] = str
+) -> Any:
+    """``predicate()``'s first true value, polled every 0.2 s; after ``timeout`` seconds an
+    AssertionError naming ``what``, with ``logs()``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{logs()}")
 
 
 def free_port() -> int:

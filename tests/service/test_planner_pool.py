@@ -22,6 +22,7 @@ from service.planner import Planner, PlannerBusy, PlanThrottled
 from service.planner_child import PlannerChild
 from service.store.db.migrate import upgrade
 from service.store.settings import Settings
+from tests.helpers.services import wait_for
 
 OK = {"status": "ok", "plan": {"ok": True}}
 
@@ -59,14 +60,6 @@ class GatedChild:
 
 def _gated(gate: threading.Event) -> dict[str, Any]:
     return {"gate": gate, "entered": threading.Event()}
-
-
-def _until(predicate, timeout: float = 10.0) -> None:
-    """Wait for ``predicate()`` (another thread's progress), not for a fixed time."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def _in_thread(fn, *args, **kwargs) -> Future:
@@ -111,7 +104,7 @@ def test_a_tenants_next_plans_wait_their_turn_in_a_short_queue():
     second = _in_thread(
         planner.plan, {"gate": second_gate}, tenant="a", per_tenant=1, queue_per_tenant=1
     )
-    _until(lambda: planner._tenants["a"].waiting == 1)
+    wait_for(lambda: planner._tenants["a"].waiting == 1, 10, "tenant a's second plan to wait")
     with pytest.raises(PlanThrottled):  # the queue of one is taken
         planner.plan({"gate": second_gate}, tenant="a", per_tenant=1, queue_per_tenant=1)
     second_gate.set()  # the second may finish at once, but has not even started: a's turn
