@@ -24,6 +24,17 @@ pytestmark = pytest.mark.filterwarnings(  # kombu's SQLAlchemy transport, not ou
 )
 
 
+def _first_attempt(factory, settings, job_id: str, on_event) -> str:
+    """Attempt 1 of the job, ``on_event(event)`` called at every engine event."""
+    return run_job(
+        job_id=job_id,
+        attempt=1,
+        settings=settings,
+        factory=factory,
+        callbacks=[FunctionCallback(on_event)],
+    )
+
+
 def _run_preempted(factory, settings, job_id: str, step: int = 12) -> str:
     """Attempt 1, with a SIGTERM to this process at the first event of ``step`` or later,
     sent from the training loop itself (a thread polling the store could see a 35-step job
@@ -38,13 +49,7 @@ def _run_preempted(factory, settings, job_id: str, step: int = 12) -> str:
         sent.append(event["step"])
         os.kill(os.getpid(), signal.SIGTERM)  # handled in this (the main) thread
 
-    out = run_job(
-        job_id=job_id,
-        attempt=1,
-        settings=settings,
-        factory=factory,
-        callbacks=[FunctionCallback(terminate_at)],
-    )
+    out = _first_attempt(factory, settings, job_id, terminate_at)
     assert sent, f"the job never reached step {step}"
     return out
 
@@ -99,13 +104,7 @@ def test_a_cancel_right_after_a_checkpoint_keeps_its_partial_checkpoint(db_url, 
                 s.execute(update(Job).where(Job.id == job_id).values(cancel_requested_at=utcnow()))
             time.sleep(1.1)  # past the stopper's poll interval: it stops at the next boundary
 
-    out = run_job(
-        job_id=job_id,
-        attempt=1,
-        settings=settings,
-        factory=factory,
-        callbacks=[FunctionCallback(cancel_at_first_checkpoint)],
-    )
+    out = _first_attempt(factory, settings, job_id, cancel_at_first_checkpoint)
     job, [attempt] = get(factory, job_id)
     assert out == "cancelled", job.error
     assert job.state == "CANCELLED" and attempt.exit_reason == "cancelled"
@@ -137,13 +136,7 @@ def test_a_cancel_with_save_partial_false_leaves_no_partial_checkpoint(db_url, t
                 assert outcome == "cancelling"
             time.sleep(1.1)  # past the stopper's poll interval
 
-    out = run_job(
-        job_id=job_id,
-        attempt=1,
-        settings=settings,
-        factory=factory,
-        callbacks=[FunctionCallback(cancel_after_first_checkpoint)],
-    )
+    out = _first_attempt(factory, settings, job_id, cancel_after_first_checkpoint)
     job, _ = get(factory, job_id)
     assert out == "cancelled" and job.state == "CANCELLED", job.error
     kinds = {c.kind: c for c in checkpoints(factory, job_id)}
