@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 import uuid
 from pathlib import Path
 
@@ -35,20 +34,11 @@ from tests.helpers.services import (
     read_key,
     start_cli,
     stop,
+    wait_for,
 )
 
 pytestmark = pytest.mark.slow
 SPEC = {**TINY_JOB, "name": "e2e-mlp"}
-
-
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _ready(client: httpx.Client):
@@ -69,7 +59,7 @@ def _run_job_and_check(client: httpx.Client, logs: list[Path], workdir: Path) ->
         return job if job["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None
 
     try:
-        job = _wait(finished, 240, "the job to finish")
+        job = wait_for(finished, 240, "the job to finish")
     except AssertionError:
         raise AssertionError("\n".join(p.read_text()[-3000:] for p in logs)) from None
     assert job["state"] == "SUCCEEDED", job.get("error")
@@ -142,7 +132,7 @@ def test_embedded_comera_up_runs_a_job_end_to_end(tmp_path):
     proc = start_cli(["up", "--port", str(port)], clean_env(tmp_path / "home"), log)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-            _wait(lambda: _ready(client) or proc.poll() is not None, 120, "comera up")
+            wait_for(lambda: _ready(client) or proc.poll() is not None, 120, "comera up")
             assert proc.poll() is None, log.read_text()
             key = read_key(tmp_path / "home")
             assert key in log.read_text()  # printed once, at the first start
@@ -173,7 +163,7 @@ def test_distributed_api_and_worker_on_postgres_and_redis(tmp_path):
             with httpx.Client(
                 base_url=f"http://127.0.0.1:{port}", timeout=30, headers=auth_headers(make_key(env))
             ) as client:
-                _wait(lambda: _ready(client), 120, "the API")
+                wait_for(lambda: _ready(client), 120, "the API")
                 _run_job_and_check(client, logs, tmp_path)
         finally:
             stop(procs)
