@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-# the paper's figures (issue 5): per step vs dense and GaLore, memory vs GaLore at batch 1,
+# targets from the paper's figures (docs/method.md#sources): per step vs dense and GaLore,
+# memory vs GaLore at batch 1,
 # the lookup vs naive, CUDA graphs on the batch-1 step
 TARGETS = {
     "dense_over_comera_time": 3.0,

@@ -1,4 +1,5 @@
-"""Cross-source fidelity of the pretrained MiniLM compressed by the recipe (issue 20, item 5).
+"""Cross-source fidelity of the pretrained MiniLM compressed by the recipe: does it hold on text
+of another source than the one it was distilled on?
 
     python -m bench.fidelity_encoder [--ratios 5] [--steps N] [--family-split | --family-only]
                                      [--threads 2] [--out PATH]

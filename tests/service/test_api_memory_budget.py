@@ -1,4 +1,5 @@
-"""Data-derived sizes are planned from the real data at submission (issue 19, item 1).
+"""Data-derived sizes are planned from the real data at submission (the memory limit of
+docs/service.md#limits).
 
 ``:validate`` planned uploaded files with ``model.config`` defaults, so sizes taken from the
 data were never checked: ``max(y) + 1 = 199,999`` classes trained (``num_classes`` of that

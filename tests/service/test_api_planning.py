@@ -1,7 +1,8 @@
-"""Fair planning through the API (issue 19, item 3): bounded generators and modes, the memory
-estimate checked, tenants sharing the planner, and no job accepted without a plan.
+"""Fair planning through the API (the planning limits of docs/service.md#limits): bounded
+generators and modes, the memory estimate checked, tenants sharing the planner, and no job
+accepted without a plan.
 
-The audit: ``dataset.params.n_words: 1e9`` held the one planner process for 60 s (another
+Before these checks: ``dataset.params.n_words: 1e9`` held the one planner process for 60 s (another
 tenant's ``:validate`` took 64 s) and the same spec on ``POST /v1/jobs`` was 202 "accepted
 without a plan check"; modes (2048, 2048) on a 16 x 32 layer and 65536^8 (a TypeError) were
 accepted; an ``estimated_memory_bytes`` of 1.69e15 was accepted without a word.

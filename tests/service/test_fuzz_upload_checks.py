@@ -1,4 +1,5 @@
-"""Data-file fuzzing of the upload checks (issue 19): damaged files of every accepted format
+"""Data-file fuzzing of the upload checks (docs/input-limits.md#fuzzing): damaged files of
+every accepted format
 (``tests/helpers/file_mutations.py``) are accepted or refused with ``UploadRejected`` (the
 upload's 422) and nothing else, within a bounded peak of memory.
 

@@ -1,4 +1,5 @@
-"""Hostile requests are 4xx problems naming the field, never a 500 (issue 19, item 2): paths
+"""Hostile requests are 4xx problems naming the field, never a 500
+(docs/input-limits.md#headers-and-paths): paths
 the file system refuses, deeply nested model files, positions and lengths of any number of
 digits."""
 

@@ -1,4 +1,5 @@
-"""Hostile dataset uploads are 422s naming the line or member, never a 500 (issue 19, item 2):
+"""Hostile dataset uploads are 422s naming the line or member, never a 500
+(docs/input-limits.md#uploaded-data-files):
 deep JSON, long lines, wide CSV, corrupt or lying NPZ archives."""
 
 from __future__ import annotations

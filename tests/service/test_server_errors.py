@@ -1,5 +1,6 @@
-"""An unhandled error is a 500 problem and the connection stays usable (issue 19, item 2:
-"after one 500 the next request on the same keep-alive connection was reset once")."""
+"""An unhandled error is a 500 problem and the connection stays usable
+(docs/input-limits.md#request-bodies; before, after one 500 the next request on the same
+keep-alive connection was reset once)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Every job runs inside a memory budget, on a real worker (issue 19, item 1).
+"""Every job runs inside a memory budget, on a real worker (the memory limit of
+docs/service.md#limits).
 
 One Celery worker (prefork, one job at a time, a fresh child per job) is given, in order:
 

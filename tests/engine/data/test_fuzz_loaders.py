@@ -1,4 +1,5 @@
-"""Data-file fuzzing of the engine's loaders (issue 19): damaged files of every accepted format
+"""Data-file fuzzing of the engine's loaders (docs/input-limits.md#fuzzing): damaged files of
+every accepted format
 (``tests/helpers/file_mutations.py``) go through ``build_data`` and one full epoch of batches,
 as a worker would read a file under the data root (which no upload check has seen). Each
 either loads or raises :class:`DataError` (the job's ``data_error``, a 422): no other

@@ -1,6 +1,6 @@
 """Hostile data files under the data root reach the loaders unchecked: each is a DataError
 (the job's ``data_error``), never another exception or an allocation sized by a header's
-claim (issue 19; found by ``test_fuzz_loaders.py``)."""
+claim (docs/input-limits.md#files-a-job-reads; found by ``test_fuzz_loaders.py``)."""
 
 from __future__ import annotations
 

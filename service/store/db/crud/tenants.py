@@ -1,5 +1,7 @@
-"""Tenants: every row a user owns carries ``tenant_id``; until API keys exist (issue 6) every
-request acts as the ``default`` tenant, created on first use."""
+"""Tenants: every row a user owns carries ``tenant_id``, and a request acts as the tenant of its
+API key (docs/service.md#authentication-and-tenancy). A tenant is created on first use, when a
+key is first made for it (``comera keys create --tenant NAME``; the admin key ``comera up``
+prints belongs to ``default``)."""
 
 from __future__ import annotations
 
