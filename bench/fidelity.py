@@ -23,8 +23,8 @@ their package. Per data set and split (``--reps`` stratified 80/20 splits), thro
 
 Each row gives the validation accuracy (mean over the splits, and each split), the ratio of
 the tensorized layer (dense weights / TT core entries at the active ranks), S against S*,
-whether the target was reached or the guard stopped the stage and why, and seconds. The checks
-of the issue are evaluated and recorded (``checks``). The pretrained-encoder part (MiniLM
+whether the target was reached or the guard stopped the stage and why, and seconds. The
+acceptance checks are evaluated and recorded (``checks``). The pretrained-encoder part (MiniLM
 compressed 5x, fidelity on a text source it never saw) is :mod:`bench.fidelity_encoder`,
 run from here unless ``--skip-encoder``. Writes ``bench/results/fidelity.json``.
 """
@@ -188,7 +188,7 @@ def aggregate(splits: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, An
 
 
 def checks(name: str, agg: dict[str, dict[str, Any]], splits: list) -> dict[str, bool]:
-    """The issue's must-shows for one data set (means over splits; per run for the guard)."""
+    """The acceptance checks for one data set (means over splits; per run for the guard)."""
     tol = TOLERANCE / 100
     early = agg["early"]
     out = {

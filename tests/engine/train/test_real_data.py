@@ -1,5 +1,6 @@
-"""The issue's real-data case: scikit-learn's digits through the ``mlp`` workload with the
-schedule of ``examples/engine/mlp_arrays.json`` (30 early epochs, late at 0.5, finetune).
+"""The real-data case that led to gradual pruning: scikit-learn's digits through the ``mlp``
+workload with the schedule of ``examples/engine/mlp_arrays.json`` (30 early epochs, late at
+0.5, finetune).
 
 The one-shot prune at the end of the late stage used to cut 28 of 32 entries from
 ``hidden.0`` and leave it at rank 1: 93.6% -> 8.9%. Now the late stage cuts gradually by loss
