@@ -1,4 +1,4 @@
-"""Does the main demo learn, every time? The README's job over ten training seeds.
+"""Does the main demo learn, every time? The job of scripts/demo.sh over ten training seeds.
 
     python -m bench.demo_reliability [--spec examples/service/nli_job.json] [--seeds 10]
                                      [--threads 1] [--out PATH]

@@ -317,7 +317,7 @@ def print_dataset(name: str, res: dict[str, Any]) -> None:
 
 
 def print_markdown(payload: dict[str, Any]) -> None:
-    """The README's table: one row per data set and run (mean over the splits)."""
+    """The table of bench/README.md: one row per data set and run (mean over the splits)."""
     job = payload["protocol"]["job"]
     hidden = job["model"]["config"]["hidden"]
     batch = job["training"]["batch_size"]
