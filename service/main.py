@@ -24,6 +24,7 @@ from sqlalchemy import Engine
 from api_schemas import Problem
 from service.api.deps import warm_queue
 from service.api.router import api_router
+from service.api.routes.api_docs import install_api_docs
 from service.api.routes.dashboard import router as dashboard_router
 from service.api.routes.health import metrics_router
 from service.errors import install_error_handlers
@@ -108,6 +109,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         title="CoMERA compression service",
         version="1.0.0",
         lifespan=lifespan,
+        docs_url=None,  # served offline instead (service.api.routes.api_docs)
+        redoc_url=None,
         generate_unique_id_function=_unique_id,
         responses={500: {"model": Problem, "description": "Internal Server Error"}},
     )
@@ -126,4 +129,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(api_router)
     app.include_router(metrics_router)
     app.include_router(dashboard_router)
+    install_api_docs(app)
     return app
