@@ -4,7 +4,8 @@ The lifespan builds the engine and sessionmaker from ``settings.db_url`` and ref
 unless the database schema is at the Alembic head this code expects (migrations run as their
 own step, ``service.store.db.migrate.upgrade``: docs/service.md#sql-and-migrations). Middleware,
 outermost first: the guard that answers an unhandled error without dropping the connection,
-Prometheus request metrics, admission control, then the request body limit (the dataset upload
+Prometheus request metrics, the NUL guard (``service.nul_guard``: a NUL in the path, query or
+headers is a 422), admission control, then the request body limit (the dataset upload
 route has its own).
 Errors are problem+json (``service.errors``). Nothing here imports torch: planning runs in a
 spawned child process.
@@ -34,6 +35,7 @@ from service.middleware import (
     ServerErrorGuard,
     long_transfer,
 )
+from service.nul_guard import NulGuardMiddleware
 from service.planner import default_planner
 from service.ratelimit import make_rate_limiter
 from service.store.auth import KeyCache
@@ -124,6 +126,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         exempt=lambda method, path: (method, path.rstrip("/")) == UPLOAD_ROUTE,
     )
     app.add_middleware(AdmissionMiddleware, limit=settings.api_threads, exempt=long_transfer)
+    app.add_middleware(NulGuardMiddleware)  # before any handler, query or store
     app.add_middleware(RequestMetricsMiddleware, telemetry=app.state.telemetry)
     app.add_middleware(ServerErrorGuard)  # outermost: a 500 never closes the connection
     app.include_router(api_router)

@@ -14,6 +14,8 @@ therefore use :class:`DeferredBodyRoute`:
   child process (spawned on first use, shared by every app of the process), so the API
   process never spends the GIL on it, and is parsed here only once the child found it valid
   (the schema bounds every list and map, so a valid body is cheap to parse);
+* a body holding NUL (U+0000) anywhere is a 422 naming each such string
+  (:mod:`service.nul_guard`), whatever else it holds;
 * an invalid body is a 422 listing the first ``service.errors.MAX_ERRORS`` failing fields by
   JSON Pointer, with ``error_count`` when more fail; a body that is not JSON (or nests more
   than ``service.store.json_limits.MAX_DEPTH`` levels) is a 400. A child that takes longer than
@@ -38,6 +40,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError, WrapValidator
 
 from api_schemas import FieldError
 from service.errors import FieldProblem, field_errors
+from service.nul_guard import body_nul_errors, nul_errors
 from service.process_pools import kill_pool
 from service.store import json_limits
 
@@ -110,6 +113,9 @@ def _validate(model: type[BaseModel], optional: bool, data: bytes) -> Any:
         value = json_limits.loads(data)
     except (ValueError, RecursionError) as err:
         raise _not_json(err) from None
+    nul = body_nul_errors(data, value)  # PostgreSQL holds no NUL: refused on every store
+    if nul is not None:
+        raise nul
     try:
         return _adapter(model, optional).validate_python(value)
     except ValidationError as err:
@@ -182,6 +188,9 @@ def parse_body(model: type[M], raw: Any, *, optional: bool = False) -> Any:
     thread (and first in the child when larger than ``SMALL_BODY_BYTES``); raises the 400 /
     422 ``FieldProblem`` (or 503 when the child fails). Call it from a ``def`` endpoint."""
     if not isinstance(raw, RawBody):  # no body, or not sent as JSON: one error at most
+        errors, total = nul_errors(raw)
+        if errors:
+            raise FieldProblem.invalid(errors, total)
         try:
             return _adapter(model, optional).validate_python(raw)
         except ValidationError as err:

@@ -101,7 +101,8 @@ def test_page_and_static_files_are_served_with_types_and_cache_headers(api_lite:
 def test_no_file_outside_the_static_folder_is_served(api_lite: Api, path: str):
     api_lite.client.headers.pop("Authorization", None)
     resp = api_lite.client.get(path)
-    assert resp.status_code == 404, (path, resp.status_code)
+    expected = 422 if "%00" in path else 404  # a NUL is refused first (service.nul_guard)
+    assert resp.status_code == expected, (path, resp.status_code)
     assert "import" not in resp.text  # no Python (or any other) source leaked
 
 
