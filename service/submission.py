@@ -26,6 +26,7 @@ from service.planner import (
     PlanThrottled,
     TenantPlanner,
 )
+from service.store import paths
 from service.store.db.crud.datasets import get_dataset
 from service.store.db.crud.idempotency import link_job
 from service.store.db.crud.job_actions import mark_enqueued
@@ -47,11 +48,11 @@ Enqueue = Callable[..., bool]  # (job_id=, attempt=, max_wall_time_s=, devices=,
 def _data_file(settings: Settings, rel: str, pointer: str) -> str:
     root = settings.data.resolve()
     try:  # a component over NAME_MAX, a NUL byte, a symlink loop: the user's path, not a 500
-        path = (root / rel).resolve()
+        path = paths.resolve(root / rel)
         found = path.is_relative_to(root) and path.is_file()
     except (OSError, ValueError) as err:
-        reason = getattr(err, "strerror", None) or str(err)
-        raise FieldProblem.one(pointer, f"cannot read {rel[:200]!r}: {reason}", "invalid") from None
+        message = f"cannot read {rel[:200]!r}: {paths.reason(err)}"
+        raise FieldProblem.one(pointer, message, "invalid") from None
     if not path.is_relative_to(root):
         raise FieldProblem.one(pointer, "must stay under the server's data root", "outside_root")
     if not found:

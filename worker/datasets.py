@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from api_schemas import DatasetSpec
 from api_schemas.engine_spec import SpecError
+from service.store import paths
 from service.store.db.models import Dataset
 from service.store.settings import Settings
 
@@ -31,10 +32,14 @@ def inside(root: Path, rel: str, pointer: str, what: str = "the data root") -> P
     base = Path(root).resolve()
     if Path(rel).is_absolute() or ".." in Path(rel).parts or "\x00" in rel:
         raise SpecError(pointer, f"must be a relative path under {what}, without '..'")
-    path = (base / rel).resolve()
-    if not path.is_relative_to(base):
-        raise SpecError(pointer, f"resolves outside {what} (a symlink may not leave it)")
-    if not path.is_file():
+    try:  # a symlink loop, a name too long: the user's path, not the worker's failure
+        path = paths.resolve(base / rel)
+        if not path.is_relative_to(base):
+            raise SpecError(pointer, f"resolves outside {what} (a symlink may not leave it)")
+        found = path.is_file()
+    except OSError as err:
+        raise SpecError(pointer, f"cannot read {rel[:200]!r}: {paths.reason(err)}") from None
+    if not found:
         raise SpecError(pointer, f"no such file under {what}: {rel!r}")
     return path
 

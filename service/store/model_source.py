@@ -35,7 +35,7 @@ from typing import Any
 
 from api_schemas.engine_spec import SpecError, package_path
 from api_schemas.jobs import HFDirSource, ModelSpec
-from service.store import json_limits
+from service.store import json_limits, paths
 
 __all__ = [
     "MAX_CONFIG_BYTES",
@@ -75,7 +75,10 @@ SCAN_ENTRIES = 10_000  # directory entries looked at for pickled weights
 
 
 def _inside(root: Path, path: Path, pointer: str, shown: str) -> Path:
-    resolved = path.resolve()
+    try:
+        resolved = paths.resolve(path)
+    except OSError as err:  # a symlink loop (RuntimeError before paths.resolve), a long name
+        raise SpecError(pointer, f"cannot read {shown}: {paths.reason(err)}") from None
     if not resolved.is_relative_to(root):
         raise SpecError(
             pointer, f"{shown} resolves outside the data root (a symlink may not leave it)"
@@ -203,11 +206,16 @@ def _check_safetensors(file: Path, pointer: str, shown: str, cfg: dict[str, Any]
             )
 
 
+def _present(path: Path) -> bool:
+    """There, or a symlink (a dangling or looping one is refused later, with its reason)."""
+    return path.exists() or path.is_symlink()
+
+
 def check_model_dir(directory: Path, *, root: Path | None, pointer: str, shown: str) -> None:
     """The checks of the module docstring; ``root``: where every file must stay (hf_dir)."""
     if not directory.is_dir():
         raise SpecError(pointer, f"no model directory {shown!r}")
-    missing = [f for f in REQUIRED_FILES if not (directory / f).exists()]
+    missing = [f for f in REQUIRED_FILES if not _present(directory / f)]
     if "model.safetensors" in missing and any(
         p.name.endswith(PICKLED) for p in islice(directory.iterdir(), SCAN_ENTRIES)
     ):
@@ -257,7 +265,7 @@ def resolve_model_source(*, data_root: Path, model: ModelSpec) -> str | None:
             directory = _inside(root, root / source.path, pointer, repr(source.path))
             check_model_dir(directory, root=root, pointer=pointer, shown=source.path)
         except OSError as err:  # a name too long, a permission, a loop: not a server error
-            raise SpecError(pointer, f"cannot read {source.path!r}: {err.strerror}") from None
+            raise SpecError(pointer, f"cannot read {source.path!r}: {paths.reason(err)}") from None
         return str(directory)
     pointer = "/model/source/name"
     found = _package_dir(source.name)
@@ -266,5 +274,7 @@ def resolve_model_source(*, data_root: Path, model: ModelSpec) -> str | None:
     try:
         check_model_dir(found, root=None, pointer=pointer, shown=f"package {source.name}")
     except OSError as err:
-        raise SpecError(pointer, f"cannot read package {source.name}: {err.strerror}") from None
+        raise SpecError(
+            pointer, f"cannot read package {source.name}: {paths.reason(err)}"
+        ) from None
     return package_path(source.name)

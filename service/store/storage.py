@@ -12,6 +12,7 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
+from service.store import paths
 from service.store.settings import Settings
 
 __all__ = ["artifact_path", "remove_artifacts", "sha256_file"]
@@ -22,7 +23,10 @@ log = logging.getLogger(__name__)
 def artifact_path(settings: Settings, rel: str) -> Path | None:
     """The absolute path of ``rel`` under the artifact directory, or None if it escapes."""
     root = Path(settings.artifacts).resolve()
-    path = (root / rel).resolve()
+    try:
+        path = paths.resolve(root / rel)
+    except (OSError, ValueError):  # a symlink loop, a name too long: no file to serve
+        return None
     return path if path.is_relative_to(root) and path != root else None
 
 

@@ -41,6 +41,36 @@ def test_a_data_path_the_file_system_refuses_is_a_422_naming_it(api_lite: Api, f
         assert [e["pointer"] for e in problem["errors"]] == [f"/dataset/{field}"]
 
 
+def test_a_symlink_loop_is_a_422_naming_the_field(api: Api):
+    """``ln -s loop loop``: ``Path.resolve()`` raises RuntimeError on Python 3.11 (a 500)."""
+    root = Path(api.settings.data)
+    write_bert_dir(root / "models" / "tiny")
+    for link in ("loop", "models/loop", "models/tiny/config.json"):
+        (root / link).unlink(missing_ok=True)
+        (root / link).symlink_to(Path(link).name)
+    (root / "train.npz").write_bytes(b"x")
+    cases = [
+        (_npz_body(path="loop"), "/dataset/path"),
+        (_npz_body(path="loop/train.npz"), "/dataset/path"),
+        (_npz_body(path="train.npz", valid_path="loop"), "/dataset/valid_path"),
+        (_hf_body("models/loop"), "/model/source/path"),
+        (_hf_body("models/tiny"), "/model/source/path"),  # its config.json loops
+    ]
+    for body, pointer in cases:
+        for url in ("/v1/jobs", "/v1/jobs:validate"):
+            problem = _problem(api.client.post(url, json=body))
+            (error,) = problem["errors"]
+            assert error["pointer"] == pointer and "symlink loop" in error["message"], problem
+            assert str(root) not in json.dumps(problem) and "/tmp" not in json.dumps(problem)
+
+
+def _npz_body(**dataset: str) -> dict[str, Any]:
+    return job_body(
+        model={"arch": "mlp", "config": {"hidden": [8]}},
+        dataset={"source": "path", "format": "npz", **dataset},
+    )
+
+
 def _hf_body(path: str) -> dict[str, Any]:
     return job_body(
         model={"arch": "hf_bert", "source": {"kind": "hf_dir", "path": path}},
