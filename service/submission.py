@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import HTTPException
 from sqlalchemy.orm import Session
 
-from api_schemas import JobCreate, JobState, ValidationReport
+from api_schemas import FieldError, JobCreate, JobState, ValidationReport
 from api_schemas.engine_spec import SpecError, to_engine
 from service.errors import FieldProblem
 from service.planner import (
@@ -28,6 +28,7 @@ from service.planner import (
 )
 from service.store import paths
 from service.store.db.crud.datasets import get_dataset
+from service.store.db.crud.fair_queue import queued_wall_seconds
 from service.store.db.crud.idempotency import link_job
 from service.store.db.crud.job_actions import mark_enqueued
 from service.store.db.crud.job_queries import count_jobs
@@ -158,6 +159,28 @@ def dispatch(*, session: Session, job: Job, enqueue: Enqueue) -> Job:
     return job
 
 
+def _check_queued_wall_time(
+    *, session: Session, settings: Settings, tenant_id: str, spec: JobCreate
+) -> None:
+    """429 naming ``COMERA_MAX_QUEUED_WALL_SECONDS_PER_TENANT`` when this job's wall-time limit
+    would take the tenant's QUEUED jobs past it (docs/service.md#limits)."""
+    cap, wall = settings.max_queued_wall_seconds_per_tenant, spec.limits.max_wall_time_s
+    queued = queued_wall_seconds(session=session, tenant_id=tenant_id)
+    if queued + wall <= cap:
+        return
+    session.rollback()  # releases the tenant lock
+    message = (
+        f"{wall} s more would make this tenant's queued wall time {queued + wall} s, over "
+        f"COMERA_MAX_QUEUED_WALL_SECONDS_PER_TENANT ({cap} s)"
+    )
+    raise FieldProblem(
+        429,
+        f"Too much queued wall time for this tenant: {message}.",
+        [FieldError(pointer="/limits/max_wall_time_s", message=message, code="quota")],
+        headers={"Retry-After": "60"},
+    )
+
+
 def submit(
     *,
     session: Session,
@@ -172,7 +195,9 @@ def submit(
     (docs/service.md#outbox-re-drive). The quota
     count and the insert run one request at a time per tenant, so concurrent submissions
     cannot queue more than ``max_queued_jobs_per_tenant``. The job id goes onto the
-    in-flight ``idempotency_key`` in the same transaction (:func:`link_job`)."""
+    in-flight ``idempotency_key`` in the same transaction (:func:`link_job`). The quota on
+    the tenant's queued wall time (``max_queued_wall_seconds_per_tenant``) is checked under
+    the same lock."""
     with one_at_a_time(session=session, tenant_id=tenant_id):
         queued = count_jobs(session=session, tenant_id=tenant_id, states=[JobState.QUEUED])
         if queued >= settings.max_queued_jobs_per_tenant:
@@ -180,6 +205,7 @@ def submit(
             raise HTTPException(
                 429, "Too many queued jobs for this tenant.", headers={"Retry-After": "60"}
             )
+        _check_queued_wall_time(session=session, settings=settings, tenant_id=tenant_id, spec=spec)
         job = create_job(
             session=session,
             tenant_id=tenant_id,

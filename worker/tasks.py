@@ -5,6 +5,12 @@ It re-reads everything from the database (the message carries only ids), and it 
 idempotent: a duplicate or stale message loses the claim and returns ``"skipped"``. Acks are
 early (worker.celery_app).
 
+Tenants take turns (docs/service.md#scheduling-order): when another tenant's turn comes
+first (``service.store.db.crud.fair_queue``), the message goes back to the end of its queue,
+unchanged but for a ``deferred`` count, and the task returns ``"deferred"``; the turn's own
+message gets there first. A message already sent back once for every job waiting in its queue
+runs its job regardless (the turn's message may be lost or held by a busy worker).
+
 A database that cannot be reached (``OperationalError``) before the claim would leave a
 QUEUED job without a message, so the task is retried, with exponential backoff and jitter (at
 most 5 times, at most 600 s apart; docs/service.md#failure-classes). Once a job is claimed,
@@ -18,17 +24,25 @@ imported only once a job is claimed, in the child process that runs it.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
 
+from service.store.db.crud.fair_queue import next_tenant
+from service.store.db.session import session_scope
+from service.store.placement import queue_name
+from service.store.queue import TASK_NAME, client_app
 from service.store.reaper import reap_once
-from service.store.settings import get_settings
+from service.store.settings import Settings, get_settings
 from worker import pipeline
 from worker.celery_app import app, session_factory
 
 __all__ = ["reap", "run_job"]
+
+log = logging.getLogger(__name__)
 
 
 @app.task(
@@ -42,17 +56,62 @@ __all__ = ["reap", "run_job"]
     retry_backoff_max=600,
     retry_jitter=True,
 )
-def run_job(self: Any, job_id: str, attempt: int) -> str:
+def run_job(self: Any, job_id: str, attempt: int, deferred: int = 0) -> str:
+    settings, factory = get_settings(), session_factory()
+    if _send_back(self, settings, factory, job_id=job_id, attempt=attempt, deferred=deferred):
+        return "deferred"
     soft = (self.request.timelimit or (None, None))[1]
     deadline = pipeline.deadline_for(soft, time.monotonic()) if soft else None
     return pipeline.run_job(
         job_id=job_id,
         attempt=attempt,
-        settings=get_settings(),
-        factory=session_factory(),
+        settings=settings,
+        factory=factory,
         deadline=deadline,
         cap_memory=True,  # this child runs one job and exits (worker_max_tasks_per_child)
     )
+
+
+def _send_back(
+    task: Any,
+    settings: Settings,
+    factory: sessionmaker[Session],
+    *,
+    job_id: str,
+    attempt: int,
+    deferred: int,
+) -> bool:
+    """Another tenant's turn: send this message again, to the end of its queue, with the same
+    id and time limits; False (run it now) when it is its tenant's turn, when it was sent back
+    once for every waiting job already, or when the broker refuses it."""
+    with session_scope(factory) as s:
+        decision = next_tenant(session=s, job_id=job_id, attempt=attempt)
+    if decision.its_turn or deferred >= decision.waiting:
+        return False
+    hard, soft = task.request.timelimit or (None, None)
+    queue = queue_name(settings.queue, devices=decision.devices, nodes=decision.nodes)
+    try:
+        client_app(settings.broker).send_task(
+            TASK_NAME,
+            args=(job_id, attempt),
+            kwargs={"deferred": deferred + 1},
+            task_id=task.request.id or f"{job_id}:{attempt}",
+            queue=queue,
+            soft_time_limit=soft,
+            time_limit=hard,
+            retry=False,
+        )
+    except Exception as exc:  # noqa: BLE001 (any broker failure: run it now instead)
+        log.warning("job %s: could not send its message back (%s); running it", job_id, exc)
+        return False
+    log.info(
+        "job %s attempt %s: tenant %s's turn first; message sent back (%d)",
+        job_id,
+        attempt,
+        decision.turn,
+        deferred + 1,
+    )
+    return True
 
 
 @app.task(name="comera.reap", ignore_result=True, acks_late=False)

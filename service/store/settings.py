@@ -44,6 +44,8 @@ class Settings(BaseSettings):
     max_uploads: int = Field(default=32, ge=1, le=10_000)
     max_dataset_bytes_per_tenant: int = Field(default=20 << 30, ge=1024)
     max_queued_jobs_per_tenant: int = Field(default=100, ge=1)
+    # the sum of limits.max_wall_time_s over a tenant's QUEUED jobs (429 past it): 30 days
+    max_queued_wall_seconds_per_tenant: int = Field(default=30 * 24 * 3600, ge=10)
     # planning (service.planner): child processes; a request's deadline (waiting included;
     # past it 503 + Retry-After); plans one tenant may have running, and waiting for its turn
     # (past those 429); accept a job whose plan could not be made (the worker's plan then

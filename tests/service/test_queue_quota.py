@@ -1,7 +1,7 @@
 """The queued-jobs quota holds under concurrent submissions: the count and the insert run one
 request at a time per tenant (a row lock on PostgreSQL, a process lock on SQLite), so N
 threads submitting at once against a quota of Q queue exactly Q jobs and get 429 for the rest,
-on both backends."""
+on both backends. The tenant's queued wall time has its cap too (429 naming the setting)."""
 
 from __future__ import annotations
 
@@ -49,3 +49,20 @@ def test_concurrent_submissions_never_exceed_the_queued_quota(api: Api):
     assert sorted(o for o in outcomes if isinstance(o, int)) == [429] * (THREADS - QUOTA)
     with api.sessions() as s:
         assert count_jobs(session=s, tenant_id=tenant, states=[JobState.QUEUED]) == QUOTA
+
+
+def test_queued_wall_time_past_the_tenant_cap_is_429_naming_the_limit(api: Api):
+    app = api.client.app
+    app.state.settings = api.settings.model_copy(
+        update={"max_queued_wall_seconds_per_tenant": 1000}
+    )
+    ten_min = job_body(limits={"max_wall_time_s": 600})
+    assert api.client.post("/v1/jobs", json=ten_min).status_code == 202
+    resp = api.client.post("/v1/jobs", json=ten_min)  # 1200 s queued would pass 1000 s
+    assert resp.status_code == 429 and resp.headers["retry-after"] == "60", resp.text
+    problem = resp.json()
+    assert "COMERA_MAX_QUEUED_WALL_SECONDS_PER_TENANT (1000 s)" in problem["detail"]
+    assert [e["pointer"] for e in problem["errors"]] == ["/limits/max_wall_time_s"]
+    assert api.client.post("/v1/jobs", json=job_body(limits={"max_wall_time_s": 400})).is_success
+    with api.sessions() as s:  # what is queued stays at the cap
+        assert count_jobs(session=s, tenant_id=api.tenant_id(), states=[JobState.QUEUED]) == 2

@@ -90,16 +90,16 @@ def factory_for(db_url: str) -> sessionmaker[Session]:
     return make_sessionmaker(make_engine(db_url))
 
 
-def make_job(factory: sessionmaker[Session], spec: dict[str, Any]) -> str:
-    """A QUEUED job (attempt 1) of the test tenant, as the API creates it."""
+def make_job(factory: sessionmaker[Session], spec: dict[str, Any], *, tenant: str = TENANT) -> str:
+    """A QUEUED job (attempt 1) of ``tenant`` (the test tenant), as the API creates it."""
     body = JobCreate.model_validate(spec)
     with session_scope(factory) as s:
-        if s.get(Tenant, TENANT) is None:
-            s.add(Tenant(id=TENANT, name=TENANT))
+        if s.get(Tenant, tenant) is None:
+            s.add(Tenant(id=tenant, name=tenant))
             s.flush()
         job = create_job(
             session=s,
-            tenant_id=TENANT,
+            tenant_id=tenant,
             name=body.name,
             labels={},
             spec=body.model_dump(mode="json"),

@@ -130,6 +130,8 @@ class JobAttempt(Base):
     __table_args__ = (
         UniqueConstraint("job_id", "attempt"),
         Index("ix_job_attempts_tenant_job", "tenant_id", "job_id"),
+        # a tenant's latest start, for the fair order (service.store.db.crud.fair_queue)
+        Index("ix_job_attempts_tenant_started", "tenant_id", "started_at"),
     )
 
 
