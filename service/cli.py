@@ -23,7 +23,7 @@ from service.cli_settings import load_settings
 from service.store.placement import queue_name
 from service.store.settings import Settings
 
-__all__ = ["app", "worker_command"]
+__all__ = ["app", "devices_present", "worker_command"]
 
 app = typer.Typer(
     help="CoMERA compression service.", no_args_is_help=True, pretty_exceptions_enable=False
@@ -219,6 +219,32 @@ def reaper(home: HomeOpt = None) -> None:
         pass
 
 
+# run in a child: this package never imports torch, and the worker's main process, which
+# forks the pool's children, must not have touched CUDA
+_GPU_PROBE = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+
+
+def devices_present(env: dict[str, str] | None = None) -> tuple[int, str]:
+    """``(count, kind)``: the GPUs a worker started with ``env`` sees when CUDA is available
+    (``CUDA_VISIBLE_DEVICES`` applies), else the CPU cores this process may run on."""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", _GPU_PROBE],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
+        gpus = int(out.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        gpus = 0  # no torch, or no driver: no GPU this worker could use
+    if gpus > 0:
+        return gpus, "CUDA GPU(s)"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, cores or 1), "CPU core(s) (no CUDA GPU is available)"
+
+
 @app.command()
 def worker(
     home: HomeOpt = None,
@@ -237,12 +263,23 @@ def worker(
     machine for jobs of ``training.devices`` N (``--devices N``: ``CUDA_VISIBLE_DEVICES`` as
     the operator set it, the node name ``gpus<N>@host``), or as the driver of Ray Train jobs
     across ``--nodes M`` machines (docs/distributed.md). Each consumes the queue of its
-    placement (``service.store.placement``)."""
+    placement (``service.store.placement``). ``--devices N`` above the devices present (the
+    GPUs when CUDA is available, else the CPU cores: :func:`devices_present`) is refused."""
     settings = load_settings(home)
     if gpu is not None and (devices > 1 or nodes > 1):
         typer.echo("--gpu pins one GPU: use it without --devices and --nodes", err=True)
         raise typer.Exit(2)
     env = _env(settings)
+    if devices > 1 and nodes == 1:  # a Ray driver's devices are on the cluster's nodes
+        present, kind = devices_present(env)
+        if devices > present:
+            typer.echo(
+                f"comera worker: --devices {devices} is more than the {present} {kind} of "
+                f"this machine; a worker for training.devices N runs N processes, one per "
+                f"device: start it with --devices {present} or fewer, or on a larger machine",
+                err=True,
+            )
+            raise typer.Exit(2)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     if nodes > 1:
