@@ -190,6 +190,7 @@ def submit(
     engine_job: dict[str, Any],
     enqueue: Enqueue,
     idempotency_key: str | None = None,
+    message: str | None = None,
 ) -> Job:
     """Store the QUEUED job and its attempt 1, commit, then enqueue
     (docs/service.md#outbox-re-drive). The quota
@@ -216,6 +217,8 @@ def submit(
             max_attempts=spec.limits.max_attempts,
         )
         job.engine_config = engine_job
+        if message:  # waiting_for_capacity (service.capacity)
+            job.message = message
         if idempotency_key is not None:
             link_job(session=session, tenant_id=tenant_id, key=idempotency_key, job_id=job.id)
         session.commit()

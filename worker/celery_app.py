@@ -10,6 +10,9 @@ The database engine is created in each child after fork (``worker_process_init``
 connection pool must never be shared across processes. This module imports no torch; the
 parent process never touches CUDA.
 
+When ready, the main process registers the worker in the store and refreshes its row while it
+runs (``worker.registration``): the API refuses jobs no registered worker can run.
+
 A shutdown of the main process (SIGTERM from ``docker stop``) forwards SIGTERM to the pool
 child running a job, which checkpoints and requeues it (``worker.shutdown``) instead of
 training on to its end under Celery's warm shutdown.
@@ -37,6 +40,7 @@ from celery.signals import (
     worker_init,
     worker_process_init,
     worker_process_shutdown,
+    worker_ready,
     worker_shutting_down,
 )
 from sqlalchemy import Engine
@@ -46,6 +50,7 @@ from service.store.db.migrate import current_revision, head_revision
 from service.store.db.session import make_engine, make_sessionmaker
 from service.store.queue import transport_options
 from service.store.settings import Settings, get_settings
+from worker.registration import start_registration, stop_registration
 from worker.shutdown import preempt_running_jobs
 
 __all__ = ["app", "check_schema", "make_celery", "session_factory"]
@@ -139,3 +144,6 @@ worker_process_init.connect(_open_database, weak=False)
 worker_process_shutdown.connect(_close_database, weak=False)
 # SIGTERM (or Ctrl-C) to the main process: the running job checkpoints and is requeued
 worker_shutting_down.connect(preempt_running_jobs, weak=False)
+# the worker's row in the store: what it can run, refreshed while it runs (worker.registration)
+worker_ready.connect(start_registration, weak=False)
+worker_shutting_down.connect(stop_registration, weak=False)

@@ -77,6 +77,9 @@ class Settings(BaseSettings):
     # leases (docs/service.md#claim-and-lease)
     lease_seconds: float = Field(default=180.0, gt=0)
     heartbeat_seconds: float = Field(default=30.0, gt=0)
+    # a worker refreshes its row (service.store.workers) every heartbeat_seconds; one not seen
+    # for this long no longer counts as registered (it stopped, or its machine is gone)
+    worker_ttl_seconds: float = Field(default=600.0, gt=0)
     reaper_interval_seconds: float = Field(default=30.0, gt=0)
     # the reaper (service.store.reaper): re-send a job flagged ``enqueue_pending`` after this long
     redrive_after_seconds: float = Field(default=60.0, ge=0)
@@ -138,6 +141,8 @@ class Settings(BaseSettings):
     def _lease_outlives_heartbeat(self) -> Settings:
         if self.lease_seconds <= 2 * self.heartbeat_seconds:
             raise ValueError("COMERA_LEASE_SECONDS must exceed twice COMERA_HEARTBEAT_SECONDS")
+        if self.worker_ttl_seconds <= 2 * self.heartbeat_seconds:
+            raise ValueError("COMERA_WORKER_TTL_SECONDS must exceed twice COMERA_HEARTBEAT_SECONDS")
         return self
 
     # -- resolved values ------------------------------------------------------------------

@@ -35,6 +35,7 @@ from service.api.deps import (
     SettingsDep,
     TenantDep,
 )
+from service.capacity import check_capacity
 from service.conditional import etag_matches, job_etag, version_matches
 from service.errors import FieldProblem, problems
 from service.request_body import Deferred, DeferredBodyRoute, parse_body
@@ -119,7 +120,9 @@ def submit_job(
 ) -> Any:
     """Store a QUEUED job (attempt 1) and enqueue it; 202 with ``Location``.
 
-    Checked first: the body, dataset references, the engine translation and the plan (the
+    Checked first: the body, dataset references, the engine translation, a registered worker
+    for the job's placement (:mod:`service.capacity`: 422 when the registered workers cannot
+    run it; accepted ``waiting_for_capacity`` when none has registered yet) and the plan (the
     model build, the data's real sizes, the memory estimate against the worker's capacity;
     :mod:`service.planner`: 429 past the tenant's share of the planner, 503 with
     ``Retry-After`` when no plan could be made in time). A broker outage still gives 202, with
@@ -147,6 +150,7 @@ def submit_job(
     else:
         try:
             engine_job = prepare(session=session, settings=settings, tenant_id=tenant_id, spec=spec)
+            waiting = check_capacity(session=session, settings=settings, spec=spec)
             session.rollback()  # hand the connection back to the pool while the planner works
             plan(planner, engine_job, spec, required=False)
             job = submit(
@@ -157,6 +161,7 @@ def submit_job(
                 engine_job=engine_job,
                 enqueue=enqueue,
                 idempotency_key=key,
+                message=waiting,
             )
         except Exception:
             forget_key(session=session, tenant_id=tenant_id, key=key)  # a failed one forgets it
@@ -192,6 +197,7 @@ def validate_job(
     known). Nothing is stored or queued."""
     spec = parse_body(JobCreate, spec)
     engine_job = prepare(session=session, settings=settings, tenant_id=tenant.id, spec=spec)
+    check_capacity(session=session, settings=settings, spec=spec)
     session.rollback()  # no connection held while the planner works
     return dry_run(spec, plan(planner, engine_job, spec, required=True) or {})
 

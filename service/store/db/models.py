@@ -42,6 +42,7 @@ __all__ = [
     "MetricPoint",
     "RankPoint",
     "Tenant",
+    "Worker",
     "utcnow",
 ]
 
@@ -252,3 +253,14 @@ class IdempotencyKey(Base):
     job_id: Mapped[str | None] = mapped_column(String(40))
     created_at: Mapped[datetime] = mapped_column(TZ, default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(TZ, index=True)
+
+
+class Worker(Base):
+    """A Celery worker and the job queues it consumes, refreshed while it runs
+    (``service.store.workers``; not a tenant's row: workers serve every tenant)."""
+
+    __tablename__ = "workers"
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)  # Celery node name
+    queues: Mapped[list[str]] = mapped_column(Json, default=list)
+    started_at: Mapped[datetime] = mapped_column(TZ, default=utcnow)
+    seen_at: Mapped[datetime] = mapped_column(TZ, default=utcnow, index=True)
