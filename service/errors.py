@@ -8,13 +8,16 @@ path or header parameter is named in ``parameter`` instead. ``FieldProblem`` is 
 shape for checks that run after parsing (dataset references, the engine's own validation).
 A 422 lists at most ``MAX_ERRORS`` fields (the first, in input order); when more fail, the
 problem's ``error_count`` gives how many and ``detail`` says so, so an error body stays small
-whatever the request held.
+whatever the request held. No problem names a server path: the data root, the artifact
+directory and the home directory are cut out of every ``detail`` and message (files are then
+named relative to the data root), whatever check wrote them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from http import HTTPStatus
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
@@ -24,6 +27,7 @@ from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api_schemas import FieldError, Problem
+from service.store import paths
 
 __all__ = [
     "MAX_ERRORS",
@@ -179,6 +183,39 @@ def field_errors(
     return list(merged.values()), len(merged) + len(beyond)
 
 
+def _server_roots(request: Request) -> list[str]:
+    """The app's server directories as a message may name them (``<dir>/``), longest first."""
+    settings = getattr(request.app.state, "settings", None)
+    if settings is None:
+        return []
+    roots = set()
+    for root in (settings.data, settings.artifacts, settings.home):
+        roots.add(f"{str(root).rstrip('/')}/")
+        try:
+            roots.add(f"{str(paths.resolve(Path(root))).rstrip('/')}/")
+        except (OSError, ValueError):
+            pass
+    return sorted(roots - {"/"}, key=len, reverse=True)
+
+
+def _without_roots(text: str, roots: list[str]) -> str:
+    for root in roots:
+        text = text.replace(root, "")
+    return text
+
+
+def _relative(request: Request, detail: str | None, errors: list[FieldError] | None) -> Any:
+    """``detail`` and ``errors`` without the server's directories (module doc)."""
+    roots = _server_roots(request)
+    if detail is not None:
+        detail = _without_roots(detail, roots)
+    if errors:
+        errors = [
+            e.model_copy(update={"message": _without_roots(e.message, roots)}) for e in errors
+        ]
+    return detail, errors
+
+
 async def _validation_handler(request: Request, exc: RequestValidationError) -> JSONResponse:
     """FastAPI's own checks (query, path and header parameters; the ``/v1/jobs`` bodies are
     checked by ``service.request_body``, off the event loop)."""
@@ -186,12 +223,14 @@ async def _validation_handler(request: Request, exc: RequestValidationError) -> 
         err = FieldError(pointer="", message="the body is not valid JSON", code="json_invalid")
         return problem_response(400, "The request body is not valid JSON.", errors=[err])
     problem = FieldProblem.invalid(*field_errors(exc.errors(), exc.body))
-    return problem_response(422, problem.detail, errors=problem.errors, **problem.extensions())
+    detail, errors = _relative(request, problem.detail, problem.errors)
+    return problem_response(422, detail, errors=errors, **problem.extensions())
 
 
 async def _http_handler(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     errors = getattr(exc, "errors", None)
     detail = exc.detail if isinstance(exc.detail, str) else None
+    detail, errors = _relative(request, detail, errors)
     extra = exc.extensions() if isinstance(exc, FieldProblem) else {}
     return problem_response(exc.status_code, detail, headers=exc.headers, errors=errors, **extra)
 

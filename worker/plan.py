@@ -27,7 +27,9 @@ from torch import nn
 
 from api_schemas.engine_spec import SpecError
 from engine.data import DataError
+from engine.data.tokenizer import TOKENIZER_FILE, load_tokenizer, special_ids
 from engine.export.manifest import layer_record
+from engine.models.hf_bert.config import resolve_model_dir
 from engine.models.registry import get_workload
 from engine.nn.tt_linear import TTLinear
 from engine.nn.ttm_embedding import TTMEmbedding
@@ -50,6 +52,23 @@ def _facts(cfg: JobConfig, dataset_pointer: str) -> DataFacts:
         where = "the validation file" if err.path == cfg.data.valid else "the dataset"
         line = f" ({err.unit} {err.line})" if err.line is not None else ""
         raise SpecError(dataset_pointer, f"{where}{line}: {err.message}") from None
+
+
+def _check_model_tokenizer(cfg: JobConfig) -> None:
+    """``hf_bert`` without ``data.tokenizer``: the model directory's ``tokenizer.json`` must load
+    and hold the special tokens, else a ``ConfigError`` on ``model.config.path`` (the submitted
+    ``/model/source/...``), the file named without its server path. Loading it with the data
+    (generated sentences) failed as ``/dataset`` with the absolute path in the message."""
+    path = cfg.model.config.get("path")
+    if cfg.model.arch != "hf_bert" or cfg.data.tokenizer is not None or not path:
+        return
+    try:
+        file = resolve_model_dir(path) / TOKENIZER_FILE
+        special_ids(load_tokenizer(file), file)
+    except ConfigError as err:  # about the path itself
+        raise err.under("model.config") from None
+    except DataError as err:
+        raise ConfigError("model.config.path", f"{TOKENIZER_FILE}: {err.message}") from None
 
 
 def _layer_plan(name: str, layer: TTLinear | TTMEmbedding) -> dict[str, Any]:
@@ -107,6 +126,7 @@ def plan_job(
     ``dataset_pointer``: the submitted spec's dataset reference (``/dataset/dataset_id`` for
     an upload)."""
     cfg = JobConfig.from_dict(job)
+    _check_model_tokenizer(cfg)
     facts = _facts(cfg, dataset_pointer)
     check_data_sizes(cfg.model.arch, cfg.model.config, facts)
     model_config = cfg.model_config(facts.overrides)

@@ -16,9 +16,11 @@ A directory must hold ``config.json`` (at most ``MAX_CONFIG_BYTES``, nested at m
 builds (``model_type: "bert"``, ``hidden_act: "gelu"``, absolute positions, no decoder) and
 the weight-shaping sizes as integers within the engine's bounds, ``MAX_PARAMS`` parameters at
 most), ``model.safetensors`` (its header is parsed: an 8-byte little-endian length, at most
-``MAX_HEADER_BYTES`` of JSON nested as deep at most, every tensor's byte range inside the
-file, the word embedding and the last layer's output weight shaped as ``config.json`` says)
-and ``tokenizer.json``. Pickled weights (``pytorch_model.bin``, ``*.pt``, ...) are never
+``MAX_HEADER_BYTES`` of JSON nested as deep at most, every tensor's dtype, shape and byte
+range as :mod:`service.store.model_files` checks them, the word embedding and the last
+layer's output weight shaped as ``config.json`` says) and ``tokenizer.json`` (a tokenizer with
+BERT's special tokens, :mod:`service.store.model_files`). Files are named relative to the
+data root in every message. Pickled weights (``pytorch_model.bin``, ``*.pt``, ...) are never
 opened: a directory that has only those is refused with the reason. The engine checks every
 weight's name and shape when the worker loads the model (the dry-run planner builds the bare
 architecture on the ``meta`` device and reads no weights).
@@ -36,6 +38,7 @@ from typing import Any
 from api_schemas.engine_spec import SpecError, package_path
 from api_schemas.jobs import HFDirSource, ModelSpec
 from service.store import json_limits, paths
+from service.store.model_files import check_tensors, check_tokenizer
 
 __all__ = [
     "MAX_CONFIG_BYTES",
@@ -180,20 +183,7 @@ def _check_safetensors(file: Path, pointer: str, shown: str, cfg: dict[str, Any]
     payload = size - 8 - n
     if not isinstance(header, dict):
         raise SpecError(pointer, f"{where} is not a safetensors file (bad header)")
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        span = entry.get("data_offsets") if isinstance(entry, dict) else None
-        ok = (
-            isinstance(span, list)
-            and len(span) == 2
-            and all(isinstance(x, int) for x in span)
-            and 0 <= span[0] <= span[1] <= payload
-        )
-        if not ok:
-            raise SpecError(
-                pointer, f"{where}: tensor {name[:80]!r} has no valid byte range inside the file"
-            )
+    check_tensors(header, payload, pointer, where)
     for name, shape in _expected_shapes(cfg).items():
         entry = header.get(name, header.get(f"bert.{name}"))
         got = entry.get("shape") if isinstance(entry, dict) else None
@@ -238,6 +228,7 @@ def check_model_dir(directory: Path, *, root: Path | None, pointer: str, shown: 
             raise SpecError(pointer, f"{shown}/{f} is not a file")
     cfg = _check_config(files["config.json"], pointer, shown)
     _check_safetensors(files["model.safetensors"], pointer, shown, cfg)
+    check_tokenizer(files["tokenizer.json"], pointer, f"{shown}/tokenizer.json")
 
 
 def _package_dir(name: str) -> Path | None:
