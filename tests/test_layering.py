@@ -42,6 +42,7 @@ ENGINE_ALLOWED = {
     "tokenizers",
     "rich",
     "galore_torch",
+    "transformers",  # the hf workload builds models with transformers' own classes
 }
 
 

@@ -18,10 +18,14 @@ Kinds per architecture (batch keys in :mod:`engine.models.registry`):
     mlm          text            input_ids, attention_mask, labels (-100 = not masked)
     mlp          npz             x, labels
     hf_bert      text            input_ids, attention_mask, token_type_ids (one sentence a line)
+    hf           text            the same (causal_lm, masked_lm, sentence_embedding)
+    hf           jsonl, csv      input_ids, token_type_ids, attention_mask, labels (classification)
     any          synthetic       the architecture's generator, in memory
 
-``hf_bert`` tokenizes with ``data.tokenizer`` or else the ``tokenizer.json`` of the model
-directory (``model_config["path"]``, passed by the trainer).
+``hf_bert`` and ``hf`` tokenize with ``data.tokenizer`` or else the ``tokenizer.json`` of the
+model directory (``model_config["path"]``, passed by the trainer; for ``hf`` from a config,
+``model_config["tokenizer"]``). For ``hf`` the bundle's model fields are the tokenizer's pad
+and mask ids, its vocabulary size and, for classification, the number of labels.
 """
 
 from __future__ import annotations
@@ -53,9 +57,10 @@ __all__ = [
     "ARCHS",
     "ARCH_OF_KIND",
     "OTHER_ARCHS_OF_KIND",
+    "hf_tokenizer",
 ]
 
-ARCHS = ("transformer", "dlrm", "mlm", "mlp", "hf_bert")
+ARCHS = ("transformer", "dlrm", "mlm", "mlp", "hf_bert", "hf")
 ARCH_OF_KIND = {
     "jsonl": "transformer",
     "csv": "transformer",
@@ -63,7 +68,9 @@ ARCH_OF_KIND = {
     "text": "mlm",
     "npz": "mlp",
 }
-OTHER_ARCHS_OF_KIND = {"text": ("hf_bert",)}  # kinds that feed more than their main arch
+# kinds that feed more than their main arch
+OTHER_ARCHS_OF_KIND = {"text": ("hf_bert", "hf"), "jsonl": ("hf",), "csv": ("hf",)}
+HF_ARCHS = ("hf_bert", "hf")  # the archs whose tokenizer is the model's own
 
 
 def _check_files(config: DataConfig) -> None:
@@ -73,15 +80,21 @@ def _check_files(config: DataConfig) -> None:
             raise ConfigError(f"data.{name}", f"no such file {path!r}")
 
 
-def _hf_tokenizer(config: DataConfig, model_config: Mapping[str, Any] | None) -> str:
-    """``data.tokenizer``, else ``tokenizer.json`` of the model directory (``hf_bert``)."""
+def hf_tokenizer(config: DataConfig, model_config: Mapping[str, Any] | None, arch: str) -> str:
+    """``data.tokenizer``, else ``tokenizer.json`` of the model directory, else (``hf`` from
+    a config) ``model.config.tokenizer``."""
     if config.tokenizer is not None:
         return config.tokenizer
     path = (model_config or {}).get("path")
+    own = (model_config or {}).get("tokenizer") if arch == "hf" else None
+    if path is None and isinstance(own, str):
+        if not Path(own).is_file():
+            raise ConfigError("model.config.tokenizer", f"no such file {own!r}")
+        return own
     if path is None:
         raise ConfigError(
             "data.tokenizer",
-            "model.arch 'hf_bert' needs the model's tokenizer: set "
+            f"model.arch {arch!r} needs the model's tokenizer: set "
             "model.config.path (its tokenizer.json is used) or data.tokenizer",
         )
     from engine.models.hf_bert.config import check_model_dir
@@ -124,12 +137,14 @@ def build_data(
     common = {"batch_size": batch_size, "seed": seed}
     train, valid = config.train, config.valid
     names = (train or "", valid or "")
-    tokenizer = _hf_tokenizer(config, model_config) if arch == "hf_bert" else None
+    tokenizer = hf_tokenizer(config, model_config, arch) if arch in HF_ARCHS else None
+    if arch == "hf":
+        config = config.replace(tokenizer=tokenizer)
     if config.kind == "synthetic":
         bundle = build_synthetic_data(
             config, arch=arch, workdir=workdir, tokenizer=tokenizer, **common
         )
-    elif arch == "hf_bert":
+    elif arch in HF_ARCHS and config.kind == "text":
         bundle = build_sentence_data(
             config,
             tokenizer=tokenizer,
@@ -164,10 +179,33 @@ def build_data(
         )
     else:
         bundle = build_npz_data(config, **common)
+    if arch == "hf":
+        bundle.model_overrides = hf_overrides(tokenizer, bundle.info, config.max_len)
     bundle.info.update(
         {"kind": config.kind, "arch": arch, "batch_size": batch_size, "split": _split_doc(config)}
     )
     return bundle
+
+
+def hf_overrides(tokenizer: str, info: Mapping[str, Any], max_len: int) -> dict[str, Any]:
+    """The ``hf`` model fields the data decides: pad / mask ids, vocabulary, labels."""
+    from engine.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer)
+    padding = tok.padding
+    pad = padding["pad_id"] if padding else None
+    for name in ("[PAD]", "<pad>", "<|endoftext|>", "</s>"):
+        if pad is None:
+            pad = tok.token_to_id(name)
+    mask = next((i for i in map(tok.token_to_id, ("[MASK]", "<mask>")) if i is not None), None)
+    out: dict[str, Any] = {"tokenizer_vocab_size": tok.get_vocab_size(), "max_len": max_len}
+    if pad is not None:
+        out["pad_token_id"] = int(pad)
+    if mask is not None:
+        out["mask_token_id"] = int(mask)
+    if info.get("labels"):
+        out["num_labels"] = len(info["labels"])
+    return out
 
 
 def _split_doc(config: DataConfig) -> str:

@@ -80,8 +80,14 @@ def parse_params(generator: str, params: Mapping[str, Any] | None) -> Any:
     return params_from_dict(PARAMS[generator], dict(params or {}), generator)
 
 
+# generators that also feed the ``hf`` workload (sentences; pairs with their labels)
+HF_GENERATORS = ("stdlib_text", "nli")
+
+
 def _generator(cfg: DataConfig, arch: str) -> str:
-    gen = cfg.generator or GENERATOR_OF_ARCH[arch]
+    gen = cfg.generator or GENERATOR_OF_ARCH.get(arch, "stdlib_text")
+    if arch == "hf" and gen in HF_GENERATORS:
+        return gen
     if ARCH_OF_GENERATOR[gen] != arch:
         raise ConfigError(
             "data.generator",

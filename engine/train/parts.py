@@ -116,7 +116,7 @@ def build_parts(
             shrink_every=comp.shrink_every,
             max_metric_drop=comp.max_metric_drop,
             min_rank_fraction=comp.min_rank_fraction,
-            metric=workload.guard_metric,
+            metric=workload.guard_metric_of(model_config),
             bypassed=workload.bypassed,
         )
     return Parts(workload, data, model_config, model, setup, names, optimizer, control)

@@ -54,7 +54,7 @@ def to_double(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def test_registry_lists_the_architectures():
-    assert set(WORKLOADS) == {"transformer", "dlrm", "mlm", "mlp", "hf_bert"}
+    assert set(WORKLOADS) == {"transformer", "dlrm", "mlm", "mlp", "hf_bert", "hf"}
     assert get_workload("dlrm").batch_keys == ("dense", "sparse", "labels")
     assert get_workload("mlm").batch_keys == ("input_ids", "attention_mask", "labels")
     assert get_workload("mlp").batch_keys == ("x", "labels")
