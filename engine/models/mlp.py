@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from engine.configs import ConfigMethods, spec, validate
 from engine.models.limits import MAX_CLASSES, MAX_HIDDEN_LAYERS, MAX_IN_FEATURES, MAX_WIDTH
 from engine.models.tensorize import TensorizeOptions, TensorizeReport, linear_slot, materialize
+from engine.nn.dropout import dropout as drop
 
 __all__ = ["MLPConfig", "MLPStack", "MLPClassifier", "build_mlp", "ACTIVATIONS"]
 
@@ -78,7 +79,7 @@ class MLPStack(nn.ModuleList):
         for i, layer in enumerate(self):
             x = layer(x)  # (B, w_{i+1})
             if i < n - 1 or self.last_activation:
-                x = F.dropout(self.act(x), self.dropout, self.training)  # (B, w_{i+1})
+                x = drop(self.act(x), self.dropout, self.training)  # (B, w_{i+1})
         return x
 
 

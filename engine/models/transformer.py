@@ -46,7 +46,7 @@ from engine.models.tensorize import (
     materialize,
 )
 from engine.nn.attention import scaled_dot_product_attention
-from engine.nn.dropout import dropout, dropout_add
+from engine.nn.dropout import checkpoint_contexts, dropout, dropout_add
 from engine.nn.feed_forward import tt_feed_forward
 from engine.nn.premerge import premerged_attention
 from engine.nn.tt_linear import TTLinear
@@ -279,7 +279,9 @@ class TransformerClassifier(nn.Module):
             x = self.embeddings(input_ids, token_type_ids)  # (B, S, D)
             for block in self.encoder:
                 if grad and self.config.recompute:  # saves x; reruns the block (same masks)
-                    x = checkpoint(block, x, keep, use_reentrant=False)  # (B, S, D)
+                    x = checkpoint(
+                        block, x, keep, use_reentrant=False, context_fn=checkpoint_contexts
+                    )  # (B, S, D)
                 else:
                     x = block(x, keep)  # (B, S, D)
             return self.classifier(x[:, 0])  # (B, C)

@@ -9,6 +9,13 @@ Ray) and keeps one job's semantics whatever the world size ``W``:
   batch from (seed, epoch) and keeps its rows, ``torch.tensor_split`` of dim 0 into ``W``
   pieces (:func:`shard`). A last batch with fewer rows than processes is skipped by every
   rank alike.
+* **The global batch's dropout masks.** Each step's forward runs in
+  :func:`engine.nn.dropout.mask_stream` with the job's seed, the global step and the rank's
+  rows (:func:`rows_of`): every CPU dropout mask is drawn from ``(seed, step, i)`` as the mask
+  of the global batch and each rank draws only its rows' slice, so a rank drops exactly what
+  the one-process run drops in those rows. On CUDA (torch's fused kernels) and in the ``hf``
+  workload's transformers modules, each rank draws its own masks from its own generator: not
+  equal there (docs/distributed.md).
 * **The one-process gradient.** A workload's loss is a mean over its local ``count`` (rows,
   masked tokens, sentences); the rank's loss is scaled by ``W n_local / n_global`` (``n_global``
   all-reduced each step), so DDP's average of the ranks' gradients is the gradient of the global
@@ -51,6 +58,7 @@ __all__ = [
     "finish",
     "gather_rng",
     "init_from_env",
+    "rows_of",
     "shard",
 ]
 
@@ -96,6 +104,14 @@ def finish() -> None:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def rows_of(total: int, ctx: DistContext) -> tuple[int, int]:
+    """``(start, stop)``: this rank's rows of ``total``, ``torch.tensor_split``'s ``ctx.rank``-th
+    piece of ``ctx.world`` (the first ``total % world`` pieces one row longer)."""
+    size, extra = divmod(total, ctx.world)
+    start = ctx.rank * size + min(ctx.rank, extra)
+    return start, start + size + (ctx.rank < extra)
 
 
 def shard(batch: Mapping[str, Tensor], ctx: DistContext) -> dict[str, Tensor] | None:

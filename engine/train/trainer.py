@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from engine.nn.dropout import mask_stream
 from engine.rank import compression_summary, model_size, rank_snapshot
 from engine.train import distributed as ddp
 from engine.train import persist
@@ -93,6 +94,7 @@ class Trainer:
         self.window: dict[str, Tensor] = {}  # metric sums since the last log
         self._window_t0 = time.perf_counter()
         self._label_counts: Tensor | None = None
+        self._rows: tuple[int, int, int] | None = None  # (start, stop, global batch rows)
         self.checkpoints: list[Path] = []
         self.parallel = (
             None if self.dist is None else ddp.DataParallel(self.dist, self.model, self.workload)
@@ -229,7 +231,11 @@ class Trainer:
 
     def _compute(self, stage: StageConfig, batch: Mapping[str, Tensor]) -> dict[str, Tensor]:
         """One whole step (forward, objective, backward, clip, optimizer); detached sums."""
-        with self.execution.forward():
+        rows = self._rows  # this process's rows of the global batch: its dropout masks' slice
+        with (
+            self.execution.forward(),
+            mask_stream(self.job.training.seed, self.state.global_step, rows),
+        ):
             loss, sums, switch = self._loss(batch)
         objective, extra = loss, {}
         if self.control is not None:
@@ -371,11 +377,14 @@ class Trainer:
                 if self._stop():
                     s.stage_seconds += time.perf_counter() - t0
                     return self._finish("cancelled", self._checkpoint(partial=True))
+                total = next(iter(batch.values())).shape[0]
+                self._rows = (0, total, total)
                 if self.dist is not None:
                     batch = ddp.shard(batch, self.dist)  # this rank's rows of the global batch
                     if batch is None:  # fewer rows than processes: every rank skips it
                         s.batch += 1
                         continue
+                    self._rows = (*ddp.rows_of(total, self.dist), total)
                 set_stage_lrs(self.optimizer, stage, s.stage_step, s.stage_total or 0)
                 self._step(stage, batch)
                 s.batch, s.stage_step, s.global_step = (

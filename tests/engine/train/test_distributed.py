@@ -1,5 +1,6 @@
 """Data-parallel training on the CPU: two gloo processes (file:// rendezvous, one thread each)
-against one process on the same global batch, through early and late stages with shrinks."""
+against one process on the same global batch, through early and late stages with shrinks, with
+and without dropout (each rank draws its rows of the global batch's masks)."""
 
 from __future__ import annotations
 
@@ -126,9 +127,12 @@ def assert_equal_states(a: dict, b: dict) -> None:
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_two_processes_follow_the_one_process_run(tmp_path):
-    one = run_world(tmp_path / "one", 1, JOB)[0]
-    two = run_world(tmp_path / "two", 2, JOB, tag="two")
+@pytest.mark.parametrize("dropout", [0.0, 0.1])  # with dropout: the global batch's masks
+def test_two_processes_follow_the_one_process_run(tmp_path, dropout):
+    job = copy.deepcopy(JOB)
+    job["model"]["config"]["dropout"] = dropout
+    one = run_world(tmp_path / "one", 1, job)[0]
+    two = run_world(tmp_path / "two", 2, job, tag="two")
     assert_equal_states(two[0]["state"], two[1]["state"])  # both ranks bitwise equal
     shrinks = ranks_at_shrinks(one["events"])
     assert len({json.dumps(r) for _, r in shrinks}) >= 3  # several different rank states
@@ -167,7 +171,7 @@ def test_a_stop_seen_by_rank_0_stops_every_rank_at_the_same_step(tmp_path):
     assert (tmp_path / "run" / "checkpoints" / "step-00000016-partial.safetensors").exists()
 
 
-def test_a_layer_cut_to_rank_zero_keeps_ddp_working(tmp_path):
+def test_a_layer_cut_to_rank_zero_keeps_ddp_working_and_follows_one_process(tmp_path):
     job = copy.deepcopy(JOB)
     job["model"] = {
         "arch": "transformer",
@@ -188,7 +192,10 @@ def test_a_layer_cut_to_rank_zero_keeps_ddp_working(tmp_path):
         {"kind": "late", "steps": 12, "target_ratio": 0.01, "lr": LR},
         {"kind": "finetune", "steps": 4},
     ]
-    two = run_world(tmp_path, 2, job, tag="dead")
+    two = run_world(tmp_path, 2, job, tag="dead")  # dropout 0.1 everywhere (the default)
+    one = run_world(tmp_path / "one", 1, job)[0]
+    assert ranks_at_shrinks(two[0]["events"]) == ranks_at_shrinks(one["events"])
+    assert losses(two[0]["events"]) == pytest.approx(losses(one["events"]), rel=1e-5, abs=1e-6)
     late = two[0]["report"]["stages"][1]
     zeroed = [n for e in late["prune_events"] for n in e["zeroed"]]
     assert zeroed, "a bypassed FFN layer must be cut to rank 0 for this test to mean anything"
