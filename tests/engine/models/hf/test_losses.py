@@ -9,13 +9,13 @@ from engine.models.hf import HFConfig, build_hf, hf_loss
 from engine.models.hf.losses import lm_mask
 from engine.models.registry import get_workload
 from engine.models.tensorize import TensorizeOptions
-from tests.helpers.hf_models import make_model_dir, tiny_config
+from tests.helpers.hf_models import VOCAB, make_model_dir, tiny_config
 
 OPTS = TensorizeOptions(max_rank=4, min_size=1)
 
 
 def _ids(b: int = 3, s: int = 12, seed: int = 0) -> torch.Tensor:
-    return torch.randint(1000, 30000, (b, s), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(5, VOCAB, (b, s), generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.mark.parametrize("model_type", ["gpt2", "llama"])
@@ -82,14 +82,14 @@ def test_lm_mask_is_a_function_of_each_row_alone():
 
 
 def test_masked_lm_scores_only_the_masked_positions():
-    cfg = HFConfig(task="masked_lm", hf_config=tiny_config("bert"), mask_token_id=103)
+    cfg = HFConfig(task="masked_lm", hf_config=tiny_config("bert"), mask_token_id=4)
     model = build_hf(cfg, tensorized=True, options=OPTS).eval()
     ids = _ids(s=20)
     mask = torch.ones_like(ids, dtype=torch.bool)
     loss, sums = hf_loss(model, {"input_ids": ids, "attention_mask": mask})
     chosen = lm_mask(ids, mask)
     with torch.no_grad():
-        logits = model.net(input_ids=ids.masked_fill(chosen, 103)).logits  # (B, S, V)
+        logits = model.net(input_ids=ids.masked_fill(chosen, 4)).logits  # (B, S, V)
     want = torch.nn.functional.cross_entropy(logits[chosen], ids[chosen])
     assert sums["count"] == chosen.sum()
     assert torch.allclose(loss, want, atol=1e-5)

@@ -11,7 +11,7 @@ from engine.configs import ConfigError
 from engine.models.hf import FAMILIES, HFConfig, build_hf
 from engine.models.tensorize import TensorizeOptions
 from engine.nn.tt_linear import TTLinear
-from tests.helpers.hf_models import tiny_config
+from tests.helpers.hf_models import VOCAB, tiny_config
 
 TASK = {
     "bert": "masked_lm",
@@ -31,7 +31,7 @@ def _config(model_type: str, **kw) -> HFConfig:
 
 def _batch(seq: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, 30522, (3, seq), generator=g)  # (B, S)
+    ids = torch.randint(0, VOCAB, (3, seq), generator=g)  # (B, S)
     mask = torch.ones(3, seq, dtype=torch.bool)
     mask[1, 7:] = False  # (B, S) one padded row
     return ids, mask
