@@ -8,14 +8,15 @@ builds its exports with the same :class:`CompactTTLinear`, so the two cannot dri
 
 A :class:`CompactTTLinear` computes ``y = x W^T + b`` with ``W^T`` (in, out) the merge of
 ``2d`` cores ``G_k`` (r_{k-1}, s_k, r_k): the ``d`` input modes first, then the ``d`` output
-modes, each multi-index row-major. ``x`` is zero-padded to the product of the input modes and
+modes, each multi-index row-major. It merges the input cores into ``A`` (in, r_d) and the
+output cores into ``B`` (r_d, out), ``r_d`` the middle bond, and computes ``(x A) B``: two thin
+matrix products of ``in * r_d + r_d * out`` multiply-adds a row instead of ``in * out`` (the
+factors are cached for inference). ``x`` is zero-padded to the product of the input modes and
 ``y`` cut to ``out_features`` (sizes that do not factor exactly are padded). ``config.json``'s
 ``comera_tt`` lists, for every swapped module, its sizes, modes and ranks.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import nn
@@ -37,25 +38,34 @@ class CompactTTLinear(nn.Module):
         self.cores = nn.ParameterList([nn.Parameter(torch.zeros(s)) for s in shapes])
         self.bias = nn.Parameter(torch.zeros(self.out_features)) if bias else None
 
+    def factors(self):
+        """``(A, B)``: the input cores merged to A (N, r_d), the output cores to B (r_d, M),
+        so that ``W^T = A B`` (N, M: the padded sizes; r_d the middle bond). Cached while
+        the cores are unchanged and no gradient is recorded (inference)."""
+        key = tuple((c.data_ptr(), c._version) for c in self.cores)
+        cached = self.__dict__.get("_factors")
+        if cached is not None and cached[0] == key and not torch.is_grad_enabled():
+            return cached[1]
+        d = len(self.in_modes)
+        a = self.cores[0].reshape(-1, self.cores[0].shape[-1])  # (n_1, r_1)
+        for core in list(self.cores)[1:d]:  # (r, n_k, s)
+            a = (a @ core.reshape(core.shape[0], -1)).reshape(-1, core.shape[-1])  # (N_k, s)
+        b = self.cores[d].reshape(self.cores[d].shape[0], -1, self.cores[d].shape[-1])
+        for core in list(self.cores)[d + 1 :]:  # b: (r_d, M_k, r); core: (r, m_k, s)
+            b = torch.einsum("pmr,rns->pmns", b, core).reshape(b.shape[0], -1, core.shape[-1])
+        b = b.reshape(b.shape[0], -1)  # (r_d, M)
+        if not torch.is_grad_enabled():
+            self.__dict__["_factors"] = (key, (a, b))
+        return a, b
+
     def forward(self, x):
         lead = x.shape[:-1]
-        n_in = math.prod(self.in_modes)
+        a, b = self.factors()  # (N, r_d), (r_d, M)
         z = x.reshape(-1, self.in_features)  # (B, in)
-        if n_in > self.in_features:
-            z = nn.functional.pad(z, (0, n_in - self.in_features))  # (B, N)
-        b = z.shape[0]
-        d = len(self.in_modes)
-        z = z.reshape(b, 1, n_in)  # (B, r_0, N)
-        for k in range(d):  # contract the input modes, most significant first
-            core = self.cores[k]  # (r, n_k, s)
-            z = z.reshape(b, core.shape[0], core.shape[1], -1)  # (B, r, n_k, rest)
-            z = torch.einsum("brnq,rns->bsq", z, core)  # (B, s, rest)
-        y = z.reshape(b, 1, -1)  # (B, out so far = 1, r_d)
-        for k in range(d, 2 * d):  # expand the output modes, most significant first
-            core = self.cores[k]  # (r, m_k, s)
-            y = torch.einsum("bor,rms->boms", y, core)  # (B, out, m_k, s)
-            y = y.reshape(b, -1, core.shape[2])  # (B, out * m_k, s)
-        y = y.reshape(b, -1)[:, : self.out_features]  # (B, out)
+        if a.shape[0] > self.in_features:
+            z = nn.functional.pad(z, (0, a.shape[0] - self.in_features))  # (B, N)
+        y = (z @ a) @ b  # (B, M): two thin products instead of one (in, out) one
+        y = y[:, : self.out_features]  # (B, out)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.out_features)
