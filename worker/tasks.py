@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.store.db.crud.fair_queue import next_tenant
 from service.store.db.session import session_scope
 from service.store.placement import queue_name
-from service.store.queue import TASK_NAME, client_app
+from service.store.queue import TASK_NAME, client_app, task_id
 from service.store.reaper import reap_once
 from service.store.settings import Settings, get_settings
 from worker import pipeline
@@ -95,7 +95,7 @@ def _send_back(
             TASK_NAME,
             args=(job_id, attempt),
             kwargs={"deferred": deferred + 1},
-            task_id=task.request.id or f"{job_id}:{attempt}",
+            task_id=task.request.id or task_id(job_id, attempt),
             queue=queue,
             soft_time_limit=soft,
             time_limit=hard,

@@ -1,6 +1,6 @@
 """Tenants take turns (docs/service.md#scheduling-order): the store's order on both backends,
-and one real Celery worker (PostgreSQL + Redis) starting tenant B's only job second, not
-after tenant A's three earlier ones."""
+and one real Celery worker (PostgreSQL + Redis, and the embedded SQLite store and broker)
+starting tenant B's only job second, not after tenant A's three earlier ones."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from sqlalchemy import select, update
 from api_schemas import JobState
 from service.store.db.crud.fair_queue import next_tenant, tenant_order
 from service.store.db.crud.jobs import transition
+from service.store.db.migrate import upgrade
 from service.store.db.models import Job, JobAttempt
 from service.store.db.session import session_scope
 from service.store.queue import enqueue
@@ -26,6 +27,9 @@ from worker.pipeline import claim
 
 S = JobState
 A, B = "ten_a", "ten_b"
+pytestmark = pytest.mark.filterwarnings(  # kombu's SQLAlchemy transport, not our code
+    "ignore:The ``noload`` loader strategy is deprecated"
+)
 
 
 def _order(factory) -> list[str]:
@@ -87,11 +91,20 @@ def _started_at(factory, job_id: str):
 
 
 @pytest.mark.slow
-def test_one_worker_starts_the_other_tenants_job_second(pg_url, tmp_path):
-    broker = f"redis://127.0.0.1:6379/{random.randint(1, 15)}"
+@pytest.mark.parametrize("mode", ["distributed", "embedded"])
+def test_one_worker_starts_the_other_tenants_job_second(mode, request, tmp_path):
+    """Distributed: PostgreSQL + Redis. Embedded: SQLite store and SQLite broker, whose worker
+    prefetches the next message while a job runs."""
     queue = f"test.{uuid.uuid4().hex[:10]}"
-    settings = Settings(home=tmp_path, database_url=pg_url, broker_url=broker, queue=queue)
-    factory, log = factory_for(pg_url), tmp_path / "worker.log"
+    if mode == "distributed":
+        broker = f"redis://127.0.0.1:6379/{random.randint(1, 15)}"
+        db = request.getfixturevalue("pg_url")
+        settings = Settings(home=tmp_path, database_url=db, broker_url=broker, queue=queue)
+    else:
+        settings = Settings(home=tmp_path, queue=queue)
+        settings.ensure_dirs()
+        upgrade(settings.db_url)
+    factory, log = factory_for(settings.db_url), tmp_path / "worker.log"
     spec = tiny_spec(schedule=[{"kind": "early", "steps": 5}])
     first = [make_job(factory, spec, tenant=A) for _ in range(3)]
     second = make_job(factory, spec, tenant=B)
@@ -106,7 +119,8 @@ def test_one_worker_starts_the_other_tenants_job_second(pg_url, tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)  # what it does next is not this test's
             proc.wait(timeout=10)
     finally:
-        purge_redis(broker, queue)
+        if mode == "distributed":
+            purge_redis(settings.broker, queue)
     assert starts[first[0]] is not None and starts[first[0]] < starts[second], logs()
     # B's job started second: A's second and third had not started when it did
     assert [starts[j] for j in first[1:]] == [None, None], (starts, logs())
