@@ -29,7 +29,7 @@ from engine.models.hf.model import HFModel
 from engine.nn.tt_linear import TTLinear
 from engine.nn.ttm_embedding import TTMEmbedding
 
-__all__ = ["export_hf", "export_dense", "MODELING_FILE", "CLASS_NAME"]
+__all__ = ["export_hf", "export_dense", "densified_net", "MODELING_FILE", "CLASS_NAME"]
 
 MODELING_FILE = "modeling_comera_tt.py"
 CLASS_NAME = "ComeraTTModel"
@@ -111,8 +111,9 @@ def export_hf(model: HFModel, directory: Path, *, tokenizer: Path | None) -> dic
     return {"path": str(directory), "class": base, "tt_layers": len(layers)}
 
 
-def export_dense(model: HFModel, directory: Path, *, tokenizer: Path | None) -> dict[str, Any]:
-    """Write the densified standard architecture to ``directory``; what was written."""
+def densified_net(model: HFModel) -> nn.Module:
+    """A copy of ``model.net`` with every TT / TTM layer multiplied out into the module type
+    it replaced: the standard transformers architecture."""
     from transformers.pytorch_utils import Conv1D
 
     net = copy.deepcopy(model.net).float().cpu()
@@ -137,6 +138,12 @@ def export_dense(model: HFModel, directory: Path, *, tokenizer: Path | None) -> 
             with torch.no_grad():
                 dense.weight.copy_(table)
             _set(net, name, dense)
+    return net
+
+
+def export_dense(model: HFModel, directory: Path, *, tokenizer: Path | None) -> dict[str, Any]:
+    """Write the densified standard architecture to ``directory``; what was written."""
+    net = densified_net(model)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     net.save_pretrained(directory)

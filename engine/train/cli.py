@@ -203,29 +203,11 @@ def run_job(
         }
         report["fidelity"] = measure_fidelity(trainer, out / "model")
         if job.model.arch == "hf":
-            report["hf_export"] = export_hf_dirs(job, out / "model")
+            from engine.train.hf_outputs import hf_outputs
+
+            report["hf_export"] = hf_outputs(trainer, out / "model")
     (out / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     return report
-
-
-def export_hf_dirs(job: JobConfig, model_dir: Path) -> dict[str, Any]:
-    """``model/hf/`` (and ``model/dense/`` on request) from the saved checkpoint, so what
-    they hold is exactly what the compact file holds; a model that cannot be exported so
-    says why (the compact checkpoint stands)."""
-    from engine.data import hf_tokenizer
-    from engine.export import load_compressed
-    from engine.export.hf_export import export_dense, export_hf
-
-    model, _ = load_compressed(model_dir)
-    tokenizer = Path(hf_tokenizer(job.data, job.model.config, "hf"))
-    out: dict[str, Any] = {}
-    try:
-        out["hf"] = export_hf(model, model_dir / "hf", tokenizer=tokenizer)
-    except ValueError as err:
-        out["hf"] = {"skipped": str(err)}
-    if model.config.export_dense:
-        out["dense"] = export_dense(model, model_dir / "dense", tokenizer=tokenizer)
-    return out
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -64,6 +64,14 @@ def test_every_family_compresses_from_the_directory_and_from_the_config(
     metrics = report["stages"][-1]["metrics"]
     assert set(metrics) >= {"loss", "accuracy", "perplexity"}
     assert report["hf_export"]["hf"]["tt_layers"] == len(report["ranks"])
+    deploy = report["hf_export"]["deploy"]
+    exported, original = deploy["exported"], deploy["original"]
+    assert original["kind"] == ("pretrained" if start == "dir" else "densified")
+    assert exported["parameters"] < original["parameters"]
+    # model/hf/ as transformers loads it scores what the trainer measured at the end
+    assert exported["metrics"]["perplexity"] == pytest.approx(metrics["perplexity"], rel=1e-4)
+    assert exported["throughput"]["batch"] == 32 and deploy["seq_len"] == 32
+    assert start == "config" or exported["file_bytes"] < original["file_bytes"]
     model, manifest = load_compressed(tmp_path / "out" / "model")
     assert manifest["arch"] == "hf" and manifest["model_config"]["path"] is None
     assert model.teacher is None  # a checkpoint rebuilds the architecture, not the original
