@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from engine.rank.size import layer_mode_sizes, model_size, tensorized_layers
 
-__all__ = ["PruneReport", "prune_plan", "prune_to_target_", "rank_floors"]
+__all__ = ["PruneReport", "one_rank_cost", "prune_plan", "prune_to_target_", "rank_floors"]
 
 
 @dataclass(frozen=True)
@@ -184,6 +184,22 @@ def rank_floors(model: nn.Module, fraction: float) -> dict[str, tuple[int, ...]]
         name: tuple(max(1, math.ceil(fraction * r)) for r in mod.active_ranks()[1:-1])
         for name, mod in tensorized_layers(model)
     }
+
+
+def one_rank_cost(model: nn.Module) -> int | None:
+    """The fewest core entries one kill removes: the least ``c_k`` over the bonds of live
+    layers whose active rank is above 1 (``None``: no such bond, nothing may be cut)."""
+    best: int | None = None
+    for _, mod in tensorized_layers(model):
+        ranks = list(mod.active_ranks())  # (r_0, ..., r_K)
+        if 0 in ranks:
+            continue
+        sizes = layer_mode_sizes(mod)
+        for b in range(len(ranks) - 2):
+            if ranks[b + 1] > 1:
+                cost = sizes[b] * ranks[b] + sizes[b + 1] * ranks[b + 2]
+                best = cost if best is None else min(best, cost)
+    return best
 
 
 def _layers(

@@ -9,7 +9,9 @@ file, a database or a queue unchanged:
 * ``ranks``: per-layer stored and active rank vectors, sizes and compression (the rank
   trajectory), emitted at stage boundaries and whenever ranks change;
 * ``checkpoint``: path, step, bytes, whether the job was interrupted (``partial``);
-* ``progress``: cheap, every step (global step, stage step, stage length when known).
+* ``progress``: cheap, every step (global step, stage step, stage length when known);
+* ``guard``: a verdict of the fidelity guard on a cut (step, sizes before and after, metric,
+  decision: ``accept``, ``back_off``, ``stop`` or ``restore``; :mod:`engine.train.prune_events`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class Callback:
     def on_ranks(self, event: Event) -> None: ...
     def on_checkpoint(self, event: Event) -> None: ...
     def on_progress(self, event: Event) -> None: ...
+    def on_guard(self, event: Event) -> None: ...
 
 
 class CallbackList(Callback):

@@ -1,20 +1,26 @@
-"""The fidelity guard of a pruning stage: never end below the stage start by more than a
-tolerance (``compression.max_metric_drop``, in metric points: 1.0 = one accuracy point).
+"""The fidelity guard of a pruning stage: cut, check, and back off from a cut that cost too much
+(``compression.max_metric_drop``, in metric points: 1.0 = one accuracy point).
 
-A late stage cuts ranks in steps. Before each cut, and at the stage's end, the trainer
+A late stage cuts ranks in steps. After each cut has had its recovery steps, the trainer
 evaluates; :meth:`FidelityGuard.check` compares the validation metric ``m`` with the one at
 the stage start ``m0``::
 
     within = 100 m >= 100 m0 - max_metric_drop
 
 Within tolerance, the model is the smallest one known to be good: :meth:`accept` keeps a copy
-of its parameters and optimizer state (the *snapshot*). Out of tolerance, :meth:`restore`
-puts the snapshot back and the stage stops there, reporting ``target_reached: false``. The
-first snapshot is the model at the stage start, so a stage never ends worse than it began by
-more than the tolerance.
+of its parameters, gates and optimizer state, and of the importance window the next cut ranks
+entries by (the *snapshot*). Out of tolerance, :meth:`restore` puts the last accepted
+snapshot back and the guard **backs off** (:meth:`back_off`): the next cut may remove at most
+half the entries of the failed one, and at least one rank (:attr:`cap`), and is judged only
+after one more prune interval of recovery steps than the failed one (:attr:`wait`, at most
+:data:`MAX_WAIT_FACTOR` intervals). An accepted cut resets the wait to one interval; the cap
+stays. The stage goes on until its target is reached or its step budget is spent; it stops
+only when the failed cut was a single rank (the smallest cut of any bond: nothing smaller is
+left to try). Every back-off and every retried cut's verdict is in :attr:`retries`.
 
 The snapshot lives in host memory and is written into every checkpoint (``guard/...``
-tensors), so a resumed run restores exactly what the uninterrupted one would.
+tensors), the rest of the state into its JSON, so a resumed run restores exactly what the
+uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -27,20 +33,28 @@ from torch import Tensor, nn
 
 from engine.train import checkpoint as ckpt
 
-__all__ = ["FidelityGuard", "POINTS"]
+__all__ = ["FidelityGuard", "POINTS", "MAX_WAIT_FACTOR"]
 
 POINTS = 100.0  # metric points per unit of the metric (accuracy 0.95 = 95 points)
+MAX_WAIT_FACTOR = 4  # a retried cut recovers for at most this many prune intervals
+_EXTRA = "extra/"  # snapshot keys of the caller's extra tensors (the importance window)
 
 
 class FidelityGuard:
-    """Reference, tolerance and the smallest good model of one stage."""
+    """Reference, tolerance, the smallest good model of one stage and the back-off state."""
 
-    def __init__(self, metric: str, max_drop: float) -> None:
+    def __init__(self, metric: str, max_drop: float, *, interval: int = 1) -> None:
         self.metric, self.max_drop = metric, float(max_drop)
+        self.interval = max(1, int(interval))  # steps between prune events
         self.reference: float | None = None  # m0: the metric at the stage start
         self.accepted: dict[str, Any] = {}  # step, size and metric of the snapshot
         self.snapshot: dict[str, Tensor] = {}
         self.snapshot_meta: dict[str, Any] = {}
+        self.cap: int | None = None  # most entries the next cut may remove (None: no limit)
+        self.wait = self.interval  # recovery steps before a cut is judged
+        self.pending: dict[str, Any] | None = None  # the cut on trial
+        self.retries: list[dict[str, Any]] = []  # every back-off and retried cut's verdict
+        self.restored_at: int | None = None  # global step of the last restore
 
     # -- decisions -------------------------------------------------------------------------
     def floor(self) -> float | None:
@@ -55,6 +69,100 @@ class FidelityGuard:
         value = metrics.get(self.metric)
         return low is None or value is None or value >= low - 1e-12
 
+    def due(self, stage_step: int) -> bool:
+        """Whether the cut on trial has had its recovery steps (no cut on trial: no)."""
+        return self.pending is not None and stage_step - self.pending["stage_step"] >= self.wait
+
+    def fresh(self, step: int) -> bool:
+        """Whether the model is the snapshot as of now (accepted or restored at ``step``)."""
+        return self.accepted.get("step") == step or self.restored_at == step
+
+    def limit(self, size: int, bound: float) -> float:
+        """The size the next cut may go down to: the bound, or less of a cut after a back-off."""
+        return bound if self.cap is None else max(bound, size - self.cap)
+
+    def cut_made(self, step: int, stage_step: int, size_before: int, size_after: int) -> None:
+        """A cut is on trial from now."""
+        self.pending = {
+            "step": step,
+            "stage_step": stage_step,
+            "size_before": size_before,
+            "size_after": size_after,
+            "wait": self.wait,
+            "retry": bool(self.retries),  # a cut after a back-off
+        }
+
+    def passed(self, step: int, size: int, metrics: Mapping[str, float]) -> None:
+        """The cut on trial was accepted (after :meth:`accept`): a retry's verdict is logged,
+        and the wait halves back towards one prune interval."""
+        pending, self.pending = self.pending, None
+        if pending is not None and pending["retry"]:
+            self.retries.append(self._entry(step, pending, size, metrics, "accept"))
+        self.wait = self.interval
+
+    def back_off(
+        self,
+        step: int,
+        size: int,
+        metrics: Mapping[str, float],
+        *,
+        one_rank: int | None,
+        final: bool,
+    ) -> dict[str, Any]:
+        """The model at ``size`` failed the check and the snapshot is back (after
+        :meth:`restore`): plan the retry (``back_off``), or give up (``stop``: the failed cut
+        removed no more than ``one_rank`` entries, the least one cut of the restored model
+        removes; ``final``: the stage's budget is spent, ``restore``). Returns the logged
+        entry."""
+        pending, self.pending = self.pending, None
+        trial = pending or {"size_before": self.accepted["size"], "size_after": size}
+        cap = (trial["size_before"] - trial["size_after"]) // 2  # half the failed cut
+        if final:
+            decision = "restore"
+        elif one_rank is None or max(cap, one_rank) >= trial["size_before"] - trial["size_after"]:
+            decision = "stop"  # the failed cut was one rank: nothing smaller to try
+        else:
+            decision = "back_off"
+            cap = max(cap, one_rank)  # a cut is at least one rank
+            self.cap = cap if self.cap is None else min(self.cap, cap)
+            self.wait = min(self.wait + self.interval, MAX_WAIT_FACTOR * self.interval)
+        entry = self._entry(step, trial, size, metrics, decision)
+        entry.update(
+            restored_step=self.accepted["step"],
+            restored_size=self.accepted["size"],
+            next_cut=self.cap if decision == "back_off" else None,
+            next_wait=self.wait if decision == "back_off" else None,
+            one_rank=one_rank,
+            reason=(
+                f"validation {self.metric} {entry['metric']:.4f} at size {size} fell below "
+                f"{entry['floor']:.4f} (stage start {self.reference:.4f} minus "
+                f"max_metric_drop {self.max_drop:g} points): restored the model "
+                f"of step {self.accepted['step']} at size {self.accepted['size']}"
+            ),
+        )
+        self.retries.append(entry)
+        self.restored_at = step
+        return entry
+
+    def _entry(
+        self,
+        step: int,
+        trial: Mapping[str, Any],
+        size: int,
+        metrics: Mapping[str, float],
+        decision: str,
+    ) -> dict[str, Any]:
+        return {
+            "step": step,
+            "cut_step": trial.get("step"),
+            "size_before": trial["size_before"],
+            "size_cut": trial.get("size_after"),
+            "size_after": size,
+            "metric": metrics.get(self.metric),
+            "floor": self.floor(),
+            "decision": decision,
+        }
+
     # -- snapshots ---------------------------------------------------------------------------
     def accept(
         self,
@@ -65,13 +173,16 @@ class FidelityGuard:
         step: int,
         size: int,
         metrics: Mapping[str, float],
+        extra: Mapping[str, Tensor] | None = None,
     ) -> None:
-        """Keep the current model and optimizer state as the smallest good model."""
+        """Keep the current model, optimizer state and ``extra`` tensors as the smallest good
+        model."""
         if self.reference is None:
             self.reference = metrics.get(self.metric)
         tensors = {f"model/{k}": v for k, v in model.state_dict().items()}
         opt_tensors, opt_meta = ckpt.optimizer_tensors(optimizer, names)
         tensors.update(opt_tensors)
+        tensors.update({f"{_EXTRA}{k}": v for k, v in (extra or {}).items()})
         self.snapshot = {k: v.detach().to("cpu", copy=True) for k, v in tensors.items()}
         self.snapshot_meta = opt_meta
         self.accepted = {"step": step, "size": size, "metric": metrics.get(self.metric)}
@@ -81,8 +192,9 @@ class FidelityGuard:
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         names: Mapping[nn.Parameter, str],
-    ) -> None:
-        """Put the snapshot back (parameters take their snapshot shapes)."""
+    ) -> dict[str, Tensor]:
+        """Put the snapshot back (parameters take their snapshot shapes); returns the extra
+        tensors given to :meth:`accept` (on the host)."""
         if not self.snapshot:
             raise RuntimeError("the fidelity guard has no snapshot to restore")
         for p in model.parameters():  # gradients of the cut shapes would outlive the restore
@@ -94,6 +206,7 @@ class FidelityGuard:
             for key, value in live.items():
                 if key != "params":
                     group[key] = value
+        return {k[len(_EXTRA) :]: v for k, v in self.snapshot.items() if k.startswith(_EXTRA)}
 
     # -- checkpoints -------------------------------------------------------------------------
     def tensors(self) -> dict[str, Tensor]:
@@ -106,14 +219,24 @@ class FidelityGuard:
             "reference": self.reference,
             "accepted": self.accepted,
             "snapshot_meta": self.snapshot_meta,
+            "interval": self.interval,
+            "cap": self.cap,
+            "wait": self.wait,
+            "pending": self.pending,
+            "retries": self.retries,
+            "restored_at": self.restored_at,
         }
 
     @classmethod
     def from_state(cls, data: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> FidelityGuard:
-        guard = cls(data["metric"], data["max_drop"])
+        guard = cls(data["metric"], data["max_drop"], interval=data.get("interval", 1))
         guard.reference = data["reference"]
         guard.accepted = dict(data["accepted"])
         guard.snapshot_meta = dict(data["snapshot_meta"])
+        guard.cap, guard.wait = data.get("cap"), data.get("wait", guard.interval)
+        guard.pending = data.get("pending")
+        guard.retries = [dict(r) for r in data.get("retries", [])]
+        guard.restored_at = data.get("restored_at")
         guard.snapshot = {
             k[len("guard/") :]: v for k, v in tensors.items() if k.startswith("guard/")
         }

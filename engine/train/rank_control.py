@@ -17,9 +17,11 @@ Per stage kind:
   may reach rank 0 (:func:`engine.rank.prune.prune_to_target_`). The cut entries are sliced
   away at once (:func:`engine.rank.shrink.shrink_model_`).
   With ``compression.max_metric_drop`` set and validation data, the
-  :class:`engine.train.guard.FidelityGuard` evaluates before each cut and at the end; a cut
-  that left the metric more than the tolerance below the stage start is undone (the smallest
-  model within tolerance is restored) and the stage stops: ``target_reached: false``.
+  :class:`engine.train.guard.FidelityGuard` judges each cut after its recovery steps and at
+  the end; a cut that left the metric more than the tolerance below the stage start is undone
+  (the last accepted model comes back, with its optimizer state and importance window) and
+  retried smaller after more recovery steps, until the target is reached, the budget is
+  spent (``target_reached: false``) or a cut would be smaller than one rank (the stage stops).
 * ``finetune``: ``J = L``.
 
 All of this state (window of importances, penalty weight, guard snapshot, prune events) is in
@@ -46,7 +48,7 @@ from engine.rank import (
 )
 from engine.rank.auto_gamma import AutoGamma
 from engine.rank.importance import GateImportance
-from engine.rank.prune import rank_floors
+from engine.rank.prune import one_rank_cost, rank_floors
 from engine.rank.schedule import EARLY_BEGIN, EARLY_END, LATE_BEGIN, LATE_END, size_bound
 from engine.train.config import StageConfig
 from engine.train.guard import FidelityGuard
@@ -114,19 +116,13 @@ class RankControl:
         self.importance = GateImportance(self.index) if cuts else None
         self.guard = None
         if stage.kind == "late" and self.max_metric_drop is not None:
-            self.guard = FidelityGuard(self.metric, self.max_metric_drop)
+            interval = self.shrink_every or max(1, self.info.get("total", 0) // EVENTS_PER_STAGE)
+            self.guard = FidelityGuard(self.metric, self.max_metric_drop, interval=interval)
 
     def start_guard(self, step: int, metrics: Mapping[str, float]) -> None:
         """The stage-start model is the first snapshot (``metrics``: evaluated at the start)."""
         if self.guard is not None and metrics.get(self.metric) is not None:
-            self.guard.accept(
-                self.model,
-                self.optimizer,
-                self.names,
-                step=step,
-                size=model_size(self.model),
-                metrics=metrics,
-            )
+            self._accept(step, model_size(self.model), metrics)
         elif self.guard is not None:
             self.guard = None  # no validation metric: nothing to guard with
             self.info["guard"] = "off: no validation data"
@@ -199,15 +195,24 @@ class RankControl:
             stage_step, self.info["total"], self.info["size0"], target, begin=begin, end=end
         )
 
+    def cut_planned(self, stage_step: int) -> bool:
+        """Whether :meth:`cut` at ``stage_step`` would cut (the size is above the bound)."""
+        bound = self.bound(stage_step)
+        return bound is not None and model_size(self.model) > bound
+
     def cut(self, stage_step: int, step: int, *, final: bool = False) -> dict[str, Any] | None:
-        """Late stage: cut to the bound (``final``: to ``S*``) by importance; the caller
-        shrinks afterwards."""
+        """Late stage: cut to the bound (``final``: to ``S*``) by importance, less after a
+        back-off of the guard; the caller shrinks afterwards."""
         bound = self.info.get("target") if final else self.bound(stage_step)
         size = model_size(self.model)
         if self.auto is not None and bound is not None:
             self.auto.pace(size, bound)
         if bound is None or size <= bound:
             return None
+        if self.guard is not None:
+            if self.importance is not None and int(self.importance.count) == 0:
+                return None  # restored to a model without importances yet: gather them first
+            bound = self.guard.limit(size, bound)
         scores = dict(
             zip([n for n, _ in tensorized_layers(self.model)], self._scores(), strict=True)
         )
@@ -221,6 +226,8 @@ class RankControl:
         event = {"step": step, "bound": int(bound), **report.to_dict()}
         self.info["events"].append(event)
         self.info["dirty"] = True
+        if self.guard is not None:
+            self.guard.cut_made(step, stage_step, report.size_before, report.size_after)
         return event
 
     def _scores(self) -> list[list[Tensor]]:
@@ -242,35 +249,72 @@ class RankControl:
     def guarded(self) -> bool:
         return self.guard is not None
 
-    def judge(self, step: int, metrics: Mapping[str, float], *, final: bool) -> bool:
-        """After an evaluation of the cut model: keep it (True) or restore the snapshot and
-        stop the stage (False)."""
+    def judge_due(self, stage_step: int) -> bool:
+        """Whether the last cut has had its recovery steps and is to be judged now."""
+        if self.guard is None or not self.dirty:
+            return False
+        return self.guard.pending is None or self.guard.due(stage_step)
+
+    def wants_snapshot(self, step: int) -> bool:
+        """Whether a cut is about to be made on a model that is not the snapshot (the
+        snapshot would then restore an older model than the one cut)."""
+        return self.guard is not None and not self.dirty and not self.guard.fresh(step)
+
+    def refresh(self, step: int, metrics: Mapping[str, float]) -> bool:
+        """Before a cut: accept the uncut model as the snapshot if it is within tolerance."""
         assert self.guard is not None
+        if not metrics or not self.guard.check(metrics):
+            return False
+        self._accept(step, model_size(self.model), metrics)
+        return True
+
+    def judge(self, step: int, metrics: Mapping[str, float], *, final: bool) -> str:
+        """After an evaluation of the cut model: keep it (``accept``), or restore the last
+        accepted model and retry smaller (``back_off``), end the stage there (``stop``: the
+        next cut would be smaller than one rank) or, at the stage's end, keep the restored
+        model (``restore``). The logged entry is the guard's last retry."""
+        guard = self.guard
+        assert guard is not None
         size = model_size(self.model)
         self.info["dirty"] = False
-        if self.guard.check(metrics):
-            self.guard.accept(
-                self.model, self.optimizer, self.names, step=step, size=size, metrics=metrics
-            )
-            return True
-        low = self.guard.floor()
-        value = metrics.get(self.metric)
-        self.guard.restore(self.model, self.optimizer, self.names)
+        if guard.check(metrics):
+            self._accept(step, size, metrics)
+            guard.passed(step, size, metrics)
+            return "accept"
+        window = guard.restore(self.model, self.optimizer, self.names)
         self.index.refresh()
         if self.importance is not None:
             self.importance.reset()
-        self.info["stopped"] = {
-            "step": step,
-            "final": final,
-            "reason": (
-                f"validation {self.metric} {value:.4f} at size {size} fell below "
-                f"{low:.4f} (stage start {self.guard.reference:.4f} minus "
-                f"max_metric_drop {self.guard.max_drop:g} points): restored the model "
-                f"of step {self.guard.accepted['step']} at size "
-                f"{self.guard.accepted['size']}"
-            ),
-        }
-        return False
+            if window:
+                n = len("importance/")
+                self.importance.load({k[n:]: v for k, v in window.items()})
+        entry = guard.back_off(step, size, metrics, one_rank=one_rank_cost(self.model), final=final)
+        if entry["decision"] == "stop":
+            self.info["stopped"] = {
+                "step": step,
+                "final": final,
+                "reason": f"{entry['reason']}; a smaller cut would be less than one rank "
+                f"({entry['one_rank']} entries)",
+            }
+        return entry["decision"]
+
+    def _accept(self, step: int, size: int, metrics: Mapping[str, float]) -> None:
+        assert self.guard is not None
+        self.guard.accept(
+            self.model,
+            self.optimizer,
+            self.names,
+            step=step,
+            size=size,
+            metrics=metrics,
+            extra=self._window(),
+        )
+
+    def _window(self) -> dict[str, Tensor]:
+        """The importance window (the snapshot keeps it: a retry ranks entries the same)."""
+        if self.importance is None:
+            return {}
+        return {f"importance/{k}": v for k, v in self.importance.state().items()}
 
     def outcome(self, size_end: int | None) -> dict[str, Any]:
         """What the stage reached: target, sizes, prune events, guard (stage report fields)."""
@@ -281,18 +325,28 @@ class RankControl:
             out["ratio_reached"] = size_end / self.info["size0"] if self.info["size0"] else None
         if self.info.get("events"):
             out["prune_events"] = self.info["events"]
+        retries = self.guard.retries if self.guard is not None else []
+        backs = [r for r in retries if r["decision"] != "accept"]
         if self.info.get("stopped"):
             out["stopped"] = self.info["stopped"]
             out["reason"] = self.info["stopped"]["reason"]
         elif target is not None and size_end is not None and size_end > target:
             out["reason"] = "the stage ended above its size target"
+            if backs:
+                out["reason"] += (
+                    f": the step budget ran out after {len(backs)} back-off(s) of the "
+                    f"fidelity guard; the last: {backs[-1]['reason']}"
+                )
         if self.guard is not None:
             out["guard"] = {
                 "metric": self.metric,
                 "max_metric_drop": self.max_metric_drop,
                 "reference": self.guard.reference,
                 "accepted": self.guard.accepted,
+                "back_offs": len(backs),
             }
+            if retries:
+                out["retries"] = retries
         elif "guard" in self.info:
             out["guard"] = self.info["guard"]
         if self.auto is not None:

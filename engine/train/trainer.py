@@ -16,8 +16,9 @@ graph and replays it (:mod:`engine.train.cuda_graphs`), captured again after eve
 at every stage switch.
 
 Every ``compression.shrink_every`` steps the dead ranks are sliced out of the cores and the
-Adam moments. Late stages cut towards their size target gradually, under the fidelity guard,
-and early stages with ``gamma: "auto"`` pace their penalty (:mod:`engine.train.rank_control`).
+Adam moments. Late stages cut towards their size target gradually, under the fidelity guard
+(:mod:`engine.train.prune_events`), and early stages with ``gamma: "auto"`` pace their penalty
+(:mod:`engine.train.rank_control`).
 Side effects go through callbacks; ``should_stop`` is polled between steps (cooperative
 cancellation: the trainer writes a checkpoint and returns ``"cancelled"``). Checkpoints hold
 the whole state, so ``Trainer(..., resume=path).run()`` continues bitwise as if never
@@ -36,16 +37,17 @@ import torch
 from torch import Tensor, nn
 
 from engine.nn.dropout import mask_stream
-from engine.rank import compression_summary, model_size, rank_snapshot
+from engine.rank import model_size
 from engine.train import distributed as ddp
 from engine.train import persist
 from engine.train.callbacks import Callback, CallbackList
 from engine.train.config import ConfigError, StageConfig
-from engine.train.evaluation import evaluate
 from engine.train.execution import StepExecution
 from engine.train.job import JobConfig
+from engine.train.observe import emit_ranks, evaluate_stage
 from engine.train.optim import set_stage_lrs
 from engine.train.parts import build_parts, check_distributed
+from engine.train.prune_events import end_cuts, rank_event
 from engine.train.report import job_report
 from engine.train.state import TrainState
 
@@ -182,20 +184,7 @@ class Trainer:
 
     def _end_stage(self, index: int, stage: StageConfig) -> None:
         s, control = self.state, self.control
-        final_cut = None
-        if (
-            control is not None
-            and stage.kind == "late"
-            and not s.stage_stopped
-            and model_size(self.model) > (s.size_ref or 0)
-        ):
-            final_cut = control.cut(s.stage_total or 0, s.global_step, final=True)
-            self._shrink()
-        metrics = self._evaluate(stage)
-        if control is not None and control.guarded() and not s.stage_stopped and metrics:
-            if not control.judge(s.global_step, metrics, final=True):
-                self._restored()
-                metrics = self._evaluate(stage)
+        final_cut, metrics = end_cuts(self, stage)
         size_end = model_size(self.model) if control is not None else None
         report = {
             "stage": index,
@@ -284,21 +273,6 @@ class Trainer:
         self.window, self.state.window_steps, self._window_t0 = {}, 0, time.perf_counter()
 
     # -- rank events --------------------------------------------------------------------------
-    def _rank_event(self, index: int, stage: StageConfig) -> None:
-        """Guard (late), cut to the size bound and shrink at a prune event."""
-        s, control = self.state, self.control
-        assert control is not None
-        self._sync_gates()
-        if control.guarded() and control.dirty:
-            metrics = self._evaluate(stage)
-            if metrics and not control.judge(s.global_step, metrics, final=False):
-                self._restored()
-                s.stage_stopped = True
-                return
-        if control.cut(s.stage_step, s.global_step) is not None:
-            self._shrink()
-            self._emit_ranks(index)
-
     def _restored(self) -> None:
         """The guard put a snapshot back: new parameter storage, capture and wrap again."""
         self.execution.invalidate(optimizer_loaded=True)
@@ -320,49 +294,10 @@ class Trainer:
 
     # -- evaluation, ranks ----------------------------------------------------------------------
     def _evaluate(self, stage: StageConfig) -> dict[str, float]:
-        if self.data.valid is None:
-            return {}
-        metrics, self._label_counts = evaluate(
-            self.model,
-            self.workload,
-            self.data.valid.batches(0),
-            device=self.device,
-            forward_context=self.execution.forward,
-            limit=self.job.training.eval_batches,
-        )
-        self.state.last_eval = metrics
-        event = {
-            "event": "eval",
-            "step": self.state.global_step,
-            "stage": self.state.stage,
-            "kind": stage.kind,
-            **{f"valid_{k}": v for k, v in metrics.items()},
-        }
-        if self.control is not None:
-            event.update(
-                size=model_size(self.model),
-                ratio=compression_summary(self.model)["tensorized_ratio"],
-            )
-        self.events.emit(event)
-        return metrics
+        return evaluate_stage(self, stage)
 
     def _emit_ranks(self, index: int, *, force: bool = False) -> None:
-        if self.control is None:
-            return
-        snap = rank_snapshot(self.model)
-        active = {name: list(layer["active_ranks"]) for name, layer in snap.items()}
-        if not force and active == self.state.last_ranks:
-            return
-        self.state.last_ranks = active
-        self.events.emit(
-            {
-                "event": "ranks",
-                "step": self.state.global_step,
-                "stage": index,
-                "layers": snap,
-                "totals": compression_summary(self.model),
-            }
-        )
+        emit_ranks(self, index, force=force)
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> TrainResult:
@@ -393,7 +328,7 @@ class Trainer:
                     s.global_step + 1,
                 )
                 if self.control is not None and self.control.event_due(s.stage_step, s.global_step):
-                    self._rank_event(index, stage)
+                    rank_event(self, index, stage)
                 if self.control is not None and shrink_every and s.global_step % shrink_every == 0:
                     self._shrink()
                     self._emit_ranks(index)
