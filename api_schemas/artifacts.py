@@ -118,6 +118,41 @@ class FidelityReport(BaseModel):
     measured_on: str = "export"  # the exported file, reloaded
 
 
+class DeployMeasure(BaseModel):
+    """One forward pass of a batch at the table's ``seq_len`` tokens."""
+
+    batch: int
+    latency_ms: float  # median of the measured forwards
+    tokens_per_second: float
+    peak_bytes: int  # CUDA: the allocator's peak; CPU: live tensor storages (a lower bound)
+
+
+class DeployRow(BaseModel):
+    """One model of the deployment table."""
+
+    model_config = ConfigDict(extra="allow")
+
+    metrics: dict[str, float]  # on the validation split (perplexity, accuracy or cosine)
+    parameters: int
+    file_bytes: int | None = None  # its model.safetensors, when there is one
+    batch_1: DeployMeasure
+    throughput: DeployMeasure
+    kind: str | None = None  # original only: "pretrained" or "densified"
+
+
+class DeployReport(BaseModel):
+    """``hf`` jobs: the exported ``model/hf/`` (as transformers loads it) beside the original,
+    measured on the worker's device; ``ratios`` are original / exported (above 1: the
+    exported model is smaller, faster or lighter)."""
+
+    seq_len: int
+    device: str
+    threads: int | None = None
+    exported: DeployRow
+    original: DeployRow
+    ratios: dict[str, float]
+
+
 class BaselineReport(BaseModel):
     """The newest SUCCEEDED dense job of the same tenant and the same spec (the model, the
     dataset, the training settings but ``log_every``, and the schedule's total steps and
@@ -169,6 +204,7 @@ class CompressionReport(BaseModel):
     engine_version: str | None = None
     spec_hash: str
     fidelity: FidelityReport | None = None  # hf_bert: agreement with the original model
+    deploy: DeployReport | None = None  # hf: model/hf/ beside the original, as deployed
     # the last size target: target_reached, size_target, size_end, ratio_reached (size_end /
     # size at that stage's start) and, when not reached, reason (e.g. the fidelity guard)
     target: dict[str, Any] | None = None

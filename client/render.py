@@ -232,7 +232,57 @@ def report_tables(report: CompressionReport) -> Group:
     if report.baseline is None:
         totals.add_row("dense baseline", "none (no SUCCEEDED dense job of the same spec)")
     base = baseline_table(report)
-    return Group(layers, totals, *([base] if base is not None else []))
+    deploy = deploy_table(report)
+    extra = [t for t in (deploy, base) if t is not None]
+    return Group(layers, totals, *extra)
+
+
+def deploy_table(report: CompressionReport) -> Table | None:
+    """``hf`` jobs: the exported model beside the original, as a deployer compares them."""
+    d = report.deploy
+    if d is None:
+        return None
+    t = Table(
+        "",
+        "exported (model/hf/)",
+        f"original ({d.original.kind or 'dense'})",
+        "original / exported",
+        title=f"deployment on {d.device}, {d.seq_len} tokens a sequence",
+    )
+    names = sorted(set(d.exported.metrics) | set(d.original.metrics))
+    for name in names:
+        t.add_row(
+            name, _value(d.exported.metrics.get(name)), _value(d.original.metrics.get(name)), ""
+        )
+    t.add_row(
+        "parameters",
+        f"{d.exported.parameters:,}",
+        f"{d.original.parameters:,}",
+        fmt_ratio(d.ratios.get("parameters")),
+    )
+    t.add_row(
+        "file bytes",
+        f"{d.exported.file_bytes:,}" if d.exported.file_bytes else "-",
+        f"{d.original.file_bytes:,}" if d.original.file_bytes else "-",
+        fmt_ratio(d.ratios.get("file_bytes")),
+    )
+    for key in ("batch_1", "throughput"):
+        e, o = getattr(d.exported, key), getattr(d.original, key)
+        ratio = d.ratios.get("speedup_batch_1" if key == "batch_1" else "speedup_throughput")
+        t.add_row(
+            f"latency, batch {e.batch}",
+            f"{e.latency_ms:.2f} ms",
+            f"{o.latency_ms:.2f} ms",
+            fmt_ratio(ratio),
+        )
+        mem = d.ratios.get("memory_throughput") if key == "throughput" else None
+        t.add_row(
+            f"peak memory, batch {e.batch}",
+            f"{e.peak_bytes / 2**20:.1f} MiB",
+            f"{o.peak_bytes / 2**20:.1f} MiB",
+            fmt_ratio(mem) if mem is not None else "",
+        )
+    return t
 
 
 def plan_table(plan: ValidationReport) -> Group:

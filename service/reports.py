@@ -21,7 +21,7 @@ from fastapi import HTTPException
 from sqlalchemy.orm import Session
 
 from api_schemas import CheckpointFile, CheckpointManifestPublic, CompressionReport, LayerReport
-from api_schemas.artifacts import BaselineReport, FidelityReport
+from api_schemas.artifacts import BaselineReport, DeployReport, FidelityReport
 from service.baseline import find_baseline, metric_deltas
 from service.downloads import checkpoint_file
 from service.store.db.crud.checkpoints import newest_export, stage_events
@@ -75,6 +75,12 @@ def _fidelity(manifest: dict[str, Any]) -> FidelityReport | None:
     return FidelityReport.model_validate(found) if isinstance(found, dict) else None
 
 
+def _deploy(manifest: dict[str, Any]) -> DeployReport | None:
+    """``hf`` jobs: the deployment table the worker measured (``report.hf_export.deploy``)."""
+    found = ((manifest.get("report") or {}).get("hf_export") or {}).get("deploy")
+    return DeployReport.model_validate(found) if isinstance(found, dict) else None
+
+
 def _baseline(
     session: Session, settings: Settings, job: Job, metrics: dict[str, float]
 ) -> BaselineReport | None:
@@ -119,6 +125,7 @@ def compression_report(*, session: Session, settings: Settings, job: Job) -> Com
         engine_version=manifest.get("engine_version") or job.engine_version,
         spec_hash=job.spec_hash,
         fidelity=_fidelity(manifest),
+        deploy=_deploy(manifest),
         baseline=_baseline(session, settings, job, metrics),
         execution=(manifest.get("extra") or {}).get("execution"),
         target=(manifest.get("extra") or {}).get("target"),
