@@ -1,4 +1,5 @@
-"""The ``hf`` workload: Hugging Face models on transformers' own modeling classes.
+"""The ``hf`` workload: Hugging Face models on transformers' own modeling classes
+(docs/hf-models.md#families).
 
 Leaf modules first; each imports only the ones above it:
 
