@@ -310,11 +310,18 @@ class StageSpec(StrictModel):
     loss_ref: float | None = Field(default=None, gt=0, le=1e6)
     loss_weight: float = Field(default=0.1, ge=0, le=1000)
     eval_every: StrictInt | None = Field(default=None, ge=1, le=MAX_STEPS)
+    # late and finetune stages: weight of the distillation from the model at the start of the
+    # last late stage (null: on for classifiers while max_metric_drop is set; 0: off) and its
+    # temperature
+    teacher_weight: float | None = Field(default=None, ge=0, le=1000)
+    teacher_temperature: float = Field(default=2.0, gt=0, le=100)
 
     @model_validator(mode="after")
     def _length(self) -> StageSpec:
         if (self.epochs is None) == (self.steps is None):
             raise ValueError("give exactly one of epochs and steps")
+        if self.kind == "early" and self.teacher_weight:
+            raise ValueError("teacher_weight is for 'late' and 'finetune' stages")
         return self
 
     @field_validator("loss_ref")

@@ -4,11 +4,15 @@ real sizes of its data (:mod:`worker.data_facts`).
 Three parts, in bytes:
 
 * **model**: every trainable parameter costs 16 (fp32 weight, gradient and two Adam moments),
-  every frozen one 4 (the teacher of a distilled model);
+  every frozen one 4 (the teacher of a distilled model); a job whose late or finetune stages
+  distil from the stage-start model (:mod:`engine.train.teacher`) holds a frozen copy of the
+  model, 4 bytes per parameter (an upper bound: ranks only fall before a late stage);
 * **activations**: 2 x 4 bytes x tokens per batch x the summed output widths of every linear
   and embedding layer (the output and one same-size intermediate kept for backward), plus for
   attention models 2 x 4 bytes x batch x heads x seq^2 x layers (scores and probabilities);
   tokens per batch are ``batch_size x seq_len`` for sequence models, ``batch_size`` otherwise;
+  the stage-start teacher's forward runs without a graph and adds its widest layer's input
+  and output (and one layer's attention scores);
 * **data**: what the loader holds (generated data sets whole, a file's shuffle buffer, a
   compressed Fortran-ordered array read whole, a tokenizer's word counts), from the facts.
 
@@ -31,11 +35,13 @@ from typing import Any
 
 from torch import nn
 
+from engine.models.registry import get_workload
 from engine.nn.tt_linear import TTLinear
 from engine.nn.ttm_embedding import TTMEmbedding
 from engine.train.job import JobConfig
+from engine.train.teacher import teacher_weight
 
-__all__ = ["SEQUENCE_ARCHS", "MemoryEstimate", "estimate_memory", "processes"]
+__all__ = ["SEQUENCE_ARCHS", "MemoryEstimate", "estimate_memory", "has_teacher", "processes"]
 
 SEQUENCE_ARCHS = ("transformer", "mlm", "hf_bert")
 
@@ -65,21 +71,34 @@ def processes(cfg: JobConfig) -> int:
     return cfg.training.devices * cfg.training.nodes
 
 
+def has_teacher(cfg: JobConfig) -> bool:
+    """Whether a stage of the job distils from the stage-start model."""
+    workload, guard_on = get_workload(cfg.model.arch), cfg.compression.max_metric_drop is not None
+    return cfg.tensorized and any(
+        s.kind == "late" and teacher_weight(s, workload, guard_on) > 0 for s in cfg.schedule
+    )
+
+
 def _activation_bytes(model: nn.Module, cfg: JobConfig, model_config: Any) -> int:
     batch, seq = cfg.training.batch_size // processes(cfg), 1  # one process's rows
     if cfg.model.arch in SEQUENCE_ARCHS:
         seq = min(cfg.data.max_len, getattr(model_config, "max_len", cfg.data.max_len))
-    widths = 0
+    widths, widest = 0, 0
     for m in model.modules():
+        width = 0
         if isinstance(m, nn.Linear | TTLinear):
-            widths += m.out_features
+            width = m.out_features
         elif isinstance(m, nn.Embedding | TTMEmbedding):
-            widths += m.embedding_dim
+            width = m.embedding_dim
+        widths, widest = widths + width, max(widest, width)
     out = 2 * 4 * batch * seq * widths
+    heads = layers = 0
     if cfg.model.arch in SEQUENCE_ARCHS:
         heads = getattr(model_config, "n_heads", 0) or 0
         layers = getattr(model_config, "n_layers", 0) or 0
         out += 2 * 4 * batch * heads * seq * seq * layers
+    if has_teacher(cfg):  # no graph: one layer's input and output, one layer's scores
+        out += 2 * 4 * batch * seq * widest + 4 * batch * heads * seq * seq
     return out
 
 
@@ -90,6 +109,8 @@ def estimate_memory(
     process of a data-parallel job (module doc)."""
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    if has_teacher(cfg):  # the stage-start teacher: a frozen copy of the whole model
+        frozen += sum(p.numel() for p in model.parameters())
     world = processes(cfg)
     buckets = 4 * trainable if world > 1 else 0  # DDP's gradient buckets
     return MemoryEstimate(

@@ -19,6 +19,10 @@ Stages run in order. Each has a kind and a length (``epochs`` or ``steps``, not 
 * ``finetune``: task loss only, gates frozen, so S cannot grow back (the fine-tune after
   pruning). Allowed for every method.
 
+Late stages, and finetune stages after one, add ``teacher_weight`` x the distillation loss
+from the model at the start of the last late stage (``teacher_temperature``;
+:mod:`engine.train.teacher`).
+
 Every field states its bounds (:func:`engine.configs.spec`); they are the service's wire
 bounds as well (a test checks that the two agree). Every validation error names the field it
 is about as a JSON path (``schedule[1].kind``).
@@ -60,6 +64,8 @@ CUDA_GRAPH_MODES = ("auto", "on", "off")
 MAX_STEPS = 1_000_000
 MAX_EPOCHS = 1_000
 MAX_GAMMA = 1000.0
+MAX_TEACHER_WEIGHT = 1000.0
+MAX_TEMPERATURE = 100.0
 MAX_DEVICES = 64  # processes per node
 MAX_NODES = 256
 
@@ -96,6 +102,11 @@ class StageConfig(ConfigMethods):
     loss_weight: float = spec(0.1, ge=0, le=1000)
     eval_every: int | None = spec(None, ge=1, le=MAX_STEPS)  # steps; None: only at the end
     name: str | None = spec(None, length=(1, 128))
+    # late and finetune stages: distillation from the model at the start of the last late
+    # stage (engine.train.teacher); None: the default (on for workloads with classifier
+    # logits while the fidelity guard is on), 0: off
+    teacher_weight: float | None = spec(None, ge=0, le=MAX_TEACHER_WEIGHT)
+    teacher_temperature: float = spec(2.0, gt=0, le=MAX_TEMPERATURE)
 
     def __post_init__(self) -> None:
         validate(self)
@@ -116,6 +127,12 @@ class StageConfig(ConfigMethods):
             raise ConfigError("target_ratio", "only applies to 'late' and 'early' stages")
         if kind != "late" and self.loss_ref is not None:
             raise ConfigError("loss_ref", f"only applies to 'late' stages, not {kind!r}")
+        if kind == "early" and self.teacher_weight:
+            raise ConfigError(
+                "teacher_weight",
+                "only applies to 'late' and 'finetune' stages (the teacher is the model at "
+                "the start of the last late stage)",
+            )
 
     @classmethod
     def from_dict(cls, data: object, path: str) -> StageConfig:

@@ -1,8 +1,9 @@
 """Writing and reading a trainer's checkpoints (the file format is :mod:`engine.train.checkpoint`).
 
 :func:`save` gathers everything exact resume needs: the model, the optimizer, the RNG states,
-the logging window, the rank control's state (importance window, auto gamma, guard snapshot)
-and the trainer's position. In a data-parallel run every rank takes part (the RNG states of
+the logging window, the rank control's state (importance window, auto gamma, guard snapshot
+and back-off), the stage-start teacher (:mod:`engine.train.teacher`) and the trainer's
+position. In a data-parallel run every rank takes part (the RNG states of
 all ranks are gathered) but only rank 0 writes; the others wait at a barrier until the file
 exists. :func:`resume_` restores all of it; a run at the world size of the checkpoint takes
 back its own RNG state (bitwise resume), one at another world size rank 0's.
@@ -20,6 +21,7 @@ from engine.train import checkpoint as ckpt
 from engine.train.distributed import gather_rng
 from engine.train.resume import check_compatible
 from engine.train.state import TrainState
+from engine.train.teacher import StageTeacher, teacher_output
 from engine.version import __version__
 
 if TYPE_CHECKING:
@@ -46,6 +48,8 @@ def save(trainer: Trainer, *, partial: bool = False, final: bool = False) -> Pat
         if t.control is not None:
             tensors.update(t.control.tensors())
             t.state.control = t.control.to_dict()
+        if t.teacher is not None:
+            tensors.update(t.teacher.tensors())
         meta = {
             "engine_version": __version__,
             "job": t.job.to_dict(),
@@ -95,3 +99,5 @@ def resume_(trainer: Trainer, path: Path) -> None:
     if t.control is not None:
         stage = t.job.schedule[state.stage] if state.stage_started else None
         t.control.load(stage, state.control, tensors)
+    out = teacher_output(t.workload)
+    t.teacher = None if out is None else StageTeacher.from_tensors(t.model, out, tensors)

@@ -22,13 +22,17 @@ __all__ = ["check_compatible"]
 _HOW_NOT_WHAT = ("fast_path", "cuda_graph", "devices", "nodes")
 
 
-def _comparable(job: dict[str, Any]) -> dict[str, Any]:
-    """``job`` with defaults filled in (an older checkpoint lacks newer fields), without
-    ``name``, ``schedule`` and the fields of :data:`_HOW_NOT_WHAT`."""
+def _filled(job: dict[str, Any]) -> dict[str, Any]:
+    """``job`` with defaults filled in (an older checkpoint lacks newer fields)."""
     try:
-        job = JobConfig.from_dict(job).to_dict()
+        return JobConfig.from_dict(job).to_dict()
     except ValueError:
-        pass  # compared as saved: it differs from any valid config
+        return job  # compared as saved: it differs from any valid config
+
+
+def _comparable(job: dict[str, Any]) -> dict[str, Any]:
+    """``job`` (defaults filled in) without ``name``, ``schedule`` and the fields of
+    :data:`_HOW_NOT_WHAT`."""
     out = {k: v for k, v in job.items() if k not in ("name", "schedule")}
     if isinstance(out.get("training"), dict):
         out["training"] = {k: v for k, v in out["training"].items() if k not in _HOW_NOT_WHAT}
@@ -42,6 +46,7 @@ def check_compatible(
     not yet begun (so one early stage can branch into several late-stage schedules) and how
     steps run (``training.fast_path``, ``training.cuda_graph``)."""
     begun = state.stage + (1 if state.stage_started else 0)
+    saved, job = _filled(saved), _filled(job)  # stages of an older checkpoint lack new fields
     same = _comparable(saved) == _comparable(job)
     if not same or saved["schedule"][:begun] != job["schedule"][:begun]:
         raise ValueError(

@@ -17,7 +17,8 @@ at every stage switch.
 
 Every ``compression.shrink_every`` steps the dead ranks are sliced out of the cores and the
 Adam moments. Late stages cut towards their size target gradually, under the fidelity guard
-(:mod:`engine.train.prune_events`), and early stages with ``gamma: "auto"`` pace their penalty
+(:mod:`engine.train.prune_events`), distilled from the model at their start
+(:mod:`engine.train.teacher`), and early stages with ``gamma: "auto"`` pace their penalty
 (:mod:`engine.train.rank_control`).
 Side effects go through callbacks; ``should_stop`` is polled between steps (cooperative
 cancellation: the trainer writes a checkpoint and returns ``"cancelled"``). Checkpoints hold
@@ -27,6 +28,7 @@ interrupted (CPU, float32).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -47,9 +49,11 @@ from engine.train.job import JobConfig
 from engine.train.observe import emit_ranks, evaluate_stage
 from engine.train.optim import set_stage_lrs
 from engine.train.parts import build_parts, check_distributed
+from engine.train.precision import autocast
 from engine.train.prune_events import end_cuts, rank_event
 from engine.train.report import job_report
 from engine.train.state import TrainState
+from engine.train.teacher import StageTeacher, stage_teacher, teacher_output, teacher_weight
 
 __all__ = ["Trainer", "TrainResult"]
 
@@ -98,6 +102,7 @@ class Trainer:
         self._label_counts: Tensor | None = None
         self._rows: tuple[int, int, int] | None = None  # (start, stop, global batch rows)
         self.checkpoints: list[Path] = []
+        self.teacher: StageTeacher | None = None  # the model at the last late stage's start
         self.parallel = (
             None if self.dist is None else ddp.DataParallel(self.dist, self.model, self.workload)
         )
@@ -142,6 +147,8 @@ class Trainer:
         self.execution.invalidate()  # the objective's constants change with the stage
         s.stage_epoch0, s.stage_stopped = s.epoch, False
         s.stage_size0 = model_size(self.model) if self.control is not None else None
+        out = teacher_output(self.workload)
+        self.teacher = stage_teacher(self.teacher, self.model, stage, self._distill(stage), out)
         s.size_ref = s.loss_ref = None
         s.stage_total = self._stage_length(stage)
         needs_total = stage.lr_schedule == "cosine" or (
@@ -220,15 +227,25 @@ class Trainer:
 
     def _compute(self, stage: StageConfig, batch: Mapping[str, Tensor]) -> dict[str, Tensor]:
         """One whole step (forward, objective, backward, clip, optimizer); detached sums."""
+        weight = self._distill(stage)
+        teacher = self.teacher if weight > 0 else None
+        watch = teacher.watch(self.model) if teacher is not None else contextlib.nullcontext()
         rows = self._rows  # this process's rows of the global batch: its dropout masks' slice
         with (
             self.execution.forward(),
+            watch as seen,
             mask_stream(self.job.training.seed, self.state.global_step, rows),
         ):
             loss, sums, switch = self._loss(batch)
         objective, extra = loss, {}
+        if teacher is not None:  # L' = L + w T^2 KL; the late switch still compares L with L*
+            with autocast(self.device, self.job.training.precision):
+                kd = teacher.loss(seen, stage.teacher_temperature)  # ()
+            objective, switch = loss + weight * kd, loss if switch is None else switch
+            extra["distill"] = kd.detach()
         if self.control is not None:
-            objective, extra = self.control.objective(loss, self.state, switch_loss=switch)
+            objective, more = self.control.objective(objective, self.state, switch_loss=switch)
+            extra.update(more)
         self.optimizer.zero_grad(set_to_none=True)
         objective.backward()
         if self.control is not None:
@@ -264,7 +281,7 @@ class Trainer:
             "seconds_per_step": (time.perf_counter() - self._window_t0) / n,
             **{f"train_{k}": v for k, v in metrics.items()},
         }
-        for key in ("penalty", "lambda", "gamma"):
+        for key in ("penalty", "lambda", "gamma", "distill"):
             if key in w:
                 event[key] = w[key] / n
         if self.control is not None:
@@ -273,6 +290,11 @@ class Trainer:
         self.window, self.state.window_steps, self._window_t0 = {}, 0, time.perf_counter()
 
     # -- rank events --------------------------------------------------------------------------
+    def _distill(self, stage: StageConfig) -> float:
+        """The stage's distillation weight (0: no teacher; :mod:`engine.train.teacher`)."""
+        guard_on = self.job.compression.max_metric_drop is not None
+        return teacher_weight(stage, self.workload, guard_on)
+
     def _restored(self) -> None:
         """The guard put a snapshot back: new parameter storage, capture and wrap again."""
         self.execution.invalidate(optimizer_loaded=True)

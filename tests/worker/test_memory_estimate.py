@@ -50,3 +50,23 @@ def test_the_capacity_is_checked_per_process():
         plan_job(_job(devices=2), capacity_bytes=need - 1)
     assert "each of the job's 2 processes needs" in err.value.message
     assert "a worker offers each process" in err.value.message
+
+
+def test_the_stage_start_teacher_is_counted():
+    """A late stage distils from a frozen copy of the model at its start
+    (``engine.train.teacher``): 4 bytes per parameter and its forward's widest layer."""
+    job = _job()
+    job["schedule"] = [
+        {"kind": "early", "steps": 10},
+        {"kind": "late", "steps": 10, "target_ratio": 0.5},
+        {"kind": "finetune", "steps": 5},
+    ]
+    off = copy.deepcopy(job)
+    off["schedule"][1]["teacher_weight"] = off["schedule"][2]["teacher_weight"] = 0
+    with_teacher, without = plan_job(job)["memory"], plan_job(off)["memory"]
+    params = without["model_bytes"] // 16  # no frozen parameters in an MLP
+    assert with_teacher["model_bytes"] == without["model_bytes"] + 4 * params
+    assert with_teacher["activation_bytes"] == without["activation_bytes"] + 2 * 4 * 64 * 256
+    unguarded = copy.deepcopy(job)  # the guard off: no teacher unless asked for
+    unguarded["compression"]["max_metric_drop"] = None
+    assert plan_job(unguarded)["memory"] == without
