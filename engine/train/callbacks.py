@@ -44,9 +44,13 @@ class CallbackList(Callback):
         self.callbacks = list(callbacks)
 
     def emit(self, event: Event) -> None:
+        """``cb.on_<event>(event)`` for every callback that has the handler (a callback that
+        does not subclass :class:`Callback` need not know every kind of event)."""
         name = f"on_{event['event']}"
         for cb in self.callbacks:
-            getattr(cb, name)(event)
+            handler = getattr(cb, name, None)
+            if handler is not None:
+                handler(event)
 
 
 class FunctionCallback(Callback):
