@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from engine.configs import ConfigError, parse
 from engine.models.dlrm import DLRMConfig, build_dlrm
 from engine.models.hf import HFConfig, build_hf, hf_loss
+from engine.models.hf.prepare import prepare_hf_
 from engine.models.hf_bert import (
     HFBertConfig,
     attach_teacher_embeddings_,
@@ -445,6 +446,10 @@ class HFWorkload(Workload):
     def forward_loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> StepOutput:
         loss, sums = hf_loss(model, batch)  # type: ignore[arg-type]
         return StepOutput(loss, sums)
+
+    def prepare(self, model, batches, *, device):
+        """``init="whitened"`` (pretrained): activation-aware TT-SVD on training sentences."""
+        return prepare_hf_(model, batches, device=device)
 
     def guard_metric_of(self, config: Any) -> str:
         task = self._config(config).task

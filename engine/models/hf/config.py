@@ -5,7 +5,9 @@ Two starts (exactly one of ``path`` / ``hf_config``):
 * ``path``: a directory holding ``config.json`` and ``model.safetensors`` (a tokenizer
   beside them, ``tokenizer.json``, unless ``data.tokenizer`` names one), or
   ``pkg:<package>/<sub/dir>`` inside an installed Python package. The weights are the
-  original's: the student starts from their TT-SVD and distils from the frozen original.
+  original's: the student starts from their TT-SVD (refitted to the original's outputs on
+  ``calibration_sentences`` training sentences with ``init: "whitened"``, the default; see
+  :mod:`engine.models.hf.prepare`) and distils from the frozen original.
   Only safetensors weights are ever read; pickles and the directory's own code never are.
 * ``hf_config``: the contents of a ``config.json`` (``model_type`` one of
   :data:`~engine.models.hf.families.FAMILIES`): random TT cores trained from scratch, the
@@ -144,6 +146,9 @@ class HFConfig(ConfigMethods):
     distill_weight: float = spec(1.0, ge=0, le=1e6)
     temperature: float = spec(2.0, gt=0, le=100)
     export_dense: bool = False  # also write model/dense/: the TT layers multiplied out
+    # pretrained start: "whitened" (activation-aware TT-SVD, engine/models/hf/prepare.py)
+    init: str = spec("whitened", choices=("tt_svd", "whitened"))
+    calibration_sentences: int = spec(256, ge=1, le=1_000_000)  # what "whitened" looks at
     version: int = spec(CONFIG_VERSION, choices=(CONFIG_VERSION,))
 
     def __post_init__(self) -> None:
