@@ -32,7 +32,8 @@ class CheckpointPublic(BaseModel):
     id: str
     job_id: str
     attempt: int
-    kind: Literal["latest", "final", "partial", "export"]
+    # hf, dense: an hf job's Hugging Face directories (model/hf/, model/dense/), one tar each
+    kind: Literal["latest", "final", "partial", "export", "hf", "dense"]
     step: int
     stage: str | None = None
     metrics: dict[str, float]
@@ -245,6 +246,8 @@ class ValidationReport(BaseModel):
     params_before: int
     params_after: int
     tensorized_ratio: float | None = None
+    # a pretrained hf job: the frozen original it distils from (in memory.model_bytes, 4 B each)
+    teacher_params: int | None = None
     estimated_memory_bytes: int
     memory: MemoryPlan | None = None
     memory_capacity_bytes: int | None = None

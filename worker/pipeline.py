@@ -64,6 +64,7 @@ from service.store.db.session import session_scope
 from service.store.model_source import resolve_model_source
 from service.store.settings import Settings
 from worker.artifacts import (
+    archive_dir,
     checkpoint_row,
     drop_partial,
     enforce_keep,
@@ -463,6 +464,10 @@ def _succeed(run: Attempt, job: Job, trainer: Trainer, result: TrainResult) -> s
         {"job_id": run.job_id, "attempt": run.attempt, "spec_hash": job.spec_hash},
     )
     fidelity = measure_fidelity(trainer, out)
+    if trainer.job.model.arch == "hf":  # model/hf/ (and model/dense/), as engine.train writes
+        from engine.train.hf_outputs import hf_outputs
+
+        result.report["hf_export"] = hf_outputs(trainer, out)
     return _register_export(run, job, result.report, info, fidelity, trainer.job.checkpoint.keep)
 
 
@@ -512,19 +517,20 @@ def _register_export(
     }
     row.manifest = {**info.manifest, "files": files, "report": compression}
     rec = run.recorder
-    rec.row(row)
-    rec.event(
-        "checkpoint",
-        {
-            "id": row.id,
-            "kind": "export",
-            "step": row.step,
-            "stage": row.stage,
-            "size_bytes": row.size_bytes,
-            "sha256": row.sha256,
-            "state": "complete",
-        },
-    )
+    for r in [row, *_hf_dir_rows(run, job, info.path, row)]:
+        rec.row(r)
+        rec.event(
+            "checkpoint",
+            {
+                "id": r.id,
+                "kind": r.kind,
+                "step": r.step,
+                "stage": r.stage,
+                "size_bytes": r.size_bytes,
+                "sha256": r.sha256,
+                "state": "complete",
+            },
+        )
     rec.set_compression(**compression_summary(compression))
     rec.set_progress(fraction=1.0)
     message = success_message(compression)
@@ -547,6 +553,29 @@ def _register_export(
 
     rec.flush(extra=finish)
     return outcome[0]
+
+
+def _hf_dir_rows(run: Attempt, job: Job, export: Path, row: Checkpoint) -> list[Checkpoint]:
+    """Rows of kind ``hf`` and ``dense`` for the Hugging Face directories an ``hf`` export
+    holds, each archived to one tar (:func:`worker.artifacts.archive_dir`)."""
+    rows = []
+    for kind in ("hf", "dense"):
+        if not (export / kind).is_dir():
+            continue
+        extra = checkpoint_row(
+            path=archive_dir(export / kind),
+            artifacts=run.settings.artifacts,
+            job_id=run.job_id,
+            tenant_id=job.tenant_id,
+            attempt=run.attempt,
+            kind=kind,
+            step=row.step,
+            stage=row.stage,
+            metrics=row.metrics,
+        )
+        extra.format = "tar"
+        rows.append(extra)
+    return rows
 
 
 def _retain(

@@ -4,7 +4,8 @@
 validates it as the worker will (``JobConfig.from_dict``, then building the model, so a stage
 or an option that does not fit the model fails here with the engine's ``ConfigError`` naming
 the field), and returns per-layer shapes, modes and initial ranks, parameter counts before
-and after, the tensorized ratio, the memory estimate and the total number of steps when known.
+and after (and those of the frozen original a pretrained ``hf`` model distils from), the
+tensorized ratio, the memory estimate and the total number of steps when known.
 
 Model fields the data decides (classes, input width, vocabulary, table rows) come from the
 real data (:mod:`worker.data_facts`: file headers and metadata, one pass over NPZ labels, a
@@ -102,6 +103,10 @@ def _total_steps(cfg: JobConfig, per_epoch: int | None) -> int | None:
     return total
 
 
+# model.config fields of the hf workload that its build reports under ``compression.``
+HF_BUILD_FIELDS = ("targets", "tensorize_embeddings", "tensorize_lm_head")
+
+
 def _build(cfg: JobConfig, model_config: Any, tensorized: bool) -> nn.Module:
     workload = get_workload(cfg.model.arch)
     try:
@@ -112,7 +117,11 @@ def _build(cfg: JobConfig, model_config: Any, tensorized: bool) -> nn.Module:
                 options=cfg.compression.options,
             )
     except ValueError as err:  # a stage or option that does not fit the model
-        raise as_config_error(err, "compression") from None
+        error = as_config_error(err, "compression")
+        head, _, field = error.field.partition(".")
+        if cfg.model.arch == "hf" and head == "compression" and field in HF_BUILD_FIELDS:
+            raise ConfigError(f"model.config.{field}", error.message) from None
+        raise error from None
 
 
 def plan_job(
@@ -144,7 +153,10 @@ def plan_job(
     tt_ids = {id(p) for _, layer in tt for p in (*layer.cores, *layer.gates)}
     other = sum(p.numel() for p in model.parameters() if id(p) not in tt_ids)
     tt_params, tt_dense = sum(r["params"] for r in layers), sum(r["dense_params"] for r in layers)
-    memory = estimate_memory(model, cfg, model_config, facts.data_bytes)
+    # a pretrained hf model distils from its frozen original: the dense model, held beside it
+    pretrained = cfg.model.arch == "hf" and bool(cfg.model.config.get("path"))
+    teacher = sum(p.numel() for p in dense.parameters()) if pretrained else 0
+    memory = estimate_memory(model, cfg, model_config, facts.data_bytes, teacher_params=teacher)
     if capacity_bytes is not None:
         data_pointer = dataset_pointer if cfg.data.kind != "synthetic" else "/dataset/n_train"
         check_capacity(
@@ -160,6 +172,7 @@ def plan_job(
         "params_before": sum(p.numel() for p in dense.parameters()),
         "params_after": other + tt_params,
         "tensorized_ratio": tt_dense / tt_params if tt_params else None,
+        "teacher_params": teacher or None,
         "estimated_memory_bytes": memory.total,
         "memory": memory.to_dict(),
         "memory_capacity_bytes": capacity_bytes,

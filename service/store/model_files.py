@@ -10,9 +10,10 @@ failed the job and named ``/compression`` or ``/dataset``, not the model):
   after the header exactly, without gaps or overlaps (what ``safetensors`` validates). A
   header may not declare a 40 GB tensor over zero bytes.
 * ``tokenizer.json``: at most ``MAX_TOKENIZER_BYTES``, JSON nested at most
-  ``json_limits.MAX_DEPTH`` levels, an object whose ``model`` holds a vocabulary, and the
-  special tokens the engine's BERT inputs use (``SPECIAL_TOKENS``) in the vocabulary or the
-  added tokens. The planner then loads it with ``tokenizers`` (``worker.data_facts``).
+  ``json_limits.MAX_DEPTH`` levels, an object whose ``model`` holds a vocabulary, and (for
+  BERT inputs: ``hf_bert``, and the ``bert`` / ``distilbert`` families of ``hf``) the special
+  tokens the engine's BERT inputs use (``SPECIAL_TOKENS``) in the vocabulary or the added
+  tokens. The planner then loads it with ``tokenizers`` (``worker.data_facts``).
 
 Every refusal is a ``SpecError`` naming the model's pointer; files are named relative to the
 data root (``where``), never by their server path.
@@ -21,6 +22,7 @@ data root (``where``), never by their server path.
 from __future__ import annotations
 
 import math
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ __all__ = [
     "SPECIAL_TOKENS",
     "check_tensors",
     "check_tokenizer",
+    "read_header",
 ]
 
 DTYPE_BYTES = {
@@ -114,6 +117,30 @@ def check_tensors(header: dict[str, Any], payload: int, pointer: str, where: str
         )
 
 
+def read_header(file: Path, pointer: str, where: str, max_header: int) -> dict[str, Any]:
+    """The header of the safetensors ``file`` with every tensor checked (:func:`check_tensors`),
+    read without loading any tensor: an 8-byte little-endian length, then at most
+    ``max_header`` bytes of JSON nested at most ``json_limits.MAX_DEPTH`` levels."""
+    size = file.stat().st_size
+    with file.open("rb") as fh:
+        head = fh.read(8)
+        n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        if not 2 <= n <= min(max_header, size - 8):
+            raise SpecError(
+                pointer,
+                f"{where} is not a safetensors file (header length {n} in a file of {size} bytes)",
+            )
+        raw = fh.read(n)
+    try:
+        header: Any = json_limits.loads(raw)
+    except ValueError as err:  # not JSON, not UTF-8, or nested deeper than MAX_DEPTH
+        raise SpecError(pointer, f"{where} is not a safetensors file (bad header: {err})") from None
+    if not isinstance(header, dict):
+        raise SpecError(pointer, f"{where} is not a safetensors file (bad header)")
+    check_tensors(header, size - 8 - n, pointer, where)
+    return header
+
+
 def _vocabulary(model: Any) -> set[str] | None:
     vocab = model.get("vocab") if isinstance(model, dict) else None
     if isinstance(vocab, dict):  # WordPiece, WordLevel, BPE
@@ -123,8 +150,9 @@ def _vocabulary(model: Any) -> set[str] | None:
     return None
 
 
-def check_tokenizer(file: Path, pointer: str, where: str) -> None:
-    """``tokenizer.json`` as the module doc says; ``where``: its name for messages."""
+def check_tokenizer(file: Path, pointer: str, where: str, *, bert_tokens: bool = True) -> None:
+    """``tokenizer.json`` as the module doc says; ``where``: its name for messages;
+    ``bert_tokens``: whether BERT's special tokens are required."""
     if file.stat().st_size > MAX_TOKENIZER_BYTES:
         raise SpecError(pointer, f"{where} is larger than {MAX_TOKENIZER_BYTES:,} bytes")
     try:
@@ -138,5 +166,5 @@ def check_tokenizer(file: Path, pointer: str, where: str) -> None:
     for token in added if isinstance(added, list) else []:
         if isinstance(token, dict) and isinstance(token.get("content"), str):
             vocab.add(token["content"])
-    if missing := [t for t in SPECIAL_TOKENS if t not in vocab]:
+    if bert_tokens and (missing := [t for t in SPECIAL_TOKENS if t not in vocab]):
         raise SpecError(pointer, f"{where} lacks the special tokens {missing} of BERT inputs")

