@@ -1,0 +1,23 @@
+"""``bench.lm_pretrain --quick``: the three runs happen and the ratios follow from them."""
+
+from __future__ import annotations
+
+import pytest
+
+import bench.lm_pretrain as lp
+
+
+def test_quick_run_compares_dense_comera_and_the_compressed_dense_model():
+    out = lp.main(["--quick"])
+    dense, comera, ratios = out["dense"], out["comera"], out["ratios"]
+    assert dense["steps"] == comera["steps"] == out["steps"]  # equal tokens
+    assert ratios["perplexity_comera_over_dense_equal_tokens"] == pytest.approx(
+        comera["perplexity"] / dense["perplexity"], rel=1e-3
+    )
+    assert comera["tensorized_layers_params"] < comera["tensorized_layers_dense_params"]
+    at = dense["at_comera_wall_time"]
+    assert at is None or at["seconds"] <= comera["train_seconds"]
+    assert out["text"]["valid_source"].startswith("the Python Language Reference")
+    squeezed = out["compressed_dense"]
+    assert squeezed["tensorized_ratio"] > 1
+    assert squeezed["perplexity_before"] > 1 and squeezed["perplexity_after"] > 1
