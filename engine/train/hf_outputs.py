@@ -53,7 +53,8 @@ def hf_outputs(trainer: Any, model_dir: Path) -> dict[str, Any]:
     job = trainer.job
     model, _ = load_compressed(model_dir)
     tokenizer = Path(hf_tokenizer(job.data, job.model.config, "hf"))
-    out: dict[str, Any] = {}
+    # the activation-aware start's per-layer output errors (fresh runs only)
+    out: dict[str, Any] = {"preparation": getattr(trainer.model, "preparation", None)}
     try:
         out["hf"] = export_hf(model, model_dir / "hf", tokenizer=tokenizer)
     except ValueError as err:
