@@ -273,8 +273,9 @@ def _runner(name: str, model: nn.Module, inputs: tuple[Tensor, ...], galore_rank
             fused = {"fused": True} if name == "dense_fused" else {}
             optimizer = torch.optim.AdamW(model.parameters(), lr=DENSE_LR, **fused)
         else:
-            from galore_torch import GaLoreAdamW
+            from bench.common import galore_adamw  # a stub for bitsandbytes where it is missing
 
+            GaLoreAdamW = galore_adamw()
             groups = galore_groups(model)
             groups[1].update(rank=galore_rank)
             optimizer = GaLoreAdamW(groups, lr=DENSE_LR, no_deprecation_warning=True)

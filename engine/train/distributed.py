@@ -2,8 +2,8 @@
 
 The trainer runs the same code in every process (``torchrun`` starts them on one machine,
 Ray Train's workers across machines, :mod:`engine.train.ray_driver`; the process group is
-``backend="cpu:gloo,cuda:nccl"``, gloo alone on a torch without NCCL or for a CPU job under
-Ray) and keeps one job's semantics whatever the world size ``W``:
+``backend="cpu:gloo,cuda:nccl"``, gloo alone on a torch without NCCL or a machine without a
+GPU, or for a CPU job under Ray) and keeps one job's semantics whatever the world size ``W``:
 
 * **One global batch.** ``training.batch_size`` is the global batch: every rank builds the same
   batch from (seed, epoch) and keeps its rows, ``torch.tensor_split`` of dim 0 into ``W``
@@ -95,8 +95,9 @@ def init_from_env() -> DistContext | None:
 
 
 def backend() -> str:
-    """:data:`BACKEND`, or gloo alone where torch has no NCCL (a CPU build)."""
-    return BACKEND if dist.is_nccl_available() else "gloo"
+    """:data:`BACKEND`, or gloo alone where torch has no NCCL (a CPU build) or sees no GPU (a
+    CUDA build on a machine without one, where NCCL refuses to start)."""
+    return BACKEND if dist.is_nccl_available() and torch.cuda.is_available() else "gloo"
 
 
 def finish() -> None:

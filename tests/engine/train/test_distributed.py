@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from engine.train import FunctionCallback, JobConfig, Trainer
+from engine.train.distributed import BACKEND, backend
 
 LR = {"cores": 0.003, "gates": 0.02, "others": 0.003}
 JOB: dict[str, Any] = {
@@ -208,3 +209,14 @@ def test_config_refuses_what_data_parallel_cannot_do(tmp_path):
     job["training"]["batch_size"] = 33
     with pytest.raises(Exception, match="batch_size"):
         run_world(tmp_path, 2, job, tag="odd")
+
+
+def test_the_backend_is_gloo_where_torch_has_nccl_but_sees_no_gpu(monkeypatch):
+    """A CUDA build of torch on a machine without a GPU: NCCL would refuse to start."""
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert backend() == "gloo"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert backend() == BACKEND
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: False)
+    assert backend() == "gloo"
