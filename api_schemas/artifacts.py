@@ -227,14 +227,19 @@ class LayerPlan(BaseModel):
 
 class MemoryPlan(BaseModel):
     """The parts of ``estimated_memory_bytes``: the model's weights, gradients and optimizer
-    state; activations; the data the worker holds in memory. A data-parallel job is estimated
+    state (a frozen teacher's weights included); activations (a teacher's inference forward
+    included); the data the worker holds in memory; the process's baseline (the interpreter,
+    torch and the engine, as measured on the worker's host). A data-parallel job is estimated
     per process (``processes`` = training.devices x training.nodes, one per device): each holds
-    the model, its slice of the global batch and the data."""
+    the baseline, the model, its slice of the global batch and the data; ``launcher_bytes`` is
+    the launcher beside them (``torchrun``), once per job and not in the total."""
 
     model_bytes: int
     activation_bytes: int
     data_bytes: int
+    baseline_bytes: int = 0
     processes: int = 1
+    launcher_bytes: int = 0
 
 
 class ValidationReport(BaseModel):

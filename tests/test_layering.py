@@ -177,6 +177,7 @@ ENTRY_POINTS = {
     ("service/cli.py", "worker.celery_app"): "celery -A: the worker processes comera starts",
     ("service/cli.py", "service.main:create_app"): "uvicorn's app factory (--workers > 1)",
     ("worker/celery_app.py", "worker.tasks"): "Celery's include: the task module it loads",
+    ("worker/process_baseline.py", "worker.process_baseline"): "python -m: the baseline probe",
 }
 # Import cycles inside the engine that are tolerated until removed (the last one, through the
 # package root and the modules that read engine.__version__, went with engine.version).

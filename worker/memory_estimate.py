@@ -1,28 +1,38 @@
-"""The peak memory a job needs, estimated from its model (built on the ``meta`` device) and the
-real sizes of its data (:mod:`worker.data_facts`).
+"""The peak memory a job needs, estimated from its model (built on the ``meta`` device), the
+real sizes of its data (:mod:`worker.data_facts`) and what every process of this host holds
+before either (:mod:`worker.process_baseline`).
 
-Three parts, in bytes:
+Four parts, in bytes, per process:
 
 * **model**: every trainable parameter costs 16 (fp32 weight, gradient and two Adam moments),
-  every frozen one 4 (the teacher of a distilled model, the frozen original of a pretrained
-  ``hf`` model); a job whose late or finetune stages
-  distil from the stage-start model (:mod:`engine.train.teacher`) holds a frozen copy of the
-  model, 4 bytes per parameter (an upper bound: ranks only fall before a late stage);
+  every frozen one 4. A teacher held outside the model is frozen and float32:
+  ``teacher_params``, the original a pretrained ``hf`` or ``hf_bert`` model distils from
+  (:func:`worker.plan.plan_job` counts the dense model's parameters), and the stage-start
+  teacher of a job whose late or finetune stages distil from it (:mod:`engine.train.teacher`;
+  a frozen copy of the model, an upper bound: ranks only fall before a late stage);
 * **activations**: 2 x 4 bytes x tokens per batch x the summed output widths of every linear
   and embedding layer (the output and one same-size intermediate kept for backward), plus for
   attention models 2 x 4 bytes x batch x heads x seq^2 x layers (scores and probabilities);
-  tokens per batch are ``batch_size x seq_len`` for sequence models, ``batch_size`` otherwise;
-  the stage-start teacher's forward runs without a graph and adds its widest layer's input
-  and output (and one layer's attention scores);
+  tokens per batch are ``batch_size x seq_len`` for sequence models, ``batch_size`` otherwise.
+  A teacher's forward runs in inference mode, without a graph: its widest layer's input and
+  output and one layer's attention scores;
 * **data**: what the loader holds (generated data sets whole, a file's shuffle buffer, a
-  compressed Fortran-ordered array read whole, a tokenizer's word counts), from the facts.
+  compressed Fortran-ordered array read whole, a tokenizer's word counts), from the facts,
+  plus ``hf_bert``'s table of teacher embeddings (``distill: cosine_embedding``: 4 bytes x
+  hidden size a training sentence, at most ``engine.models.hf_bert.cache.MAX_BYTES``);
+* **baseline**: the process itself: its interpreter, torch, the engine and what their first
+  step loads, as measured on this host (``process_bytes``; ``hf_bytes`` more for the ``hf``
+  workload, on transformers' classes), plus :data:`RUNTIME_SLACK` for what a job loads beyond
+  the probe's (its data pipeline's modules, allocator arenas).
 
 A data-parallel job (``training.devices`` x ``training.nodes`` = W processes, one per device)
 is estimated per process, which is what each device and each process's memory cap must hold:
-the whole model and its optimizer state (every process keeps a replica) plus DDP's gradient
-buckets (4 bytes per trainable parameter), the activations of the process's slice of the
-global batch (``batch_size / W`` rows) and the data (every process builds the global batches
-itself, so it holds the data as a single process does). ``processes`` says how many there are.
+the baseline, the whole model and its optimizer state (every process keeps a replica) plus
+DDP's gradient buckets (4 bytes per trainable parameter), the activations of the process's
+slice of the global batch (``batch_size / W`` rows) and the data (every process builds the
+global batches itself, so it holds the data as a single process does). ``processes`` says how
+many there are; ``launcher_bytes`` is the launcher beside them (``torchrun``'s, measured, plus
+the slack; 0 for one process), held once per job and not part of ``total``.
 
 A job whose total is over the worker's capacity (``COMERA_WORKER_MEMORY_BYTES``) is refused
 (``worker.plan_checks.check_capacity``); the worker runs each job under a hard cap of the same
@@ -36,17 +46,27 @@ from typing import Any
 
 from torch import nn
 
+from engine.models.hf_bert.cache import MAX_BYTES as TEACHER_TABLE_MAX_BYTES
 from engine.models.registry import get_workload
 from engine.nn.tt_linear import TTLinear
 from engine.nn.ttm_embedding import TTMEmbedding
 from engine.train.job import JobConfig
 from engine.train.teacher import teacher_weight
+from worker.process_baseline import DEFAULT_BASELINE, ProcessBaseline
 
-__all__ = ["SEQUENCE_ARCHS", "MemoryEstimate", "estimate_memory", "has_teacher", "processes"]
+__all__ = [
+    "RUNTIME_SLACK",
+    "SEQUENCE_ARCHS",
+    "MemoryEstimate",
+    "estimate_memory",
+    "has_teacher",
+    "processes",
+]
 
 SEQUENCE_ARCHS = ("transformer", "mlm", "hf_bert", "hf")
 HF_HEADS = ("num_attention_heads", "n_head", "n_heads")  # config.json names per family
 HF_LAYERS = ("num_hidden_layers", "n_layer", "n_layers")
+RUNTIME_SLACK = 32 << 20  # a job's process beyond the baseline probe's (module doc)
 
 
 @dataclass(frozen=True)
@@ -54,18 +74,27 @@ class MemoryEstimate:
     model_bytes: int
     activation_bytes: int
     data_bytes: int
+    baseline_bytes: int = 0  # the process itself (module doc)
     processes: int = 1  # data-parallel processes, each needing ``total`` (module doc)
+    launcher_bytes: int = 0  # the launcher beside them, once per job; not in ``total``
 
     @property
     def total(self) -> int:
-        return self.model_bytes + self.activation_bytes + self.data_bytes
+        return self.model_bytes + self.activation_bytes + self.data_bytes + self.baseline_bytes
+
+    @property
+    def job_bytes(self) -> int:
+        """What the whole job holds on its machines: every process and the launcher."""
+        return self.processes * self.total + self.launcher_bytes
 
     def to_dict(self) -> dict[str, int]:
         return {
             "model_bytes": self.model_bytes,
             "activation_bytes": self.activation_bytes,
             "data_bytes": self.data_bytes,
+            "baseline_bytes": self.baseline_bytes,
             "processes": self.processes,
+            "launcher_bytes": self.launcher_bytes,
         }
 
 
@@ -83,9 +112,13 @@ def has_teacher(cfg: JobConfig) -> bool:
 
 
 def _attention(model_config: Any) -> tuple[int, int]:
-    """Heads and layers of a sequence model (an ``hf`` model's from its ``config.json``)."""
+    """Heads and layers of a sequence model (an ``hf`` model's from its ``config.json``, an
+    ``hf_bert`` model's from its architecture)."""
     heads = getattr(model_config, "n_heads", 0) or 0
     layers = getattr(model_config, "n_layers", 0) or 0
+    arch = getattr(model_config, "arch", None)  # hf_bert
+    if hasattr(arch, "num_attention_heads"):
+        heads, layers = arch.num_attention_heads, arch.num_hidden_layers
     config_json = getattr(model_config, "config_json", None)  # the hf workload
     if isinstance(config_json, dict):
         heads = next((config_json[k] for k in HF_HEADS if config_json.get(k)), 0)
@@ -93,7 +126,7 @@ def _attention(model_config: Any) -> tuple[int, int]:
     return int(heads), int(layers)
 
 
-def _activation_bytes(model: nn.Module, cfg: JobConfig, model_config: Any) -> int:
+def _activation_bytes(model: nn.Module, cfg: JobConfig, model_config: Any, *, teacher: bool) -> int:
     batch, seq = cfg.training.batch_size // processes(cfg), 1  # one process's rows
     if cfg.model.arch in SEQUENCE_ARCHS:
         seq = min(cfg.data.max_len, getattr(model_config, "max_len", None) or cfg.data.max_len)
@@ -110,26 +143,56 @@ def _activation_bytes(model: nn.Module, cfg: JobConfig, model_config: Any) -> in
     if cfg.model.arch in SEQUENCE_ARCHS:
         heads, layers = _attention(model_config)
         out += 2 * 4 * batch * heads * seq * seq * layers
-    if has_teacher(cfg):  # no graph: one layer's input and output, one layer's scores
+    if teacher:  # inference mode: one layer's input and output, one layer's scores
         out += 2 * 4 * batch * seq * widest + 4 * batch * heads * seq * seq
     return out
 
 
+def _teacher_table_bytes(cfg: JobConfig, model_config: Any, sentences: int | None) -> int:
+    """``hf_bert``'s teacher embeddings of the training split (``cosine_embedding``)."""
+    if cfg.model.arch != "hf_bert" or getattr(model_config, "distill", None) != (
+        "cosine_embedding"
+    ):
+        return 0
+    dim = getattr(getattr(model_config, "arch", None), "hidden_size", 0) or 0
+    table = 4 * dim * sentences if sentences is not None else TEACHER_TABLE_MAX_BYTES
+    return min(table, TEACHER_TABLE_MAX_BYTES)
+
+
 def estimate_memory(
-    model: nn.Module, cfg: JobConfig, model_config: Any, data_bytes: int, *, teacher_params: int = 0
+    model: nn.Module,
+    cfg: JobConfig,
+    model_config: Any,
+    data_bytes: int,
+    *,
+    teacher_params: int = 0,
+    baseline: ProcessBaseline | None = None,
+    train_sentences: int | None = None,
 ) -> MemoryEstimate:
     """The estimate for ``model`` (as it trains: tensorized when the job is) and its data, per
     process of a data-parallel job (module doc); ``teacher_params``: the frozen original a
-    pretrained ``hf`` model distils from, held outside the model."""
+    pretrained ``hf`` / ``hf_bert`` model distils from, held outside the model;
+    ``baseline``: this host's (None: :data:`~worker.process_baseline.DEFAULT_BASELINE`);
+    ``train_sentences``: the training split's size when known (``hf_bert``'s table)."""
+    baseline = baseline or DEFAULT_BASELINE
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     frozen = teacher_params + sum(p.numel() for p in model.parameters() if not p.requires_grad)
-    if has_teacher(cfg):  # the stage-start teacher: a frozen copy of the whole model
+    stage_teacher = has_teacher(cfg)
+    if stage_teacher:  # the stage-start teacher: a frozen copy of the whole model
         frozen += sum(p.numel() for p in model.parameters())
     world = processes(cfg)
     buckets = 4 * trainable if world > 1 else 0  # DDP's gradient buckets
+    process = baseline.process_bytes + RUNTIME_SLACK
+    if cfg.model.arch == "hf":
+        process += baseline.hf_bytes
+    activations = _activation_bytes(
+        model, cfg, model_config, teacher=stage_teacher or teacher_params > 0
+    )
     return MemoryEstimate(
         model_bytes=16 * trainable + 4 * frozen + buckets,
-        activation_bytes=_activation_bytes(model, cfg, model_config),
-        data_bytes=data_bytes,
+        activation_bytes=activations,
+        data_bytes=data_bytes + _teacher_table_bytes(cfg, model_config, train_sentences),
+        baseline_bytes=process,
         processes=world,
+        launcher_bytes=baseline.launcher_bytes + RUNTIME_SLACK if world > 1 else 0,
     )

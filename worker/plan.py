@@ -4,8 +4,8 @@
 validates it as the worker will (``JobConfig.from_dict``, then building the model, so a stage
 or an option that does not fit the model fails here with the engine's ``ConfigError`` naming
 the field), and returns per-layer shapes, modes and initial ranks, parameter counts before
-and after (and those of the frozen original a pretrained ``hf`` model distils from), the
-tensorized ratio, the memory estimate and the total number of steps when known.
+and after (and those of the frozen original a pretrained ``hf`` or ``hf_bert`` model distils
+from), the tensorized ratio, the memory estimate and the total number of steps when known.
 
 Model fields the data decides (classes, input width, vocabulary, table rows) come from the
 real data (:mod:`worker.data_facts`: file headers and metadata, one pass over NPZ labels, a
@@ -40,6 +40,7 @@ from engine.train.job import JobConfig
 from worker.data_facts import DataFacts, data_facts
 from worker.memory_estimate import estimate_memory
 from worker.plan_checks import check_capacity, check_data_sizes, check_modes
+from worker.process_baseline import ProcessBaseline, known_baseline
 
 __all__ = ["plan_job"]
 
@@ -103,6 +104,7 @@ def _total_steps(cfg: JobConfig, per_epoch: int | None) -> int | None:
     return total
 
 
+PRETRAINED_ARCHS = ("hf", "hf_bert")  # with model.config.path: a frozen original as teacher
 # model.config fields of the hf workload that its build reports under ``compression.``
 HF_BUILD_FIELDS = ("targets", "tensorize_embeddings", "tensorize_lm_head")
 
@@ -129,12 +131,16 @@ def plan_job(
     *,
     capacity_bytes: int | None = None,
     dataset_pointer: str = "/dataset/path",
+    baseline: ProcessBaseline | None = None,
 ) -> dict[str, Any]:
     """The plan of the engine job dict ``job``; raises ``ConfigError`` or ``SpecError`` naming
     the field. ``capacity_bytes``: the memory a worker offers a job (None: not checked);
     ``dataset_pointer``: the submitted spec's dataset reference (``/dataset/dataset_id`` for
-    an upload)."""
+    an upload); ``baseline``: what each process of this host holds before the job (None: the
+    one the worker measured at start when this process has it, else the documented default;
+    :mod:`worker.process_baseline`)."""
     cfg = JobConfig.from_dict(job)
+    baseline = baseline or known_baseline()
     _check_model_tokenizer(cfg)
     facts = _facts(cfg, dataset_pointer)
     check_data_sizes(cfg.model.arch, cfg.model.config, facts)
@@ -153,10 +159,21 @@ def plan_job(
     tt_ids = {id(p) for _, layer in tt for p in (*layer.cores, *layer.gates)}
     other = sum(p.numel() for p in model.parameters() if id(p) not in tt_ids)
     tt_params, tt_dense = sum(r["params"] for r in layers), sum(r["dense_params"] for r in layers)
-    # a pretrained hf model distils from its frozen original: the dense model, held beside it
-    pretrained = cfg.model.arch == "hf" and bool(cfg.model.config.get("path"))
+    # a pretrained hf / hf_bert model distils from its frozen original: the dense model, held
+    # beside it
+    pretrained = cfg.model.arch in PRETRAINED_ARCHS and bool(cfg.model.config.get("path"))
     teacher = sum(p.numel() for p in dense.parameters()) if pretrained else 0
-    memory = estimate_memory(model, cfg, model_config, facts.data_bytes, teacher_params=teacher)
+    memory = estimate_memory(
+        model,
+        cfg,
+        model_config,
+        facts.data_bytes,
+        teacher_params=teacher,
+        baseline=baseline,
+        train_sentences=None
+        if facts.per_epoch is None
+        else facts.per_epoch * cfg.training.batch_size,
+    )
     if capacity_bytes is not None:
         data_pointer = dataset_pointer if cfg.data.kind != "synthetic" else "/dataset/n_train"
         check_capacity(

@@ -1,13 +1,22 @@
-"""The memory estimate of a data-parallel job is per process (``worker.memory_estimate``)."""
+"""The memory estimate (``worker.memory_estimate``): per process for a data-parallel job, each
+process's baseline and the launcher beside them, a pretrained model's frozen teacher."""
 
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+from engine.models.registry import get_workload
+from engine.train.job import JobConfig
+from tests.helpers.hf_dirs import SIZES, write_bert_dir
+from worker.memory_estimate import RUNTIME_SLACK, estimate_memory
 from worker.plan import plan_job
+from worker.process_baseline import DEFAULT_BASELINE, ENV, ProcessBaseline, known_baseline
 
 JOB: dict[str, Any] = {
     "name": "mlp",
@@ -70,3 +79,64 @@ def test_the_stage_start_teacher_is_counted():
     unguarded = copy.deepcopy(job)  # the guard off: no teacher unless asked for
     unguarded["compression"]["max_metric_drop"] = None
     assert plan_job(unguarded)["memory"] == without
+
+
+BASELINE = ProcessBaseline(process_bytes=300 << 20, hf_bytes=70 << 20, launcher_bytes=200 << 20)
+
+
+def test_every_process_counts_the_baseline_and_a_job_on_two_devices_its_launcher():
+    one = plan_job(_job(), baseline=BASELINE)["memory"]
+    two = plan_job(_job(devices=2), baseline=BASELINE)["memory"]
+    assert one["baseline_bytes"] == two["baseline_bytes"] == (300 << 20) + RUNTIME_SLACK
+    assert (one["launcher_bytes"], two["launcher_bytes"]) == (0, (200 << 20) + RUNTIME_SLACK)
+    plan = plan_job(_job(devices=2), baseline=BASELINE)  # the total is one process's
+    parts = ("model_bytes", "activation_bytes", "data_bytes", "baseline_bytes")
+    assert plan["estimated_memory_bytes"] == sum(plan["memory"][k] for k in parts)
+
+
+def test_without_a_measured_baseline_the_planner_uses_the_workers_or_the_default(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    assert known_baseline() == DEFAULT_BASELINE
+    default = plan_job(_job())["memory"]["baseline_bytes"]
+    assert default == DEFAULT_BASELINE.process_bytes + RUNTIME_SLACK
+    monkeypatch.setenv(ENV, json.dumps(BASELINE.to_dict()))  # as the worker exports it
+    assert known_baseline() == BASELINE
+    assert plan_job(_job())["memory"]["baseline_bytes"] == (300 << 20) + RUNTIME_SLACK
+
+
+def _hf_bert_job(tmp_path: Path, **config: Any) -> dict[str, Any]:
+    text = tmp_path / "train.txt"
+    text.write_text("one short sentence\nand another one\n" * 8)
+    return {
+        "name": "bert",
+        "method": "comera",
+        "model": {"arch": "hf_bert", "config": {"path": str(tmp_path / "bert"), **config}},
+        "data": {"kind": "text", "train": str(text), "valid_every": 4, "max_len": 16},
+        "compression": {"max_rank": 4},
+        "schedule": [{"kind": "early", "steps": 10}],
+        "training": {"batch_size": 8},
+    }
+
+
+def test_hf_bert_counts_its_frozen_original_and_its_inference_forward(tmp_path):
+    """The teacher of a pretrained ``hf_bert`` model: float32 and frozen (4 bytes a parameter,
+    the dense model's), its forward one layer's input and output and one layer's scores."""
+    write_bert_dir(tmp_path / "bert")
+    plan = plan_job(_hf_bert_job(tmp_path, distill="mse_hidden"), baseline=BASELINE)
+    assert plan["teacher_params"] == plan["params_before"]
+    cfg = JobConfig.from_dict(_hf_bert_job(tmp_path, distill="mse_hidden"))
+    model_config = cfg.model_config({})
+    workload = get_workload("hf_bert")
+    with torch.device("meta"):
+        model = workload.build(
+            workload.plan_config(model_config), tensorized=True, options=cfg.compression.options
+        )
+    bare = estimate_memory(model, cfg, model_config, 0, baseline=BASELINE)
+    memory = plan["memory"]
+    assert memory["model_bytes"] == bare.model_bytes + 4 * plan["params_before"]
+    heads, seq, widest = SIZES["num_attention_heads"], 16, SIZES["intermediate_size"]
+    forward = 2 * 4 * 8 * seq * widest + 4 * 8 * heads * seq * seq
+    assert memory["activation_bytes"] == bare.activation_bytes + forward
+    # cosine_embedding: the teacher's table of the training split's embeddings, 4 B x hidden
+    table = plan_job(_hf_bert_job(tmp_path), baseline=BASELINE)["memory"]["data_bytes"]
+    assert table > memory["data_bytes"]
