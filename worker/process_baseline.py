@@ -16,14 +16,18 @@ peak resident set sizes in bytes:
 
 :func:`measure_baseline` runs the two probes (``python -m worker.process_baseline`` and
 ``python -c 'import torch.distributed.run'``) in child processes, in parallel: a few seconds
-of CPU. The worker measures at start (:mod:`worker.registration`) and exports the result to
-the pool's children (:data:`ENV`); :func:`known_baseline` reads it back, and a planner with
-none uses :data:`DEFAULT_BASELINE` (the largest figures measured on Linux x86-64 with torch
-2.x on CPU: 400 MB a process, 90 MB more for ``hf``, 230 MB for the launcher, rounded up).
+of CPU. :func:`host_baseline` measures once per host (its boot) and interpreter, keeping the
+figures in the temporary directory for the workers that start after. The worker calls it at
+start, in its registration thread (:mod:`worker.registration`), and exports the result to the
+pool's children forked after it (:data:`ENV`); :func:`known_baseline` reads it back. A planner
+without it (the API's, a child forked before the measurement ended) uses
+:data:`DEFAULT_BASELINE`: the largest figures measured on Linux x86-64 with torch 2.x on CPU
+(about 400 MB a process, 72 MB more for ``hf``, 220 MB for the launcher), rounded up.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -38,6 +42,7 @@ __all__ = [
     "ENV",
     "PROBE_JOB",
     "ProcessBaseline",
+    "host_baseline",
     "known_baseline",
     "measure_baseline",
 ]
@@ -145,11 +150,19 @@ def measure_baseline(timeout_s: float = 300) -> ProcessBaseline:
         )
     ]
     outputs = []
-    for proc in probes:
-        out, err = proc.communicate(timeout=timeout_s)
-        if proc.returncode:
-            raise RuntimeError(f"the baseline probe failed: {err.decode()[-2000:]}")
-        outputs.append(out.decode().strip().splitlines()[-1])
+    try:
+        for proc in probes:
+            out, err = proc.communicate(timeout=timeout_s)
+            if proc.returncode:
+                raise RuntimeError(f"the baseline probe failed: {err.decode()[-2000:]}")
+            outputs.append(out.decode().strip().splitlines()[-1])
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"the baseline probe took more than {timeout_s:.0f} s") from None
+    finally:
+        for proc in probes:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     process = json.loads(outputs[0])
     return ProcessBaseline(
         process_bytes=process["process_bytes"],
@@ -157,6 +170,31 @@ def measure_baseline(timeout_s: float = 300) -> ProcessBaseline:
         launcher_bytes=int(outputs[1]),
         measured=True,
     )
+
+
+def _host_file() -> Path:
+    """Where this host (this boot) keeps the figures of this interpreter."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = "unknown"
+    key = hashlib.sha256(f"{boot} {sys.executable}".encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"comera-process-baseline-{key}.json"
+
+
+def host_baseline(timeout_s: float = 300) -> ProcessBaseline:
+    """This host's baseline: measured on the first call after the host started (module doc),
+    read back after that."""
+    file = _host_file()
+    try:
+        return ProcessBaseline.from_dict(json.loads(file.read_text()))
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
+    baseline = measure_baseline(timeout_s)
+    partial = file.with_name(f"{file.name}.{os.getpid()}")
+    partial.write_text(json.dumps(baseline.to_dict()))
+    partial.replace(file)  # atomic: a worker starting meanwhile reads all of it or nothing
+    return baseline
 
 
 def known_baseline() -> ProcessBaseline:
