@@ -14,9 +14,11 @@ snapshot back and the guard **backs off** (:meth:`back_off`): the next cut may r
 half the entries of the failed one, and at least one rank (:attr:`cap`), and is judged only
 after one more prune interval of recovery steps than the failed one (:attr:`wait`, at most
 :data:`MAX_WAIT_FACTOR` intervals). An accepted cut resets the wait to one interval; the cap
-stays. The stage goes on until its target is reached or its step budget is spent; it stops
-only when the failed cut was a single rank (the smallest cut of any bond: nothing smaller is
-left to try). Every back-off and every retried cut's verdict is in :attr:`retries`.
+stays. A model that the objective's penalty (not a cut) took below the snapshot's size is judged
+the same way at the next prune event: accepted, or restored (the cap and wait stay). The stage
+goes on until its target is reached or its step budget is spent; it stops only when the failed
+cut was a single rank (the smallest cut of any bond: nothing smaller is left to try). Every
+back-off and every retried cut's verdict is in :attr:`retries`.
 
 The snapshot lives in host memory and is written into every checkpoint (``guard/...``
 tensors), the rest of the state into its JSON, so a resumed run restores exactly what the
@@ -98,7 +100,8 @@ class FidelityGuard:
         pending, self.pending = self.pending, None
         if pending is not None and pending["retry"]:
             self.retries.append(self._entry(step, pending, size, metrics, "accept"))
-        self.wait = self.interval
+        if pending is not None:
+            self.wait = self.interval
 
     def back_off(
         self,
@@ -116,14 +119,16 @@ class FidelityGuard:
         entry."""
         pending, self.pending = self.pending, None
         trial = pending or {"size_before": self.accepted["size"], "size_after": size}
-        cap = (trial["size_before"] - trial["size_after"]) // 2  # half the failed cut
+        failed = trial["size_before"] - trial["size_after"]  # entries the failed cut removed
         if final:
             decision = "restore"
-        elif one_rank is None or max(cap, one_rank) >= trial["size_before"] - trial["size_after"]:
+        elif pending is None:
+            decision = "back_off"  # the penalty, not a cut, shrank it: the cuts' limits stay
+        elif one_rank is None or one_rank >= failed:
             decision = "stop"  # the failed cut was one rank: nothing smaller to try
         else:
             decision = "back_off"
-            cap = max(cap, one_rank)  # a cut is at least one rank
+            cap = max(failed // 2, one_rank)  # half the failed cut, at least one rank
             self.cap = cap if self.cap is None else min(self.cap, cap)
             self.wait = min(self.wait + self.interval, MAX_WAIT_FACTOR * self.interval)
         entry = self._entry(step, trial, size, metrics, decision)

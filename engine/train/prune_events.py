@@ -6,7 +6,9 @@ At a prune event of a guarded late stage, :func:`rank_event`
 1. judges the last cut once it has had its recovery steps (:meth:`RankControl.judge_due`):
    ``accept`` keeps it; ``back_off`` restores the last accepted model and retries smaller at
    once (the restored importance window ranks the entries as before); ``stop`` ends the stage;
-   a cut still recovering makes the event a plain training step;
+   a cut still recovering makes the event a plain training step. Without a cut on trial, a
+   model the penalty took below the snapshot's size (:meth:`RankControl.shrunk`) is judged
+   the same way (a failure restores the snapshot; the cuts' cap and wait stay);
 2. before a cut on a model that is not the snapshot, evaluates it and, within tolerance,
    makes it the snapshot (so a back-off restores the model that was cut, not an older one);
 3. cuts to the size bound (capped after a back-off) and shrinks.
@@ -35,8 +37,8 @@ def rank_event(t: Trainer, index: int, stage: StageConfig) -> None:
     s, control = t.state, t.control
     assert control is not None
     t._sync_gates()
-    if control.guarded() and control.dirty:
-        if not control.judge_due(s.stage_step):
+    if control.guarded() and (control.dirty or control.shrunk()):
+        if control.dirty and not control.judge_due(s.stage_step):
             return  # the cut on trial is still recovering
         metrics = t._evaluate(stage)
         if metrics and _verdict(t, stage, metrics, final=False) == "stop":

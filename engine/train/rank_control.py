@@ -17,11 +17,12 @@ Per stage kind:
   may reach rank 0 (:func:`engine.rank.prune.prune_to_target_`). The cut entries are sliced
   away at once (:func:`engine.rank.shrink.shrink_model_`).
   With ``compression.max_metric_drop`` set and validation data, the
-  :class:`engine.train.guard.FidelityGuard` judges each cut after its recovery steps and at
-  the end; a cut that left the metric more than the tolerance below the stage start is undone
-  (the last accepted model comes back, with its optimizer state and importance window) and
-  retried smaller after more recovery steps, until the target is reached, the budget is
-  spent (``target_reached: false``) or a cut would be smaller than one rank (the stage stops).
+  :class:`engine.train.guard.FidelityGuard` judges each cut after its recovery steps (and a
+  model the penalty shrank below the last accepted one) and at the end; a cut that left the
+  metric more than the tolerance below the stage start is undone (the last accepted model
+  comes back, with its optimizer state and importance window) and retried smaller after more
+  recovery steps, until the target is reached, the budget is spent (``target_reached:
+  false``) or a one-rank cut failed (the stage stops).
 * ``finetune``: ``J = L``.
 
 All of this state (window of importances, penalty weight, guard snapshot, prune events) is in
@@ -254,6 +255,13 @@ class RankControl:
         if self.guard is None or not self.dirty:
             return False
         return self.guard.pending is None or self.guard.due(stage_step)
+
+    def shrunk(self) -> bool:
+        """Whether the objective's penalty, not a cut, took the model below the snapshot's
+        size (gates it drove under the threshold): that model is judged too."""
+        if self.guard is None or self.dirty or not self.guard.accepted:
+            return False
+        return model_size(self.model) < self.guard.accepted["size"]
 
     def wants_snapshot(self, step: int) -> bool:
         """Whether a cut is about to be made on a model that is not the snapshot (the

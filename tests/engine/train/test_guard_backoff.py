@@ -100,7 +100,7 @@ def test_the_retry_cut_is_smaller_and_the_stage_goes_on(backed_off):
     _, _, result, events, _ = backed_off
     early, late = result.report["stages"][:2]
     cuts = late["prune_events"]
-    for entry in (r for r in late["retries"] if r["decision"] == "back_off"):
+    for entry in (r for r in late["retries"] if r["decision"] == "back_off" and r["cut_step"]):
         failed = entry["size_before"] - entry["size_cut"]
         retry = next(
             c for c in cuts if c["step"] >= entry["step"] and c["step"] > entry["cut_step"]
@@ -120,7 +120,7 @@ def test_every_retry_is_an_event_and_in_the_report(backed_off):
     _, _, result, events, _ = backed_off
     late = result.report["stages"][1]
     guard = [e for e in events if e["event"] == "guard" and e["stage"] == 1]
-    verdicts = [(e["step"], e["decision"]) for e in guard if e["cut"]]
+    verdicts = [(e["step"], e["decision"]) for e in guard]
     for entry in late["retries"]:  # back-offs and the verdicts of retried cuts
         assert (entry["step"], entry["decision"]) in verdicts
         assert {"step", "size_before", "size_after", "metric", "decision"} <= entry.keys()
@@ -162,6 +162,10 @@ def test_the_guard_backs_off_by_halves_and_stops_at_one_rank():
     assert guard.back_off(40, 950, bad, one_rank=50, final=False)["decision"] == "stop"
     guard.cut_made(40, 40, 1000, 900)
     assert guard.back_off(45, 900, bad, one_rank=50, final=True)["decision"] == "restore"
+    # the penalty, not a cut, shrank the model below the snapshot: restored, the limits stay
+    entry = guard.back_off(46, 700, bad, one_rank=50, final=False)
+    assert entry["decision"] == "back_off" and entry["cut_step"] is None
+    assert (guard.cap, guard.wait) == (100, 15)
     guard.cut_made(45, 45, 1000, 920)
     guard.passed(50, 920, {"accuracy": 0.95})
     assert guard.wait == 5 and guard.retries[-1]["decision"] == "accept"
