@@ -15,6 +15,8 @@ from api_schemas.artifacts import (
     DatasetsPublic,
     LayerPlan,
     LayerReport,
+    UploadedModelPublic,
+    UploadedModelsPublic,
     ValidationReport,
 )
 from api_schemas.common import FieldError, HealthPublic, Page, Problem
@@ -78,5 +80,7 @@ __all__ = [
     "StageSpec",
     "TERMINAL_STATES",
     "TrainingSpec",
+    "UploadedModelPublic",
+    "UploadedModelsPublic",
     "ValidationReport",
 ]

@@ -23,7 +23,10 @@ __all__ = [
     "FidelityReport",
     "LayerPlan",
     "LayerReport",
+    "ModelFilePublic",
     "MemoryPlan",
+    "UploadedModelPublic",
+    "UploadedModelsPublic",
     "ValidationReport",
 ]
 
@@ -94,6 +97,29 @@ class DatasetPublic(BaseModel):
 
 class DatasetsPublic(BaseModel):
     items: list[DatasetPublic]
+    next_cursor: str | None = None
+
+
+class ModelFilePublic(BaseModel):
+    size_bytes: int
+    sha256: str
+
+
+class UploadedModelPublic(BaseModel):
+    """``POST /v1/models``: a checked Hugging Face directory; ``sha256`` is that of its files'
+    names and sha256s (one ``<name> <sha256>`` line each, sorted by name)."""
+
+    id: str
+    name: str
+    model_type: str
+    size_bytes: int
+    sha256: str
+    files: dict[str, ModelFilePublic]
+    created_at: datetime
+
+
+class UploadedModelsPublic(BaseModel):
+    items: list[UploadedModelPublic]
     next_cursor: str | None = None
 
 

@@ -33,8 +33,8 @@ sentences (its fidelity is measured on them): a generated validation split or ``
 
 ``hf``: the engine's ``model.config`` is the spec's ``model.config`` (``task``, ``targets``,
 ``tensorize_lm_head``, ``export_dense``, ...) plus the model: ``path`` (the resolved
-``hf_dir`` or uploaded directory, ``pkg:<package>/model``) or, for a ``hf_config`` source,
-``hf_config`` and ``tokenizer`` (the resolved ``tokenizer.json``); ``distill_weight`` and
+``hf_dir``, the uploaded model's directory, ``pkg:<package>/model``) or, for a ``hf_config``
+source, ``hf_config`` and ``tokenizer`` (the resolved ``tokenizer.json``); ``distill_weight`` and
 ``temperature`` from ``model.distill`` when given.
 """
 
@@ -303,14 +303,13 @@ CONDITIONS: dict[str, Callable[[Mapping[str, Any], tuple[int, ...]], bool]] = {
     "default target": _stage_target_from_compression,
     "hf": lambda spec, index: _get(spec, "model", "arch") == "hf",
     "hf source": lambda spec, index: (
-        _get(spec, "model", "arch") == "hf"
-        and _get(spec, "model", "source", "kind") in ("hf_dir", "uploaded", "package")
-    ),
-    "hf package": lambda spec, index: (
-        _get(spec, "model", "arch") == "hf" and _get(spec, "model", "source", "kind") == "package"
+        _get(spec, "model", "arch") == "hf" and _get(spec, "model", "source", "kind") == "hf_dir"
     ),
     "hf uploaded": lambda spec, index: (
         _get(spec, "model", "arch") == "hf" and _get(spec, "model", "source", "kind") == "uploaded"
+    ),
+    "hf package": lambda spec, index: (
+        _get(spec, "model", "arch") == "hf" and _get(spec, "model", "source", "kind") == "package"
     ),
 }
 
@@ -348,6 +347,7 @@ RENAMES: tuple[Rename, ...] = (
     # read from the model directory's config.json, never given in model.config
     Rename("model.config.architecture", "/model/source", "hf_bert"),
     Rename("model.config.path", "/model/source/name", "hf package"),
+    Rename("model.config.path", "/model/source/id", "hf uploaded"),
     Rename("model.config.path", "/model/source/path", "hf source"),
     Rename("model.config.hf_config", "/model/source/config", "hf"),
     Rename("model.config.tokenizer", "/model/source/tokenizer", "hf"),

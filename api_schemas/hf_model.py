@@ -32,6 +32,7 @@ __all__ = [
     "HF_SIZE_BOUNDS",
     "HF_TASKS",
     "HFConfigSource",
+    "UploadedSource",
     "MAX_HF_CONFIG_BYTES",
     "relative_path",
 ]
@@ -115,3 +116,10 @@ class HFConfigSource(StrictModel):
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= bound:
                 raise ValueError(f"{name} must be an integer in [1, {bound:,}], got {value!r}")
         return v
+
+
+class UploadedSource(StrictModel):
+    """A model directory the tenant uploaded (``POST /v1/models``), by its id."""
+
+    kind: Literal["uploaded"]
+    id: str = Field(max_length=64, pattern=r"^mdl_[0-9A-Za-z]+$")

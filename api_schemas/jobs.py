@@ -31,7 +31,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from api_schemas.common import StrictModel
 from api_schemas.generator_limits import generator_errors, generator_of
 from api_schemas.hf_model import HF_RESERVED as HF_CONFIG_RESERVED
-from api_schemas.hf_model import HFConfigSource, relative_path
+from api_schemas.hf_model import HFConfigSource, UploadedSource, relative_path
 from api_schemas.model_limits import MAX_TABLE_ROWS, check_config
 
 __all__ = [
@@ -115,7 +115,9 @@ class PackageSource(StrictModel):
     name: PackageName
 
 
-ModelSource = Annotated[HFDirSource | PackageSource | HFConfigSource, Field(discriminator="kind")]
+ModelSource = Annotated[
+    HFDirSource | PackageSource | HFConfigSource | UploadedSource, Field(discriminator="kind")
+]
 
 
 class DistillSpec(StrictModel):
@@ -185,14 +187,19 @@ class ModelSpec(StrictModel):
     @model_validator(mode="after")
     def _hf_fields(self) -> ModelSpec:
         if self.arch in PRETRAINED_ARCHS and self.source is None:
-            kinds = "'hf_dir' or 'package'" + (", or 'hf_config'" if self.arch == "hf" else "")
+            kinds = "'hf_dir' or 'package'"
+            if self.arch == "hf":
+                kinds = "'hf_dir', 'package', 'uploaded' or 'hf_config'"
             raise ValueError(f"source is required for arch {self.arch!r} (kind {kinds})")
         if self.arch not in PRETRAINED_ARCHS and (
             self.source is not None or self.distill is not None
         ):
             raise ValueError("source and distill are only for arch 'hf_bert' and 'hf'")
-        if self.arch == "hf_bert" and isinstance(self.source, HFConfigSource):
-            raise ValueError("source kind 'hf_config' is for arch 'hf' (hf_bert is pretrained)")
+        if self.arch == "hf_bert" and isinstance(self.source, HFConfigSource | UploadedSource):
+            raise ValueError(
+                f"source kind {self.source.kind!r} is for arch 'hf' (hf_bert reads 'hf_dir' "
+                "or 'package')"
+            )
         d = self.distill
         if self.arch == "hf_bert" and d and d.temperature is not None and d.kind != "kl_logits":
             raise ValueError("temperature is only for kind 'kl_logits', not 'cosine_embedding'")

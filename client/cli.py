@@ -6,6 +6,8 @@
     comera watch JOB                      # live progress; exit 0 only if SUCCEEDED
     comera download JOB -o model.safetensors
     comera report JOB
+    comera models upload DIR              # a Hugging Face directory for arch "hf" jobs
+    comera models list / delete MODEL
     comera run job.json --out runs/one    # the same spec trained in this process, no server
     comera up                             # the embedded service (API + one local worker)
     comera keys create --tenant acme      # a new API key, printed once
@@ -34,7 +36,15 @@ from rich.console import Console
 
 from client.api import DEFAULT_URL, ComeraClient
 from client.errors import ComeraError
-from client.render import job_summary, job_table, jobs_table, plan_table, report_tables
+from client.models import delete_model, list_models, upload_model
+from client.render import (
+    job_summary,
+    job_table,
+    jobs_table,
+    models_table,
+    plan_table,
+    report_tables,
+)
 from client.watch import follow
 
 __all__ = ["app", "load_spec"]
@@ -45,6 +55,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+models_app = typer.Typer(help="Model directories for arch 'hf' jobs (model.source uploaded).")
+app.add_typer(models_app, name="models")
 JobArg = Annotated[str, typer.Argument(help="job id (job_...)")]
 SpecArg = Annotated[
     Path, typer.Argument(help="job spec, .json (or .yaml with PyYAML)", exists=True, dir_okay=False)
@@ -261,6 +273,41 @@ def report(ctx: typer.Context, job_id: JobArg, as_json: JsonOpt = False) -> None
 
 
 # -- one job in this process -------------------------------------------------------------------
+@models_app.command("upload")
+def models_upload(
+    ctx: typer.Context,
+    directory: Annotated[Path, typer.Argument(exists=True, file_okay=False, help="model dir")],
+    name: Annotated[str | None, typer.Option(help="default: the directory's name")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Upload a Hugging Face directory (config.json, model.safetensors, tokenizer.json); prints
+    its id, for ``model.source: {"kind": "uploaded", "id": ...}``."""
+    with _client(ctx) as client:
+        model = upload_model(client, directory, name)
+    _print(model, model.id, as_json)
+
+
+@models_app.command("list")
+def models_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """The tenant's models, newest first."""
+    with _client(ctx) as client:
+        models = list_models(client)
+    if as_json:
+        _out().print_json(json.dumps([m.model_dump(mode="json") for m in models]))
+    else:
+        _out().print(models_table(models))
+
+
+@models_app.command("delete")
+def models_delete(
+    ctx: typer.Context, model_id: Annotated[str, typer.Argument(help="model id (mdl_...)")]
+) -> None:
+    """Delete a model (refused while a job that has not finished uses it)."""
+    with _client(ctx) as client:
+        delete_model(client, model_id)
+    _out().print(f"deleted {model_id}")
+
+
 @app.command()
 def run(
     spec: SpecArg,

@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Group
 from rich.table import Table
 
-from api_schemas import CompressionReport, JobPublic, ValidationReport
+from api_schemas import CompressionReport, JobPublic, UploadedModelPublic, ValidationReport
 
 __all__ = [
     "baseline_table",
@@ -21,6 +21,7 @@ __all__ = [
     "job_summary",
     "job_table",
     "jobs_table",
+    "models_table",
     "plan_table",
     "report_tables",
 ]
@@ -143,6 +144,14 @@ def job_table(job: JobPublic) -> Table:
         rows.append(("error", f"[red]{job.error.title}: {job.error.detail or ''}[/]"))
     for key, value in rows:
         t.add_row(key, str(value))
+    return t
+
+
+def models_table(models: list[UploadedModelPublic]) -> Table:
+    """``comera models list``."""
+    t = Table("id", "name", "model_type", "bytes", "created", box=None)
+    for m in models:
+        t.add_row(m.id, m.name, m.model_type, f"{m.size_bytes:,}", m.created_at.isoformat())
     return t
 
 

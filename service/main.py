@@ -46,7 +46,7 @@ from service.telemetry import RequestMetricsMiddleware, Telemetry
 
 __all__ = ["SchemaNotReady", "create_app"]
 
-UPLOAD_ROUTE = ("POST", "/v1/datasets")
+UPLOAD_ROUTES = (("POST", "/v1/datasets"), ("POST", "/v1/models"))
 
 
 class SchemaNotReady(RuntimeError):
@@ -123,7 +123,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(
         BodyLimitMiddleware,
         max_bytes=settings.max_body_bytes,
-        exempt=lambda method, path: (method, path.rstrip("/")) == UPLOAD_ROUTE,
+        exempt=lambda method, path: (method, path.rstrip("/")) in UPLOAD_ROUTES,
     )
     app.add_middleware(AdmissionMiddleware, limit=settings.api_threads, exempt=long_transfer)
     app.add_middleware(NulGuardMiddleware)  # before any handler, query or store

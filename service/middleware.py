@@ -127,13 +127,13 @@ class AdmissionMiddleware:
 
 
 def long_transfer(scope: Scope) -> bool:
-    """Event streams, checkpoint downloads and dataset uploads (see AdmissionMiddleware)."""
+    """Event streams, checkpoint downloads, dataset and model uploads (AdmissionMiddleware)."""
     path, method = scope["path"], scope["method"]
     accept = dict(scope["headers"]).get(b"accept", b"")
     return (
         b"text/event-stream" in accept
         or path.endswith("/content")
-        or (method == "POST" and path.rstrip("/").endswith("/datasets"))
+        or (method == "POST" and path.rstrip("/").endswith(("/datasets", "/models")))
     )
 
 

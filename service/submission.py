@@ -97,8 +97,9 @@ def prepare(
     )
     device = "cuda" if spec.training.device == "cuda" else "cpu"
     try:
-        # hf_bert: the model directory
-        model = resolve_model_source(data_root=settings.data, model=spec.model)
+        # hf_bert, hf: the model directory (an uploaded one: the tenant's)
+        uploaded = (session, Path(settings.artifacts), tenant_id)
+        model = resolve_model_source(data_root=settings.data, model=spec.model, uploaded=uploaded)
         return to_engine(spec, train_path=train, valid_path=valid, device=device, model_path=model)
     except SpecError as err:
         raise FieldProblem.one(err.pointer, err.message, "unsupported") from None

@@ -9,6 +9,8 @@
   datasets plus the new one; an upload that would go past it is a 413 naming the quota, before
   anything is read when ``Content-Length`` says so, else once the stream passes it. Checked
   again when the dataset is recorded, so uploads racing each other cannot both land over it.
+  Uploaded models (``service.model_uploads``) have their own quota
+  (``COMERA_MAX_MODEL_BYTES_PER_TENANT``), counted the same way over their table.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from fastapi import HTTPException, Request
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.store.db.models import Dataset
+from service.store.db.models import Dataset, UploadedModel
+
+Stored = type[Dataset] | type[UploadedModel]  # a table of uploads with tenant_id, size_bytes
 
 __all__ = ["UploadSlots", "idle_stream", "over_quota", "quota_left", "stored_bytes"]
 
@@ -78,24 +82,24 @@ async def idle_stream(request: Request, idle_seconds: float) -> AsyncIterator[by
         yield chunk
 
 
-def stored_bytes(session: Session, tenant_id: str) -> int:
-    """Bytes of the tenant's stored datasets."""
-    q = select(func.coalesce(func.sum(Dataset.size_bytes), 0)).where(Dataset.tenant_id == tenant_id)
+def stored_bytes(session: Session, tenant_id: str, table: Stored = Dataset) -> int:
+    """Bytes of the tenant's stored datasets (or rows of ``table``)."""
+    q = select(func.coalesce(func.sum(table.size_bytes), 0)).where(table.tenant_id == tenant_id)
     return int(session.scalar(q) or 0)
 
 
-def over_quota(quota: int, used: int) -> HTTPException:
+def over_quota(quota: int, used: int, what: str = "datasets") -> HTTPException:
     return HTTPException(
         413,
-        f"The tenant's datasets would exceed their storage quota of {quota} bytes "
-        f"({used} bytes stored); delete datasets that are no longer needed.",
+        f"The tenant's {what} would exceed their storage quota of {quota} bytes "
+        f"({used} bytes stored); delete {what} that are no longer needed.",
     )
 
 
-def quota_left(session: Session, tenant_id: str, quota: int) -> int:
+def quota_left(session: Session, tenant_id: str, quota: int, table: Stored = Dataset) -> int:
     """Bytes the tenant may still upload; 413 when nothing is left."""
-    used = stored_bytes(session, tenant_id)
+    used = stored_bytes(session, tenant_id, table)
     session.rollback()  # no connection held while the body streams
     if used >= quota:
-        raise over_quota(quota, used)
+        raise over_quota(quota, used, table.__tablename__)
     return quota - used

@@ -29,7 +29,7 @@ from service.store.settings import Settings
 from service.upload_checks import UploadRejected, check_format
 from service.upload_limits import UploadSlots, idle_stream, over_quota, quota_left, stored_bytes
 
-__all__ = ["DATASETS_DIR", "receive_to_file", "store_upload"]
+__all__ = ["DATASETS_DIR", "receive_to_file", "store_upload", "upload_slots"]
 
 DATASETS_DIR = "datasets"
 
@@ -71,12 +71,12 @@ async def store_upload(
     *, request: Request, session: Session, settings: Settings, tenant_id: str, name: str, fmt: str
 ) -> Dataset:
     """Receive, check and keep one dataset; 408 / 413 / 422 / 429 leave nothing behind."""
-    with _slots(request, settings).hold(tenant_id):
+    with upload_slots(request, settings).hold(tenant_id):
         return await _store(request, session, settings, tenant_id, name, fmt)
 
 
-def _slots(request: Request, settings: Settings) -> UploadSlots:
-    """This API process's upload slots (service.upload_limits)."""
+def upload_slots(request: Request, settings: Settings) -> UploadSlots:
+    """This API process's upload slots (service.upload_limits), datasets and models alike."""
     state = request.app.state
     slots: UploadSlots | None = getattr(state, "upload_slots", None)
     if slots is None:

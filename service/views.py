@@ -21,13 +21,16 @@ from api_schemas import (
     MetricPoint,
     Problem,
     RankPoint,
+    UploadedModelPublic,
 )
+from api_schemas.artifacts import ModelFilePublic
 from api_schemas.job_public import ProgressPublic
 from service.store.db.crud.pagination import as_utc
-from service.store.db.models import Checkpoint, Dataset, Job, JobAttempt, JobEvent
+from service.store.db.models import Checkpoint, Dataset, Job, JobAttempt, JobEvent, UploadedModel
 
 __all__ = [
     "attempt_public",
+    "model_public",
     "checkpoint_public",
     "dataset_public",
     "event_public",
@@ -137,6 +140,18 @@ def dataset_public(d: Dataset) -> DatasetPublic:
         state=d.state,
         error=d.error,
         created_at=as_utc(d.created_at),
+    )
+
+
+def model_public(m: UploadedModel) -> UploadedModelPublic:
+    return UploadedModelPublic(
+        id=m.id,
+        name=m.name,
+        model_type=m.model_type,
+        size_bytes=m.size_bytes,
+        sha256=m.sha256,
+        files={k: ModelFilePublic(**v) for k, v in (m.files or {}).items()},
+        created_at=as_utc(m.created_at),
     )
 
 

@@ -259,7 +259,10 @@ def _run(
         train, valid = resolve_dataset(
             session=s, settings=settings, tenant_id=job.tenant_id, spec=spec.dataset
         )
-    model_dir = resolve_model_source(data_root=settings.data, model=spec.model)  # or None
+        uploaded = (s, Path(settings.artifacts), job.tenant_id)  # the tenant's uploaded models
+        model_dir = resolve_model_source(
+            data_root=settings.data, model=spec.model, uploaded=uploaded
+        )  # or None
     config, device = training.build_config(spec, train=train, valid=valid, model=model_dir)
     if run.cap_memory:
         run.memory_cap = apply_cap(settings.job_memory_cap)

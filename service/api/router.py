@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from service.api.deps import get_principal
-from service.api.routes import checkpoints, datasets, health, jobs, series
+from service.api.routes import checkpoints, datasets, health, jobs, models, series
 from service.errors import problems
 
 __all__ = ["api_router"]
@@ -19,4 +19,5 @@ api_router.include_router(jobs.router, **_authed)
 api_router.include_router(series.router, **_authed)
 api_router.include_router(checkpoints.router, **_authed)
 api_router.include_router(datasets.router, **_authed)
+api_router.include_router(models.router, **_authed)
 api_router.include_router(health.router)

@@ -27,7 +27,9 @@ architecture on the ``meta`` device and reads no weights).
 
 An ``hf`` job's directory holds the same three files, checked for its family instead of
 BERT's (:mod:`service.store.hf_model_dir`); its ``hf_config`` source names a
-``tokenizer.json`` under the data root, checked as the directory's would be.
+``tokenizer.json`` under the data root, checked as the directory's would be; its
+``uploaded`` source names a model of the job's tenant (``POST /v1/models``), whose directory
+under the artifact root is checked again the same way (``/model/source/id``).
 """
 
 from __future__ import annotations
@@ -38,10 +40,13 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from api_schemas.engine_spec import SpecError, package_path
-from api_schemas.hf_model import BERT_TOKEN_TYPES, HFConfigSource
+from api_schemas.hf_model import BERT_TOKEN_TYPES, HFConfigSource, UploadedSource
 from api_schemas.jobs import HFDirSource, ModelSpec
 from service.store import json_limits, paths
+from service.store.db.crud.models import get_model
 from service.store.hf_model_dir import check_hf_files
 from service.store.model_files import check_tokenizer, read_header
 
@@ -80,6 +85,10 @@ FIXED = (
     ("add_cross_attention", False, False),
 )
 SCAN_ENTRIES = 10_000  # directory entries looked at for pickled weights
+
+
+# where uploaded models are: a session, the artifact root and the job's tenant
+Uploaded = tuple[Session, Path, str]
 
 
 def _inside(root: Path, path: Path, pointer: str, shown: str) -> Path:
@@ -251,15 +260,38 @@ def _tokenizer_file(root: Path, rel: str, bert_tokens: bool) -> str:
     return str(file)
 
 
-def resolve_model_source(*, data_root: Path, model: ModelSpec) -> str | None:
+def _uploaded_dir(source: UploadedSource, uploaded: Uploaded | None) -> str:
+    """The checked directory of the tenant's uploaded model ``source.id``."""
+    pointer = "/model/source/id"
+    if uploaded is None:
+        raise SpecError(pointer, "an uploaded model is read by the service only")
+    session, artifacts, tenant_id = uploaded
+    row = get_model(session=session, tenant_id=tenant_id, model_id=source.id)
+    if row is None:
+        raise SpecError(pointer, f"no model {source.id!r}")
+    root = Path(artifacts).resolve()
+    try:
+        directory = _inside(root, root / row.path, pointer, source.id)
+        check_model_dir(directory, root=directory, pointer=pointer, shown=source.id, arch="hf")
+    except OSError as err:
+        raise SpecError(pointer, f"cannot read {source.id}: {paths.reason(err)}") from None
+    return str(directory)
+
+
+def resolve_model_source(
+    *, data_root: Path, model: ModelSpec, uploaded: Uploaded | None = None
+) -> str | None:
     """The engine's ``model.config.path`` of ``model`` (``None`` unless ``hf_bert`` or
     ``hf``): the resolved directory of an ``hf_dir`` under ``data_root`` (the server's data
     root, or ``comera run --data-root``), ``pkg:<name>/model`` of a package, the resolved
-    ``tokenizer.json`` of an ``hf_config``; raises :class:`SpecError` naming
-    ``/model/source/path``, ``/model/source/name`` or ``/model/source/tokenizer``."""
+    ``tokenizer.json`` of an ``hf_config``, the directory of an ``uploaded`` model found
+    with ``uploaded``; raises :class:`SpecError` naming ``/model/source/path``,
+    ``/model/source/name``, ``/model/source/tokenizer`` or ``/model/source/id``."""
     source, arch = model.source, model.arch
     if arch not in ("hf_bert", "hf") or source is None:
         return None
+    if isinstance(source, UploadedSource):
+        return _uploaded_dir(source, uploaded)
     if isinstance(source, HFConfigSource):
         bert_tokens = source.config.get("model_type") in BERT_TOKEN_TYPES
         return _tokenizer_file(Path(data_root).resolve(), source.tokenizer, bert_tokens)

@@ -43,6 +43,10 @@ class Settings(BaseSettings):
     max_uploads_per_tenant: int = Field(default=4, ge=1, le=1000)
     max_uploads: int = Field(default=32, ge=1, le=10_000)
     max_dataset_bytes_per_tenant: int = Field(default=20 << 30, ge=1024)
+    # model uploads (service.model_uploads): one upload at most this many bytes (413), a
+    # tenant's stored models at most this many (413); the idle time and slots are the datasets'
+    max_model_upload_bytes: int = Field(default=32 << 30, ge=1024)
+    max_model_bytes_per_tenant: int = Field(default=100 << 30, ge=1024)
     max_queued_jobs_per_tenant: int = Field(default=100, ge=1)
     # the sum of limits.max_wall_time_s over a tenant's QUEUED jobs (429 past it): 30 days
     max_queued_wall_seconds_per_tenant: int = Field(default=30 * 24 * 3600, ge=10)

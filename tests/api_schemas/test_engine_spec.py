@@ -153,6 +153,16 @@ SPECS: dict[str, dict[str, Any]] = {
         "dataset": {"source": "path", "path": "t.txt", "format": "text", "valid_every": 2},
         "schedule": [{"kind": "early", "steps": 3}],
     },
+    "hf, uploaded": {
+        "name": "llama-uploaded",
+        "model": {
+            "arch": "hf",
+            "config": {"task": "masked_lm"},
+            "source": {"kind": "uploaded", "id": "mdl_01ABC"},
+        },
+        "dataset": {"source": "synthetic", "generator": "stdlib_text"},
+        "schedule": [{"kind": "early", "steps": 3}],
+    },
     "hf, package": {
         "name": "hf-pkg",
         "model": {
@@ -273,7 +283,7 @@ def test_every_rename_is_exercised_by_the_translation():
     entries = {f"{r.engine} ({r.when or 'always'})" for r in RENAMES}
     unexercised = {e for e in entries - fired if e.split(" ")[0] not in read_from_files}
     assert not unexercised, f"no spec here makes to_engine write {sorted(unexercised)}"
-    assert len(entries) == len(RENAMES) == 27
+    assert len(entries) == len(RENAMES) == 28
 
 
 def test_hf_bert_fields_the_wire_reserves_are_renamed():

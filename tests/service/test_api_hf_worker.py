@@ -1,7 +1,7 @@
 """An ``hf`` job submitted over HTTP and run by a real Celery worker: a tiny LLaMA directory
-under the data root, compressed; ``model/hf/`` downloaded as its checkpoint (a tar) and loaded
-by transformers in a process where importing this project fails, its outputs those of the
-compressed checkpoint."""
+under the data root or uploaded (``POST /v1/models``), compressed; ``model/hf/`` downloaded as
+its checkpoint (a tar) and loaded by transformers in a process where importing this project
+fails, its outputs those of the compressed checkpoint."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from tests.engine.train.test_hf_jobs import LOADER, _reference
 from tests.helpers.services import wait_for
 from tests.service.api_helpers import Api
 from tests.service.test_api_hf_jobs import hf_body, hf_data_root
+from tests.service.test_api_models import tar_of, upload
 from tests.worker.test_celery import celery_worker
 
 pytestmark = [
@@ -95,11 +96,18 @@ def clean_load(requests: list[dict[str, Any]], tmp_path: Path) -> list[dict[str,
     return json.loads(load.stdout.strip().splitlines()[-1])
 
 
-def test_an_hf_job_runs_on_a_real_worker_and_its_hf_directory_loads_alone(api: Api, tmp_path):
+@pytest.mark.parametrize("source", ["hf_dir", "uploaded"])
+def test_an_hf_job_runs_on_a_real_worker_and_its_hf_directory_loads_alone(
+    api: Api, tmp_path, source: str
+):
     body = hf_body()
     body["schedule"] = [{"kind": "early", "steps": 4}]  # TT-SVD at full rank, then training
     with real_worker(api, tmp_path) as run:
-        hf_data_root(Path(api.settings.data))
+        root = hf_data_root(Path(api.settings.data))
+        if source == "uploaded":
+            resp = upload(api, tar_of(root / "models" / "llama"))
+            assert resp.status_code == 201, resp.text
+            body["model"]["source"] = {"kind": "uploaded", "id": resp.json()["id"]}
         job = run(body)
     dirs = download_dirs(api, job["id"], tmp_path / "download")
     assert set(dirs) == {"hf", "dense"}

@@ -42,6 +42,7 @@ __all__ = [
     "MetricPoint",
     "RankPoint",
     "Tenant",
+    "UploadedModel",
     "Worker",
     "utcnow",
 ]
@@ -235,6 +236,22 @@ class Dataset(Base):
     rows: Mapped[int | None] = mapped_column(BigInteger)
     state: Mapped[str] = mapped_column(String(16))  # ready | rejected
     error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(TZ, default=utcnow)
+
+
+class UploadedModel(Base):
+    """A Hugging Face model directory uploaded by a tenant (``POST /v1/models``), its files
+    under ``path``; checked before the row exists (``service.model_uploads``)."""
+
+    __tablename__ = "models"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # mdl_<ULID>
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(128))
+    model_type: Mapped[str] = mapped_column(String(32))  # config.json's
+    path: Mapped[str] = mapped_column(String(1024))  # a directory, relative to the artifacts
+    size_bytes: Mapped[int] = mapped_column(BigInteger)  # of its files
+    sha256: Mapped[str] = mapped_column(String(64))  # of the files' names and sha256s
+    files: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)  # name -> bytes, sha256
     created_at: Mapped[datetime] = mapped_column(TZ, default=utcnow)
 
 

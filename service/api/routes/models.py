@@ -1,0 +1,110 @@
+"""``/v1/models``: upload a Hugging Face model directory (one tar, streamed), list, read and
+delete it. A job names it as ``model.source: {"kind": "uploaded", "id": ...}`` (``arch: hf``).
+
+The upload route is exempt from the 1 MiB body limit; it has its own
+(``max_model_upload_bytes``) and streams to disk (``service.model_uploads``).
+"""
+
+from __future__ import annotations
+
+import shutil
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Request, Response
+
+from api_schemas import UploadedModelPublic, UploadedModelsPublic
+from service.api.deps import SessionDep, SettingsDep, TenantDep
+from service.errors import problems
+from service.model_uploads import store_model_upload
+from service.store.db.crud.models import delete_model, get_model, list_models, model_in_use
+from service.store.storage import artifact_path
+from service.views import model_public
+
+router = APIRouter(prefix="/models", tags=["models"])
+# the tar's media types (octet-stream as for datasets; gzip is read too)
+TAR_TYPES = (
+    "application/x-tar",
+    "application/octet-stream",
+    "application/tar",
+    "application/gzip",
+    "application/x-gzip",
+)
+TAR_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=UploadedModelPublic,
+    openapi_extra=TAR_BODY,
+    responses=problems(408, 413, 415, 422, 429),
+)
+async def upload_model(
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    tenant: TenantDep,
+    response: Response,
+    name: Annotated[str, Query(min_length=1, max_length=128, pattern=r"^[\w.\- ]+$")],
+) -> UploadedModelPublic:
+    """Upload a model directory as one tar (``Content-Type: application/x-tar`` or
+    ``application/octet-stream``; gzip read too): ``config.json``, ``model.safetensors``,
+    ``tokenizer.json`` and other JSON / text files, at the top level or under one folder.
+    Pickles and code are refused by name, the directory is checked as an ``hf`` job's model
+    before anything is kept (422 with the reason); 408 / 413 / 429 as for datasets."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype not in TAR_TYPES:
+        raise HTTPException(415, "Send the model directory as one tar (application/x-tar).")
+    row = await store_model_upload(
+        request=request, session=session, settings=settings, tenant_id=tenant.id, name=name
+    )
+    response.headers["Location"] = f"/v1/models/{row.id}"
+    return model_public(row)
+
+
+@router.get("", response_model=UploadedModelsPublic, responses=problems(400, 422))
+def list_models_route(
+    session: SessionDep,
+    tenant: TenantDep,
+    cursor: Annotated[str | None, Query(max_length=512)] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+) -> UploadedModelsPublic:
+    """The tenant's models, newest first."""
+    try:
+        rows, nxt = list_models(session=session, tenant_id=tenant.id, cursor=cursor, limit=limit)
+    except ValueError:
+        raise HTTPException(400, "Invalid cursor.") from None
+    return UploadedModelsPublic(items=[model_public(m) for m in rows], next_cursor=nxt)
+
+
+@router.get("/{model_id}", response_model=UploadedModelPublic, responses=problems(404))
+def read_model(model_id: str, session: SessionDep, tenant: TenantDep) -> UploadedModelPublic:
+    row = get_model(session=session, tenant_id=tenant.id, model_id=model_id)
+    if row is None:
+        raise HTTPException(404, "Model not found.")
+    return model_public(row)
+
+
+@router.delete(
+    "/{model_id}", status_code=204, response_class=Response, responses=problems(404, 409)
+)
+def delete_model_route(
+    model_id: str, session: SessionDep, settings: SettingsDep, tenant: TenantDep
+) -> Response:
+    """Delete the model and its files; 409 while a job that has not finished uses it."""
+    row = get_model(session=session, tenant_id=tenant.id, model_id=model_id)
+    if row is None:
+        raise HTTPException(404, "Model not found.")
+    if model_in_use(session=session, tenant_id=tenant.id, model_id=row.id):
+        raise HTTPException(409, "A job that has not finished uses this model.")
+    path = artifact_path(settings, row.path)
+    delete_model(session=session, model=row)
+    session.commit()
+    if path is not None and path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    return Response(status_code=204)

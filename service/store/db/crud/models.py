@@ -1,0 +1,77 @@
+"""Uploaded models: rows of directories under ``<artifacts>/models/`` (checked before use)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from api_schemas import TERMINAL_STATES
+from service.store.db.crud.pagination import keyset_page
+from service.store.db.models import Job, UploadedModel
+
+__all__ = ["create_model", "delete_model", "get_model", "list_models", "model_in_use"]
+
+
+def create_model(
+    *,
+    session: Session,
+    model_id: str,
+    tenant_id: str,
+    name: str,
+    model_type: str,
+    path: str,
+    size_bytes: int,
+    sha256: str,
+    files: dict[str, Any],
+) -> UploadedModel:
+    row = UploadedModel(
+        id=model_id,
+        tenant_id=tenant_id,
+        name=name,
+        model_type=model_type,
+        path=path,
+        size_bytes=size_bytes,
+        sha256=sha256,
+        files=files,
+    )
+    session.add(row)
+    session.flush()
+    return row
+
+
+def get_model(*, session: Session, tenant_id: str, model_id: str) -> UploadedModel | None:
+    q = select(UploadedModel).where(
+        UploadedModel.id == model_id, UploadedModel.tenant_id == tenant_id
+    )
+    return session.scalars(q).first()
+
+
+def list_models(
+    *, session: Session, tenant_id: str, cursor: str | None, limit: int
+) -> tuple[list[UploadedModel], str | None]:
+    q = select(UploadedModel).where(UploadedModel.tenant_id == tenant_id)
+    return keyset_page(
+        session=session,
+        query=q,
+        created=UploadedModel.created_at,
+        ident=UploadedModel.id,
+        cursor=cursor,
+        limit=limit,
+    )
+
+
+def model_in_use(*, session: Session, tenant_id: str, model_id: str) -> bool:
+    """Whether a job that has not finished reads this model."""
+    q = select(Job.spec).where(
+        Job.tenant_id == tenant_id,
+        Job.state.not_in([s.value for s in TERMINAL_STATES]),
+        Job.spec[("model", "source", "id")].as_string() == model_id,
+    )
+    return session.scalars(q.limit(1)).first() is not None
+
+
+def delete_model(*, session: Session, model: UploadedModel) -> None:
+    session.execute(delete(UploadedModel).where(UploadedModel.id == model.id))
+    session.expunge(model)
