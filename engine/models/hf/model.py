@@ -26,8 +26,10 @@ __all__ = ["HFModel", "build_hf", "auto_class"]
 
 
 def auto_class(task: str) -> Any:
+    """transformers' Auto class of ``task`` (its progress bars off: a job's log is lines)."""
     import transformers
 
+    transformers.utils.logging.disable_progress_bar()
     return getattr(transformers, TASKS[task])
 
 
