@@ -1,4 +1,5 @@
-"""Model uploads: one tar of a Hugging Face directory, streamed to disk, unpacked, checked.
+"""Model uploads: a Hugging Face directory (one tar, or multipart files), streamed to disk,
+checked before anything is kept.
 
 ``POST /v1/models`` takes the directory as one tar (``Content-Type: application/x-tar``;
 gzip also read). It is received as a dataset is (:func:`service.uploads.receive_to_file`:
@@ -12,6 +13,11 @@ slots), then unpacked into a staging directory beside it, member by member:
 * pickles (``*.bin``, ``*.pt``, ``*.pth``, ``*.pkl``, ...) and code (``*.py``, ...) are refused
   by name, never read; other names must end in :data:`ALLOWED_SUFFIXES`;
 * the unpacked bytes count against the same limit (a compressed tar cannot expand past it).
+
+Or as ``multipart/form-data``, one file part per file (:func:`receive_files`): the body is
+parsed as it streams (the same size limit, idle timeout and at most :data:`MAX_FILES` parts,
+no other fields), each part's file name a bare name checked as a tar member's, its bytes
+copied into the staging directory and hashed.
 
 Then the directory is checked as an ``hf`` job's would be (``service.store.model_source``:
 ``config.json`` bounds and family, the safetensors header's dtypes, shapes and byte ranges,
@@ -28,24 +34,28 @@ import os
 import shutil
 import tarfile
 import tempfile
+from collections.abc import AsyncGenerator
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from fastapi import HTTPException, Request
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
 
 from api_schemas.engine_spec import SpecError
 from service.errors import FieldProblem
+from service.middleware import content_length_exceeds
 from service.store.db.crud.models import create_model
 from service.store.db.models import UploadedModel
 from service.store.ids import new_id
 from service.store.model_source import PICKLED, REQUIRED_FILES, check_model_dir
 from service.store.settings import Settings
-from service.upload_limits import over_quota, quota_left, stored_bytes
+from service.upload_limits import idle_stream, over_quota, quota_left, stored_bytes
 from service.uploads import receive_to_file, upload_slots
 
-__all__ = ["ALLOWED_SUFFIXES", "MAX_FILES", "MODELS_DIR", "store_model_upload"]
+__all__ = ["ALLOWED_SUFFIXES", "MAX_FILES", "MODELS_DIR", "receive_files", "store_model_upload"]
 
 MODELS_DIR = "models"
 MAX_FILES = 64
@@ -133,6 +143,47 @@ def unpack(tar_path: Path, stage: Path, limit: int) -> dict[str, dict[str, Any]]
     return files
 
 
+async def _limited(request: Request, limit: int, idle: float) -> AsyncGenerator[bytes, None]:
+    size = 0
+    async for chunk in idle_stream(request, idle):
+        size += len(chunk)
+        if size > limit:
+            raise HTTPException(413, f"The upload exceeds {limit} bytes.")
+        yield chunk
+
+
+async def receive_files(
+    request: Request, stage: Path, limit: int, idle: float
+) -> dict[str, dict[str, Any]]:
+    """A ``multipart/form-data`` body's files written into ``stage`` (module doc)."""
+    if content_length_exceeds(request.headers.get("content-length", ""), limit):
+        raise HTTPException(413, f"The upload exceeds {limit} bytes.")
+    parser = MultiPartParser(
+        request.headers, _limited(request, limit, idle), max_files=MAX_FILES, max_fields=0
+    )
+    try:
+        form = await parser.parse()
+    except MultiPartException as err:
+        raise Refused(f"not a readable multipart body ({err.message})") from None
+    files: dict[str, dict[str, Any]] = {}
+    try:
+        for field, value in form.multi_items():
+            if not isinstance(value, UploadFile):
+                raise Refused(f"field {field[:64]!r} is not a file")
+            name = value.filename or ""
+            if not name or "/" in name or "\\" in name or name in (".", ".."):
+                raise Refused(f"{name[:200]!r}: a part's file name is a bare file name")
+            check_file_name(name)
+            if name in files:
+                raise Refused(f"{name!r} appears twice")
+            budget = limit - sum(f["size_bytes"] for f in files.values())
+            size, sha = await run_in_threadpool(_copy, value.file, stage / name, budget)
+            files[name] = {"size_bytes": size, "sha256": sha}
+    finally:
+        await form.close()
+    return files
+
+
 def _checked(stage: Path, name: str, files: dict[str, dict[str, Any]]) -> str:
     """The model_type of the staged directory after the ``hf`` checks (``Refused``)."""
     if missing := [f for f in REQUIRED_FILES if f not in files]:
@@ -167,21 +218,27 @@ async def _store(
     quota = settings.max_model_bytes_per_tenant
     left = await run_in_threadpool(quota_left, session, tenant_id, quota, UploadedModel)
     limit = min(settings.max_model_upload_bytes, left)
-    try:
-        tmp, _, _ = await receive_to_file(request, folder, limit, settings.upload_idle_seconds)
-    except HTTPException as err:
-        if err.status_code == 413 and limit < settings.max_model_upload_bytes:
-            raise over_quota(quota, quota - left, "models") from None
-        raise
+    idle = settings.upload_idle_seconds
+    multipart = request.headers.get("content-type", "").lower().startswith("multipart/")
     stage = Path(tempfile.mkdtemp(dir=folder, prefix=".stage-"))
+    tmp: Path | None = None
     try:
         try:
-            files = await run_in_threadpool(unpack, tmp, stage, limit)
+            if multipart:
+                files = await receive_files(request, stage, limit, idle)
+            else:
+                tmp, _, _ = await receive_to_file(request, folder, limit, idle)
+                files = await run_in_threadpool(unpack, tmp, stage, limit)
             model_type = await run_in_threadpool(_checked, stage, name, files)
         except Refused as err:
             raise _refuse(str(err)) from None
+        except HTTPException as err:
+            if err.status_code == 413 and limit < settings.max_model_upload_bytes:
+                raise over_quota(quota, quota - left, "models") from None
+            raise
         finally:
-            tmp.unlink(missing_ok=True)
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
         model_id = new_id("mdl")
         final = folder / model_id
         os.replace(stage, final)

@@ -82,6 +82,24 @@ def test_upload_list_get_and_delete(api: Api, llama: Path):
     assert upload(api, tar_of(llama), headers={"content-type": "text/plain"}).status_code == 415
 
 
+def test_multipart_files_upload_the_same_directory(api: Api, llama: Path):
+    def parts(extra: dict[str, bytes] | None = None) -> list:
+        files = {p.name: p.read_bytes() for p in sorted(llama.iterdir())}
+        return [("files", (n, d)) for n, d in {**files, **(extra or {})}.items()]
+
+    post = api.client.post
+    resp = post("/v1/models", params={"name": "parts"}, files=parts())
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["sha256"] == upload(api, tar_of(llama)).json()["sha256"]
+    _refused(post("/v1/models", params={"name": "x"}, files=parts({"evil.py": b"1"})), "evil.py")
+    _refused(post("/v1/models", params={"name": "x"}, files=parts({"m.pkl": b"1"})), "m.pkl")
+    resp = post("/v1/models", params={"name": "x"}, files=parts({"../up.json": b"{}"}))
+    _refused(resp, "up.json")
+    resp = post("/v1/models", params={"name": "x"}, files=parts(), data={"note": "hi"})
+    _refused(resp, "multipart")
+    assert len(api.client.get("/v1/models").json()["items"]) == 2
+
+
 def test_pickles_code_links_and_traversal_are_refused_by_name(api: Api, llama: Path):
     _refused(
         upload(api, tar_of(llama, extra={"pytorch_model.bin": b"\x80\x04."})),

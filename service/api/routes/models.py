@@ -1,5 +1,6 @@
-"""``/v1/models``: upload a Hugging Face model directory (one tar, streamed), list, read and
-delete it. A job names it as ``model.source: {"kind": "uploaded", "id": ...}`` (``arch: hf``).
+"""``/v1/models``: upload a Hugging Face model directory (one tar, or multipart files;
+streamed), list, read and delete it. A job names it as ``model.source: {"kind":
+"uploaded", "id": ...}`` (``arch: hf``).
 
 The upload route is exempt from the 1 MiB body limit; it has its own
 (``max_model_upload_bytes``) and streams to disk (``service.model_uploads``).
@@ -53,13 +54,16 @@ async def upload_model(
     name: Annotated[str, Query(min_length=1, max_length=128, pattern=r"^[\w.\- ]+$")],
 ) -> UploadedModelPublic:
     """Upload a model directory as one tar (``Content-Type: application/x-tar`` or
-    ``application/octet-stream``; gzip read too): ``config.json``, ``model.safetensors``,
-    ``tokenizer.json`` and other JSON / text files, at the top level or under one folder.
+    ``application/octet-stream``; gzip read too) or as ``multipart/form-data`` file parts:
+    ``config.json``, ``model.safetensors``, ``tokenizer.json`` and other JSON / text files,
+    at the top level or under one folder of the tar.
     Pickles and code are refused by name, the directory is checked as an ``hf`` job's model
     before anything is kept (422 with the reason); 408 / 413 / 429 as for datasets."""
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if ctype not in TAR_TYPES:
-        raise HTTPException(415, "Send the model directory as one tar (application/x-tar).")
+    if ctype not in (*TAR_TYPES, "multipart/form-data"):
+        raise HTTPException(
+            415, "Send the model directory as one tar (application/x-tar) or multipart files."
+        )
     row = await store_model_upload(
         request=request, session=session, settings=settings, tenant_id=tenant.id, name=name
     )
