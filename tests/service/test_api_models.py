@@ -162,8 +162,8 @@ def test_lying_safetensors_headers_and_huge_configs_are_refused(api: Api, llama:
     _nothing_kept(api)
 
 
-def test_the_size_limit_and_the_tenant_quota(api_lite: Api, llama: Path):
-    api, body = api_lite, tar_of(llama)
+def test_the_size_limit_and_the_tenant_quota(api: Api, llama: Path):
+    body = tar_of(llama)
     settings = api.client.app.state.settings
     api.client.app.state.settings = settings.model_copy(
         update={"max_model_upload_bytes": 64 * 1024}
