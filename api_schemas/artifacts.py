@@ -264,6 +264,7 @@ class MemoryPlan(BaseModel):
     activation_bytes: int
     data_bytes: int
     baseline_bytes: int = 0
+    slack_bytes: int = 0  # what a job loads beyond the baseline, the allocator's fragmentation
     processes: int = 1
     launcher_bytes: int = 0
 

@@ -2,14 +2,17 @@
 real sizes of its data (:mod:`worker.data_facts`) and what every process of this host holds
 before either (:mod:`worker.process_baseline`).
 
-Four parts, in bytes, per process:
+Five parts, in bytes, per process:
 
 * **model**: every trainable parameter costs 16 (fp32 weight, gradient and two Adam moments),
   every frozen one 4. A teacher held outside the model is frozen and float32:
   ``teacher_params``, the original a pretrained ``hf`` or ``hf_bert`` model distils from
   (:func:`worker.plan.plan_job` counts the dense model's parameters), and the stage-start
   teacher of a job whose late or finetune stages distil from it (:mod:`engine.train.teacher`;
-  a frozen copy of the model, an upper bound: ranks only fall before a late stage);
+  a frozen copy of the model, an upper bound: ranks only fall before a late stage). A late
+  stage under the fidelity guard (``compression.max_metric_drop``, :mod:`engine.train.guard`)
+  keeps a host copy of the model's state and Adam's moments (4 bytes per parameter of the
+  model, 8 per trainable one), twice: a new snapshot is built before the last is released;
 * **activations**: 2 x 4 bytes x tokens per batch x the summed output widths of every linear
   and embedding layer (the output and one same-size intermediate kept for backward), plus for
   attention models 2 x 4 bytes x batch x heads x seq^2 x layers (scores and probabilities);
@@ -22,8 +25,11 @@ Four parts, in bytes, per process:
   hidden size a training sentence, at most ``engine.models.hf_bert.cache.MAX_BYTES``);
 * **baseline**: the process itself: its interpreter, torch, the engine and what their first
   step loads, as measured on this host (``process_bytes``; ``hf_bytes`` more for the ``hf``
-  workload, on transformers' classes), plus :data:`RUNTIME_SLACK` for what a job loads beyond
-  the probe's (its data pipeline's modules, allocator arenas).
+  workload, on transformers' classes);
+* **slack**: :data:`RUNTIME_SLACK` for what a job loads beyond the probe's (its data
+  pipeline's modules, thread and allocator arenas) and :data:`FRAGMENTATION` of the model,
+  activations and data (freed blocks the allocator keeps: a tiny BERT's peak measured up to
+  5% above the four parts, varying by that much from run to run).
 
 A data-parallel job (``training.devices`` x ``training.nodes`` = W processes, one per device)
 is estimated per process, which is what each device and each process's memory cap must hold:
@@ -55,6 +61,7 @@ from engine.train.teacher import teacher_weight
 from worker.process_baseline import DEFAULT_BASELINE, ProcessBaseline
 
 __all__ = [
+    "FRAGMENTATION",
     "RUNTIME_SLACK",
     "SEQUENCE_ARCHS",
     "MemoryEstimate",
@@ -67,6 +74,7 @@ SEQUENCE_ARCHS = ("transformer", "mlm", "hf_bert", "hf")
 HF_HEADS = ("num_attention_heads", "n_head", "n_heads")  # config.json names per family
 HF_LAYERS = ("num_hidden_layers", "n_layer", "n_layers")
 RUNTIME_SLACK = 32 << 20  # a job's process beyond the baseline probe's (module doc)
+FRAGMENTATION = 1 / 8  # of the model, activations and data (module doc)
 
 
 @dataclass(frozen=True)
@@ -75,12 +83,14 @@ class MemoryEstimate:
     activation_bytes: int
     data_bytes: int
     baseline_bytes: int = 0  # the process itself (module doc)
+    slack_bytes: int = 0
     processes: int = 1  # data-parallel processes, each needing ``total`` (module doc)
     launcher_bytes: int = 0  # the launcher beside them, once per job; not in ``total``
 
     @property
     def total(self) -> int:
-        return self.model_bytes + self.activation_bytes + self.data_bytes + self.baseline_bytes
+        parts = self.model_bytes + self.activation_bytes + self.data_bytes
+        return parts + self.baseline_bytes + self.slack_bytes
 
     @property
     def job_bytes(self) -> int:
@@ -93,6 +103,7 @@ class MemoryEstimate:
             "activation_bytes": self.activation_bytes,
             "data_bytes": self.data_bytes,
             "baseline_bytes": self.baseline_bytes,
+            "slack_bytes": self.slack_bytes,
             "processes": self.processes,
             "launcher_bytes": self.launcher_bytes,
         }
@@ -148,6 +159,15 @@ def _activation_bytes(model: nn.Module, cfg: JobConfig, model_config: Any, *, te
     return out
 
 
+def _guard_bytes(model: nn.Module, cfg: JobConfig) -> int:
+    """The fidelity guard's two snapshots of a late stage (module doc)."""
+    if cfg.compression.max_metric_drop is None or not any(s.kind == "late" for s in cfg.schedule):
+        return 0
+    params = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return 2 * (4 * params + 8 * trainable)
+
+
 def _teacher_table_bytes(cfg: JobConfig, model_config: Any, sentences: int | None) -> int:
     """``hf_bert``'s teacher embeddings of the training split (``cosine_embedding``)."""
     if cfg.model.arch != "hf_bert" or getattr(model_config, "distill", None) != (
@@ -182,17 +202,20 @@ def estimate_memory(
         frozen += sum(p.numel() for p in model.parameters())
     world = processes(cfg)
     buckets = 4 * trainable if world > 1 else 0  # DDP's gradient buckets
-    process = baseline.process_bytes + RUNTIME_SLACK
+    process = baseline.process_bytes
     if cfg.model.arch == "hf":
         process += baseline.hf_bytes
     activations = _activation_bytes(
         model, cfg, model_config, teacher=stage_teacher or teacher_params > 0
     )
+    model_bytes = 16 * trainable + 4 * frozen + buckets + _guard_bytes(model, cfg)
+    data = data_bytes + _teacher_table_bytes(cfg, model_config, train_sentences)
     return MemoryEstimate(
-        model_bytes=16 * trainable + 4 * frozen + buckets,
+        model_bytes=model_bytes,
         activation_bytes=activations,
-        data_bytes=data_bytes + _teacher_table_bytes(cfg, model_config, train_sentences),
+        data_bytes=data,
         baseline_bytes=process,
+        slack_bytes=RUNTIME_SLACK + int(FRAGMENTATION * (model_bytes + activations + data)),
         processes=world,
         launcher_bytes=baseline.launcher_bytes + RUNTIME_SLACK if world > 1 else 0,
     )

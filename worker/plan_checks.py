@@ -100,6 +100,6 @@ def check_capacity(
         pointer,
         f"{who} an estimated {gib(estimate.total)} (model {gib(estimate.model_bytes)}, "
         f"activations {gib(estimate.activation_bytes)}, data {gib(estimate.data_bytes)}, "
-        f"the process itself {gib(estimate.baseline_bytes)}), "
+        f"the process itself {gib(estimate.baseline_bytes + estimate.slack_bytes)}), "
         f"most of it {what}; a worker offers {offer} {gib(capacity)}",
     )

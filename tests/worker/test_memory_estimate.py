@@ -14,7 +14,7 @@ import torch
 from engine.models.registry import get_workload
 from engine.train.job import JobConfig
 from tests.helpers.hf_dirs import SIZES, write_bert_dir
-from worker.memory_estimate import RUNTIME_SLACK, estimate_memory
+from worker.memory_estimate import FRAGMENTATION, RUNTIME_SLACK, estimate_memory
 from worker.plan import plan_job
 from worker.process_baseline import DEFAULT_BASELINE, ENV, ProcessBaseline, known_baseline
 
@@ -73,12 +73,16 @@ def test_the_stage_start_teacher_is_counted():
     off = copy.deepcopy(job)
     off["schedule"][1]["teacher_weight"] = off["schedule"][2]["teacher_weight"] = 0
     with_teacher, without = plan_job(job)["memory"], plan_job(off)["memory"]
-    params = without["model_bytes"] // 16  # no frozen parameters in an MLP
-    assert with_teacher["model_bytes"] == without["model_bytes"] + 4 * params
-    assert with_teacher["activation_bytes"] == without["activation_bytes"] + 2 * 4 * 64 * 256
     unguarded = copy.deepcopy(job)  # the guard off: no teacher unless asked for
     unguarded["compression"]["max_metric_drop"] = None
-    assert plan_job(unguarded)["memory"] == without
+    bare = plan_job(unguarded)["memory"]
+    params = bare["model_bytes"] // 16  # no frozen parameters in an MLP
+    assert with_teacher["model_bytes"] == without["model_bytes"] + 4 * params
+    assert with_teacher["activation_bytes"] == without["activation_bytes"] + 2 * 4 * 64 * 256
+    # the guard's two snapshots of the model and Adam's moments (engine.train.guard)
+    assert without["model_bytes"] == bare["model_bytes"] + 2 * (4 + 8) * params
+    same = ("activation_bytes", "data_bytes", "baseline_bytes", "processes", "launcher_bytes")
+    assert all(bare[k] == without[k] for k in same)
 
 
 BASELINE = ProcessBaseline(process_bytes=300 << 20, hf_bytes=70 << 20, launcher_bytes=200 << 20)
@@ -87,10 +91,12 @@ BASELINE = ProcessBaseline(process_bytes=300 << 20, hf_bytes=70 << 20, launcher_
 def test_every_process_counts_the_baseline_and_a_job_on_two_devices_its_launcher():
     one = plan_job(_job(), baseline=BASELINE)["memory"]
     two = plan_job(_job(devices=2), baseline=BASELINE)["memory"]
-    assert one["baseline_bytes"] == two["baseline_bytes"] == (300 << 20) + RUNTIME_SLACK
+    assert one["baseline_bytes"] == two["baseline_bytes"] == 300 << 20
+    tensors = sum(one[k] for k in ("model_bytes", "activation_bytes", "data_bytes"))
+    assert one["slack_bytes"] == RUNTIME_SLACK + int(FRAGMENTATION * tensors)
     assert (one["launcher_bytes"], two["launcher_bytes"]) == (0, (200 << 20) + RUNTIME_SLACK)
     plan = plan_job(_job(devices=2), baseline=BASELINE)  # the total is one process's
-    parts = ("model_bytes", "activation_bytes", "data_bytes", "baseline_bytes")
+    parts = ("model_bytes", "activation_bytes", "data_bytes", "baseline_bytes", "slack_bytes")
     assert plan["estimated_memory_bytes"] == sum(plan["memory"][k] for k in parts)
 
 
@@ -98,10 +104,10 @@ def test_without_a_measured_baseline_the_planner_uses_the_workers_or_the_default
     monkeypatch.delenv(ENV, raising=False)
     assert known_baseline() == DEFAULT_BASELINE
     default = plan_job(_job())["memory"]["baseline_bytes"]
-    assert default == DEFAULT_BASELINE.process_bytes + RUNTIME_SLACK
+    assert default == DEFAULT_BASELINE.process_bytes
     monkeypatch.setenv(ENV, json.dumps(BASELINE.to_dict()))  # as the worker exports it
     assert known_baseline() == BASELINE
-    assert plan_job(_job())["memory"]["baseline_bytes"] == (300 << 20) + RUNTIME_SLACK
+    assert plan_job(_job())["memory"]["baseline_bytes"] == 300 << 20
 
 
 def _hf_bert_job(tmp_path: Path, **config: Any) -> dict[str, Any]:

@@ -10,7 +10,6 @@ import tempfile
 import pytest
 
 from service.store.settings import Settings
-from worker.memory_estimate import RUNTIME_SLACK
 from worker.plan import plan_job
 from worker.process_baseline import ENV, ProcessBaseline, host_baseline, known_baseline
 from worker.registration import Registration
@@ -42,7 +41,7 @@ def test_the_worker_measures_the_baseline_once_per_host_and_its_children_plan_wi
     assert ProcessBaseline.from_dict(json.loads(os.environ[ENV])) == baseline  # exported
     assert known_baseline() == baseline
     memory = plan_job(JOB)["memory"]  # as a child forked after the measurement plans
-    assert memory["baseline_bytes"] == baseline.process_bytes + RUNTIME_SLACK
+    assert memory["baseline_bytes"] == baseline.process_bytes
     [cached] = list(tmp_path.glob("comera-process-baseline-*.json"))
     cached.write_text(json.dumps({**baseline.to_dict(), "process_bytes": 123 << 20}))
     assert host_baseline().process_bytes == 123 << 20  # a worker started later measures nothing
