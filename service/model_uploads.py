@@ -11,7 +11,8 @@ slots), then unpacked into a staging directory beside it, member by member:
   one common folder (``llama/config.json``); a symlink, hard link or device, an absolute
   name, ``..``, or deeper nesting is refused with the member's name;
 * pickles (``*.bin``, ``*.pt``, ``*.pth``, ``*.pkl``, ...) and code (``*.py``, ...) are refused
-  by name, never read; other names must end in :data:`ALLOWED_SUFFIXES`;
+  by name, never read; other names must be plain (letters, digits, ``_ - .``) and end in
+  :data:`ALLOWED_SUFFIXES`;
 * the unpacked bytes count against the same limit (a compressed tar cannot expand past it).
 
 Or as ``multipart/form-data``, one file part per file (:func:`receive_files`): the body is
@@ -30,10 +31,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import lzma
 import os
+import re
 import shutil
 import tarfile
 import tempfile
+import zlib
 from collections.abc import AsyncGenerator
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
@@ -63,6 +67,7 @@ CODE = (".py", ".pyc", ".pyo", ".so", ".sh", ".ipynb")
 REFUSED = tuple(PICKLED) + (".pkl", ".pickle", ".joblib", ".npy", ".npz") + CODE
 ALLOWED_SUFFIXES = (".json", ".safetensors", ".txt", ".model", ".md")
 CHUNK = 1 << 20
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")  # config.json, model.safetensors, ...
 
 
 class Refused(ValueError):
@@ -89,7 +94,10 @@ def _name(member: tarfile.TarInfo) -> tuple[str | None, str]:
 
 
 def check_file_name(name: str) -> None:
-    """Pickles and code are refused by name; other names must have a known suffix."""
+    """Pickles and code are refused by name; other names must be plain (:data:`NAME`) and
+    have a known suffix."""
+    if not NAME.fullmatch(name):
+        raise Refused(f"{name[:200]!r}: a file name of letters, digits, '_', '-' and '.'")
     lower = name.lower()
     if lower.endswith(REFUSED):
         what = "code" if lower.endswith(CODE) else "pickled data"
@@ -138,7 +146,7 @@ def unpack(tar_path: Path, stage: Path, limit: int) -> dict[str, dict[str, Any]]
                 used = sum(f["size_bytes"] for f in files.values())
                 size, sha = _copy(src, stage / name, limit - used)
                 files[name] = {"size_bytes": size, "sha256": sha}
-    except (tarfile.TarError, EOFError, OSError) as err:
+    except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as err:
         raise Refused(f"not a readable tar ({type(err).__name__}: {str(err)[:200]})") from None
     return files
 

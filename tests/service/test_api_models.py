@@ -122,6 +122,8 @@ def test_pickles_code_links_and_traversal_are_refused_by_name(api: Api, llama: P
         tar.addfile(link)
     _refused(upload(api, buf.getvalue()), "vocab.txt", "symlink")
     _refused(upload(api, b"not a tar at all" * 100), "not a readable tar")
+    _refused(upload(api, b"\x1f\x8b\x08\x00" + b"\xff" * 200), "not a readable tar")  # bad gzip
+    _refused(upload(api, tar_of(llama, extra={"a b\u00e9.json": b"{}"})), "a file name of")
     _nothing_kept(api)
 
 
