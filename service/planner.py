@@ -277,6 +277,7 @@ class TenantPlanner:
     timeout_s: float
     capacity_bytes: int
     accept_unplanned: bool
+    baseline: dict[str, int] | None = None  # the workers' process baseline (None: the default)
 
     def check_turn(self) -> None:
         """Raise ``PlanThrottled`` now if this tenant's plans are at their limit."""
@@ -292,6 +293,8 @@ class TenantPlanner:
             "capacity_bytes": self.capacity_bytes,
             "dataset_pointer": engine_pointer("data.train", spec),
         }
+        if self.baseline is not None:
+            options["baseline"] = self.baseline
         return self.planner.plan(
             job,
             tenant=self.tenant,

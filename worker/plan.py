@@ -131,15 +131,17 @@ def plan_job(
     *,
     capacity_bytes: int | None = None,
     dataset_pointer: str = "/dataset/path",
-    baseline: ProcessBaseline | None = None,
+    baseline: ProcessBaseline | dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """The plan of the engine job dict ``job``; raises ``ConfigError`` or ``SpecError`` naming
     the field. ``capacity_bytes``: the memory a worker offers a job (None: not checked);
     ``dataset_pointer``: the submitted spec's dataset reference (``/dataset/dataset_id`` for
     an upload); ``baseline``: what each process of this host holds before the job (None: the
     one the worker measured at start when this process has it, else the documented default;
-    :mod:`worker.process_baseline`)."""
+    :mod:`worker.process_baseline`; a dict: its fields, as the API's planner passes it)."""
     cfg = JobConfig.from_dict(job)
+    if isinstance(baseline, dict):
+        baseline = ProcessBaseline.from_dict(baseline)
     baseline = baseline or known_baseline()
     _check_model_tokenizer(cfg)
     facts = _facts(cfg, dataset_pointer)

@@ -19,10 +19,12 @@ peak resident set sizes in bytes:
 of CPU. :func:`host_baseline` measures once per host (its boot) and interpreter, keeping the
 figures in the temporary directory for the workers that start after. The worker calls it at
 start, in its registration thread (:mod:`worker.registration`), and exports the result to the
-pool's children forked after it (:data:`ENV`); :func:`known_baseline` reads it back. A planner
-without it (the API's, a child forked before the measurement ended) uses
-:data:`DEFAULT_BASELINE`: the largest figures measured on Linux x86-64 with torch 2.x on CPU
-(about 400 MB a process, 72 MB more for ``hf``, 220 MB for the launcher), rounded up.
+pool's children forked after it (:data:`ENV`), where :func:`known_baseline` reads it back,
+and writes it into its row (``service.store.workers``), where the API's planner reads it. A
+planner without it (a child forked before the measurement ended, the API's while no worker
+has measured) uses :data:`DEFAULT_BASELINE`: the largest figures measured on Linux x86-64
+with torch 2.x on CPU (about 400 MB a process, 72 MB more for ``hf``, 220 MB for the
+launcher), rounded up.
 """
 
 from __future__ import annotations

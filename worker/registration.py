@@ -9,7 +9,8 @@ API then refuses a job whose placement no registered worker serves, and a job th
 After its first beat a second thread measures this host's per-process memory baseline once
 (:func:`worker.process_baseline.host_baseline`, child processes, a few seconds the first time
 after the host started) and exports it to the pool's children forked after that
-(``COMERA_PROCESS_BASELINE``), whose plans count it (:mod:`worker.memory_estimate`).
+(``COMERA_PROCESS_BASELINE``), whose plans count it (:mod:`worker.memory_estimate`); the
+beats after it write it into the row, where the API's planner reads it.
 
 The main process forks the pool's children, so it holds no database connection between two
 refreshes (the engine's pool is disposed after each). The row stays after a shutdown: a
@@ -55,6 +56,7 @@ class Registration(threading.Thread):
                     settings=self.settings,
                     name=self.worker_name,
                     queues=self.queues,
+                    baseline=None if self.baseline is None else self.baseline.to_dict(),
                 )
         finally:
             engine.dispose()  # no connection outlives the beat (the pool's children fork)

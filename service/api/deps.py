@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from functools import partial
 from typing import Annotated, Any
 
@@ -32,6 +33,7 @@ from service.store.db.crud.api_keys import principal_for_hash
 from service.store.db.crud.jobs import get_job
 from service.store.db.models import Job, Tenant
 from service.store.settings import Settings
+from service.store.workers import process_baseline
 from service.submission import Enqueue
 
 __all__ = [
@@ -252,7 +254,7 @@ def get_revoke(settings: SettingsDep) -> Callable[[str], None]:
 RevokeDep = Annotated[Callable[[str], None], Depends(get_revoke)]
 
 
-async def get_planner(request: Request, tenant: TenantDep) -> TenantPlanner:
+async def get_planner(request: Request, tenant: TenantDep, session: SessionDep) -> TenantPlanner:
     """The app's planner as this tenant uses it: its share of the planner processes, the
     request's deadline and the worker's memory capacity (``service.planner``). A tenant
     whose plans are at their limit gets its 429 here, before its body is read or the store
@@ -273,7 +275,11 @@ async def get_planner(request: Request, tenant: TenantDep) -> TenantPlanner:
         raise HTTPException(
             429, f"Too many plans at once: {err}.", headers={"Retry-After": str(err.retry_after)}
         ) from None
-    return planner
+    # what the workers measured for a job's process (service.store.workers), else the default
+    baseline = await anyio.to_thread.run_sync(
+        partial(process_baseline, session=session, settings=settings)
+    )
+    return replace(planner, baseline=baseline)
 
 
 PlannerDep = Annotated[TenantPlanner, Depends(get_planner)]

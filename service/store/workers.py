@@ -15,14 +15,20 @@ job's queue with the queues of the workers that count:
 
 When a worker registers, the jobs ``waiting_for_capacity`` on the queues it consumes get their
 ``queued`` message back (:func:`register_worker`).
+
+A worker also writes the memory baseline it measured for a job's process on its host
+(``worker.process_baseline``: ``process_bytes``, ``hf_bytes``, ``launcher_bytes``); the API's
+planner counts the largest of the workers that count (:func:`process_baseline`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -31,9 +37,18 @@ from service.store.db.models import Job, Worker, utcnow
 from service.store.placement import parse_queue, placement, queue_name
 from service.store.settings import Settings
 
-__all__ = ["WAITING", "Capacity", "capacity", "register_worker", "served_queues"]
+__all__ = [
+    "BASELINE_FIELDS",
+    "WAITING",
+    "Capacity",
+    "capacity",
+    "process_baseline",
+    "register_worker",
+    "served_queues",
+]
 
 WAITING = "waiting_for_capacity"
+BASELINE_FIELDS = ("process_bytes", "hf_bytes", "launcher_bytes")
 
 
 @dataclass(frozen=True)
@@ -96,15 +111,19 @@ def register_worker(
     name: str,
     queues: list[str],
     now: datetime | None = None,
+    baseline: Mapping[str, int] | None = None,
 ) -> int:
-    """Write or refresh the row of worker ``name`` consuming ``queues`` (commits), and give
-    the jobs ``waiting_for_capacity`` on those queues their ``queued`` message back; returns
-    how many. A worker consuming no job queue of ``settings.queue`` writes nothing."""
+    """Write or refresh the row of worker ``name`` consuming ``queues`` (commits), with the
+    ``baseline`` it measured when it has (:data:`BASELINE_FIELDS`), and give the jobs
+    ``waiting_for_capacity`` on those queues their ``queued`` message back; returns how many.
+    A worker consuming no job queue of ``settings.queue`` writes nothing."""
     jobs_queues = sorted(q for q in queues if parse_queue(settings.queue, q) is not None)
     if not jobs_queues:
         return 0
     now = now or utcnow()
-    values = {"queues": jobs_queues, "seen_at": now}
+    values: dict[str, Any] = {"queues": jobs_queues, "seen_at": now}
+    if baseline is not None:
+        values.update({k: int(baseline[k]) for k in BASELINE_FIELDS})
     if not session.execute(update(Worker).where(Worker.name == name).values(**values)).rowcount:
         session.add(Worker(name=name, started_at=now, **values))
         try:
@@ -115,6 +134,21 @@ def register_worker(
     released = _release_waiting(session=session, settings=settings, queues=set(jobs_queues))
     session.commit()
     return released
+
+
+def process_baseline(
+    *, session: Session, settings: Settings, now: datetime | None = None
+) -> dict[str, int] | None:
+    """The largest of each baseline figure among the workers seen within the TTL that have
+    measured theirs; None when none has."""
+    since = (now or utcnow()) - timedelta(seconds=settings.worker_ttl_seconds)
+    columns = [func.max(getattr(Worker, k)) for k in BASELINE_FIELDS]
+    row = session.execute(
+        select(*columns).where(Worker.seen_at >= since, Worker.process_bytes.is_not(None))
+    ).one()
+    if row[0] is None:
+        return None
+    return {k: int(v or 0) for k, v in zip(BASELINE_FIELDS, row, strict=True)}
 
 
 def _release_waiting(*, session: Session, settings: Settings, queues: set[str]) -> int:

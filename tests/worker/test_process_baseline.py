@@ -9,7 +9,9 @@ import tempfile
 
 import pytest
 
+from service.store.db.session import make_engine, make_sessionmaker
 from service.store.settings import Settings
+from service.store.workers import process_baseline
 from worker.plan import plan_job
 from worker.process_baseline import ENV, ProcessBaseline, host_baseline, known_baseline
 from worker.registration import Registration
@@ -27,11 +29,12 @@ JOB = {
 
 @pytest.mark.slow
 def test_the_worker_measures_the_baseline_once_per_host_and_its_children_plan_with_it(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, sqlite_url
 ):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this test's host cache
     monkeypatch.setenv(ENV, "")  # nothing measured yet: the default
-    registration = Registration(Settings(home=tmp_path / "home"), "w@host", ["comera.jobs"])
+    settings = Settings(home=tmp_path / "home", database_url=sqlite_url)
+    registration = Registration(settings, "w@host", ["gpu.any"])
     registration.measure_baseline()
     baseline = registration.baseline
     assert baseline is not None and baseline.measured
@@ -42,6 +45,12 @@ def test_the_worker_measures_the_baseline_once_per_host_and_its_children_plan_wi
     assert known_baseline() == baseline
     memory = plan_job(JOB)["memory"]  # as a child forked after the measurement plans
     assert memory["baseline_bytes"] == baseline.process_bytes
+    registration.beat()  # the row carries it, for the API's planner
+    factory = make_sessionmaker(make_engine(settings.db_url))
+    with factory() as session:
+        assert process_baseline(session=session, settings=settings) == {
+            k: getattr(baseline, k) for k in ("process_bytes", "hf_bytes", "launcher_bytes")
+        }
     [cached] = list(tmp_path.glob("comera-process-baseline-*.json"))
     cached.write_text(json.dumps({**baseline.to_dict(), "process_bytes": 123 << 20}))
     assert host_baseline().process_bytes == 123 << 20  # a worker started later measures nothing

@@ -281,3 +281,8 @@ class Worker(Base):
     queues: Mapped[list[str]] = mapped_column(Json, default=list)
     started_at: Mapped[datetime] = mapped_column(TZ, default=utcnow)
     seen_at: Mapped[datetime] = mapped_column(TZ, default=utcnow, index=True)
+    # what a job's process holds on its host before its model (worker.process_baseline),
+    # null until the worker has measured it
+    process_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    hf_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    launcher_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
