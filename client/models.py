@@ -1,7 +1,7 @@
 """Model directories on the service (``/v1/models``): pack one as a tar and upload it, list,
-delete. The tar holds the directory's regular files at its top level (no folders, links or
-other entries); the service refuses pickles and code by name and checks the rest before it
-keeps anything, so nothing is filtered here."""
+delete. The tar holds the directory's regular files at its top level (no folders, links,
+hidden files such as ``.gitattributes`` or other entries); the service refuses pickles and
+code by name and checks the rest before it keeps anything, so nothing else is filtered."""
 
 from __future__ import annotations
 
@@ -17,8 +17,12 @@ __all__ = ["delete_model", "list_models", "tar_directory", "upload_model"]
 
 def tar_directory(directory: Path, out: Path) -> list[str]:
     """``directory``'s regular files into the tar ``out`` (sorted names, no owners); returns
-    the names. Subfolders and links are left out."""
-    names = sorted(p.name for p in directory.iterdir() if p.is_file() and not p.is_symlink())
+    the names. Subfolders, links and hidden files are left out."""
+    names = sorted(
+        p.name
+        for p in directory.iterdir()
+        if p.is_file() and not p.is_symlink() and not p.name.startswith(".")
+    )
     with tarfile.open(out, "w") as tar:
         for name in names:
             info = tar.gettarinfo(str(directory / name), arcname=name)

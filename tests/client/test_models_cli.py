@@ -17,6 +17,7 @@ pytestmark = pytest.mark.slow
 
 def test_upload_list_and_delete_a_model_directory(server, tmp_path: Path):
     llama = make_model_dir(tmp_path, "llama")
+    (llama / ".gitattributes").write_text("*.safetensors filter=lfs\n")  # left out
     up = comera(server, "models", "upload", str(llama), "--name", "tiny", "--json")
     assert up.exit_code == 0, up.output
     model = json.loads(up.output)
