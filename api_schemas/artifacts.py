@@ -278,7 +278,7 @@ class ValidationReport(BaseModel):
     params_before: int
     params_after: int
     tensorized_ratio: float | None = None
-    # a pretrained hf job: the frozen original it distils from (in memory.model_bytes, 4 B each)
+    # a pretrained hf or hf_bert job: the frozen original it distils from (4 B each in memory)
     teacher_params: int | None = None
     estimated_memory_bytes: int
     memory: MemoryPlan | None = None
