@@ -105,8 +105,6 @@ def _total_steps(cfg: JobConfig, per_epoch: int | None) -> int | None:
 
 
 PRETRAINED_ARCHS = ("hf", "hf_bert")  # with model.config.path: a frozen original as teacher
-# model.config fields of the hf workload that its build reports under ``compression.``
-HF_BUILD_FIELDS = ("targets", "tensorize_embeddings", "tensorize_lm_head")
 
 
 def _build(cfg: JobConfig, model_config: Any, tensorized: bool) -> nn.Module:
@@ -119,11 +117,7 @@ def _build(cfg: JobConfig, model_config: Any, tensorized: bool) -> nn.Module:
                 options=cfg.compression.options,
             )
     except ValueError as err:  # a stage or option that does not fit the model
-        error = as_config_error(err, "compression")
-        head, _, field = error.field.partition(".")
-        if cfg.model.arch == "hf" and head == "compression" and field in HF_BUILD_FIELDS:
-            raise ConfigError(f"model.config.{field}", error.message) from None
-        raise error from None
+        raise as_config_error(err, "compression") from None
 
 
 def plan_job(

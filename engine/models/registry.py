@@ -82,10 +82,11 @@ def classification_output(logits: Tensor, labels: Tensor) -> StepOutput:
 
 
 def _compression_error(err: ValueError) -> ConfigError:
-    """A build error under ``compression``: a ``ConfigError`` keeps its field (re-rooted),
-    anything else is about the compression settings as a whole."""
+    """A build error under ``compression``: a ``ConfigError`` keeps its field (re-rooted;
+    one already about ``model.config`` stays there), anything else is about the
+    compression settings as a whole."""
     if isinstance(err, ConfigError):
-        return err.under("compression")
+        return err if err.field.startswith("model.config.") else err.under("compression")
     return ConfigError("compression", str(err))
 
 

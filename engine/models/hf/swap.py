@@ -61,12 +61,14 @@ def candidates(net: nn.Module, config: HFConfig) -> list[tuple[str, nn.Module]]:
         is_target = any(name == s or name.endswith("." + s) for s in suffixes)
         if name == embedding:
             if not isinstance(module, nn.Embedding):
-                raise ConfigError("tensorize_embeddings", f"{name!r} is a {type(module).__name__}")
+                raise ConfigError(
+                    "model.config.tensorize_embeddings", f"{name!r} is a {type(module).__name__}"
+                )
             found.append((name, module))
         elif is_target or name in heads:
             if not (isinstance(module, nn.Linear) or _is_conv1d(module)):
                 raise ConfigError(
-                    "targets",
+                    "model.config.targets",
                     f"module {name!r} is a {type(module).__name__}; only nn.Linear and "
                     "Conv1D layers can be tensorized",
                 )
@@ -74,7 +76,9 @@ def candidates(net: nn.Module, config: HFConfig) -> list[tuple[str, nn.Module]]:
     if config.targets is not None:
         for suffix in config.targets:
             if not any(n == suffix or n.endswith("." + suffix) for n, _ in found):
-                raise ConfigError("targets", f"{suffix!r} names no module of the model")
+                raise ConfigError(
+                    "model.config.targets", f"{suffix!r} names no module of the model"
+                )
     return found
 
 
