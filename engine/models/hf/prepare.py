@@ -16,57 +16,21 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from engine.configs import ConfigError
 from engine.models.hf.model import HFModel
 from engine.models.hf.swap import as_linear
 from engine.models.hf_bert.convert import layer_row
-from engine.models.hf_bert.whiten import _output_error, rebuild_tt, whitened_weight
+from engine.models.hf_bert.whiten import (
+    _output_error,
+    input_gram,
+    rebuild_tt,
+    whitened_weight,
+)
 from engine.nn.tt_linear import TTLinear
 
 __all__ = ["prepare_hf_"]
-
-
-@torch.no_grad()
-def _grams(
-    model: HFModel,
-    names: list[str],
-    batches: Iterable[Mapping[str, Tensor]],
-    sentences: int,
-    device: torch.device,
-) -> tuple[dict[str, Tensor], int]:
-    """``({name: X^T X (in, in) float64}, sentences used)`` through the teacher."""
-    teacher = model.teacher
-    assert teacher is not None
-    grams: dict[str, Tensor] = {}
-    keep: list[Tensor] = []
-
-    def hook(name: str):  # noqa: ANN202
-        def run(module: nn.Module, args: tuple, output: Tensor) -> None:
-            x = args[0][keep[0]].double()  # (N, in) attended tokens only
-            grams[name] = grams[name] + x.T @ x if name in grams else x.T @ x  # (in, in)
-
-        return run
-
-    handles = [teacher.get_submodule(n).register_forward_hook(hook(n)) for n in names]
-    seen = 0
-    try:
-        for batch in batches:
-            if seen >= sentences:
-                break
-            take = sentences - seen
-            ids = batch["input_ids"][:take].to(device)  # (B, S)
-            mask = batch["attention_mask"][:take].to(device).bool()  # (B, S)
-            types = batch.get("token_type_ids")
-            types = None if types is None else types[:take].to(device)  # (B, S)
-            keep[:] = [mask]
-            model.call(teacher, ids, mask, types)
-            seen += int(ids.shape[0])
-    finally:
-        for h in handles:
-            h.remove()
-    return grams, seen
 
 
 @torch.no_grad()
@@ -79,7 +43,14 @@ def prepare_hf_(
     layers = {n: m for n, m in model.net.named_modules() if isinstance(m, TTLinear)}
     if cfg.init != "whitened" or teacher is None or not layers:
         return None
-    grams, seen = _grams(model, list(layers), batches, cfg.calibration_sentences, device)
+    grams, seen = input_gram(
+        teacher,
+        list(layers),
+        batches,
+        sentences=cfg.calibration_sentences,
+        device=device,
+        forward=lambda ids, mask, types: model.call(teacher, ids, mask, types),
+    )
     if seen == 0:
         raise ConfigError("data", "the training split has no sentences to calibrate on")
     rows = []

@@ -23,7 +23,7 @@ moves every core by a similar relative amount (TT-SVD leaves all the norm in the
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -50,8 +50,10 @@ def input_gram(
     *,
     sentences: int,
     device: torch.device,
+    forward: Callable[[Tensor, Tensor, Tensor | None], object] | None = None,
 ) -> tuple[dict[str, Tensor], int]:
-    """``({name: X^T X (in, in) float64}, sentences used)`` over the attended tokens."""
+    """``({name: X^T X (in, in) float64}, sentences used)`` over the attended tokens;
+    ``forward(ids, mask, types)`` runs the teacher (default: ``teacher(ids, mask, types)``)."""
     grams: dict[str, Tensor] = {}
     keep: list[Tensor] = []
 
@@ -73,7 +75,7 @@ def input_gram(
             types = batch.get("token_type_ids")
             types = None if types is None else types[: sentences - seen].to(device)  # (B, S)
             keep[:] = [mask]
-            teacher(ids, mask, types)
+            (forward or teacher)(ids, mask, types)
             seen += ids.shape[0]
     finally:
         for h in handles:
