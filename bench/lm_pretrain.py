@@ -97,6 +97,11 @@ def _data(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _lr(args: argparse.Namespace) -> dict[str, float]:
+    """One set of learning rates for every run (dense weights are "others")."""
+    return {"cores": args.lr_cores, "gates": 1e-3, "others": args.lr}
+
+
 def _training(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "batch_size": args.batch,
@@ -156,7 +161,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "method": "dense",
             "model": {"arch": "hf", "config": base},
             "data": _data(root, args),
-            "schedule": [{"kind": "early", "steps": args.steps, "eval_every": args.eval_every}],
+            "schedule": [
+                {
+                    "kind": "early",
+                    "steps": args.steps,
+                    "eval_every": args.eval_every,
+                    "lr": _lr(args),
+                }
+            ],
             "training": _training(args),
         }
         dense = _summary(run_job(JobConfig.from_dict(dense_job), root / "dense"), root / "dense")
@@ -168,9 +180,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "data": _data(root, args),
             "compression": {"max_rank": args.max_rank, "min_size": 1024},
             "schedule": [
-                {"kind": "early", "steps": early, "eval_every": args.eval_every},
-                {"kind": "late", "steps": late, "target_ratio": args.target_ratio},
-                {"kind": "finetune", "steps": args.steps - early - late},
+                {"kind": "early", "steps": early, "eval_every": args.eval_every, "lr": _lr(args)},
+                {"kind": "late", "steps": late, "target_ratio": args.target_ratio, "lr": _lr(args)},
+                {"kind": "finetune", "steps": args.steps - early - late, "lr": _lr(args)},
             ],
             "training": _training(args),
         }
@@ -188,6 +200,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "batch": args.batch,
         "seq": args.seq,
         "steps": args.steps,
+        "lr": _lr(args),
         "tokens": args.steps * args.batch * args.seq,
         "machine": machine_info(),
         "dense": dense,
@@ -254,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-ratio", type=float, default=0.7)
     p.add_argument("--compress-rank", type=int, default=24)
     p.add_argument("--compress-steps", type=int, default=100)
+    p.add_argument("--lr", type=float, default=5e-5, help="dense weights, every run")
+    p.add_argument("--lr-cores", type=float, default=1e-4, help="TT cores")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="tiny, for the test")
     p.add_argument("--out", default="lm_pretrain")
