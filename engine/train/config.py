@@ -103,8 +103,7 @@ class StageConfig(ConfigMethods):
     eval_every: int | None = spec(None, ge=1, le=MAX_STEPS)  # steps; None: only at the end
     name: str | None = spec(None, length=(1, 128))
     # late and finetune stages: distillation from the model at the start of the last late
-    # stage (engine.train.teacher); None: the default (on for workloads with classifier
-    # logits while the fidelity guard is on), 0: off
+    # stage (engine.train.teacher); None: the default, 0 (off: opt in with a weight > 0)
     teacher_weight: float | None = spec(None, ge=0, le=MAX_TEACHER_WEIGHT)
     teacher_temperature: float = spec(2.0, gt=0, le=MAX_TEMPERATURE)
 

@@ -16,8 +16,12 @@ objective and in the gates' importances; the late stage's switch still compares 
 A workload has a teacher when its model returns a classifier's logits:
 :data:`OUTPUTS` (or the workload's own ``stage_teacher`` attribute: ``"classes"``, logits on
 the last dimension; ``"binary"``, one logit per row; ``None``, no teacher). ``teacher_weight``
-defaults to :data:`DEFAULT_WEIGHT` for such workloads while the fidelity guard is on, and to
-0 (off) otherwise, so a job without the guard trains as before.
+defaults to :data:`DEFAULT_WEIGHT`, 0: the teacher is opt-in. Measured on the real-data
+benchmark (digits and stdlib_modules, 5 folds, targets 0.8 / 0.5 / 0.2, with the backing-off
+guard), the teacher in late and finetune stages reached the target in 12 of 30 late stages
+against 11 of 30 without it, but the finetune after it ended up to 1.46 points under the
+stage start on stdlib_modules where without it the finetune recovered to the start; on digits
+it kept cuts from passing the guard (1 of 5 reached at 0.8 and 0.5, against 4 of 5).
 
 The teacher is a deep copy of the student made at the stage start, put in ``eval()`` with its
 parameters frozen, outside the student's module tree (no optimizer state, no checkpoint
@@ -51,7 +55,7 @@ __all__ = [
     "teacher_weight",
 ]
 
-DEFAULT_WEIGHT = 1.0
+DEFAULT_WEIGHT = 0.0  # opt-in: see the module docstring for the measurement
 # what the model of each built-in workload returns, for a stage-start teacher
 OUTPUTS: dict[str, str] = {"transformer": "classes", "mlp": "classes", "mlm": "classes"}
 OUTPUTS["dlrm"] = "binary"

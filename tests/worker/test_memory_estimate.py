@@ -67,13 +67,13 @@ def test_the_stage_start_teacher_is_counted():
     job = _job()
     job["schedule"] = [
         {"kind": "early", "steps": 10},
-        {"kind": "late", "steps": 10, "target_ratio": 0.5},
-        {"kind": "finetune", "steps": 5},
+        {"kind": "late", "steps": 10, "target_ratio": 0.5, "teacher_weight": 1.0},
+        {"kind": "finetune", "steps": 5, "teacher_weight": 1.0},
     ]
-    off = copy.deepcopy(job)
-    off["schedule"][1]["teacher_weight"] = off["schedule"][2]["teacher_weight"] = 0
+    off = copy.deepcopy(job)  # the default: no teacher
+    del off["schedule"][1]["teacher_weight"], off["schedule"][2]["teacher_weight"]
     with_teacher, without = plan_job(job)["memory"], plan_job(off)["memory"]
-    unguarded = copy.deepcopy(job)  # the guard off: no teacher unless asked for
+    unguarded = copy.deepcopy(off)  # the guard off as well
     unguarded["compression"]["max_metric_drop"] = None
     bare = plan_job(unguarded)["memory"]
     params = bare["model_bytes"] // 16  # no frozen parameters in an MLP

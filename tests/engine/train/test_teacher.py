@@ -30,8 +30,8 @@ EARLY = 30
 def _job(**changes):
     return mlp_job(
         {"kind": "early", "steps": EARLY, "lr": LR},
-        {"kind": "late", "steps": 20, "target_ratio": 0.4, "lr": LR},
-        {"kind": "finetune", "steps": 6},
+        {"kind": "late", "steps": 20, "target_ratio": 0.4, "lr": LR, "teacher_weight": 1.0},
+        {"kind": "finetune", "steps": 6, "teacher_weight": 1.0},
         checkpoint={"every_steps": 3, "keep": 20},
         compression={"max_metric_drop": 10.0},
         **changes,
@@ -90,7 +90,7 @@ def test_defaults_and_opt_out():
         }
     ).schedule
     mlp, bert = get_workload("mlp"), get_workload("hf_bert")
-    assert [teacher_weight(s, mlp, True) for s in stage] == [0.0, 1.0, 0.5]
+    assert [teacher_weight(s, mlp, True) for s in stage] == [0.0, 0.0, 0.5]  # opt-in
     assert [teacher_weight(s, mlp, False) for s in stage] == [0.0, 0.0, 0.5]  # guard off
     assert [teacher_weight(s, bert, True) for s in stage] == [0.0, 0.0, 0.0]  # not logits
     assert teacher_output(get_workload("dlrm")) == "binary"
@@ -114,6 +114,8 @@ def test_job_configs_without_the_new_fields_still_validate():
             assert stage.teacher_weight is None and stage.teacher_temperature == 2.0
     # a checkpoint written before the fields existed continues the same job
     job = _job().to_dict()
+    for stage in job["schedule"]:
+        stage["teacher_weight"] = None  # as a config that leaves it at its default
     old = copy.deepcopy(job)
     for stage in old["schedule"]:
         del stage["teacher_weight"], stage["teacher_temperature"]
