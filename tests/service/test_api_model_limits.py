@@ -69,7 +69,8 @@ ENGINE_CONFIGS = {
 
 
 def _body(arch: str, config: dict[str, Any]) -> dict[str, Any]:
-    return job_body(model={"arch": arch, "config": config, **(MINILM if arch == "hf_bert" else {})})
+    pretrained = arch in ("hf_bert", "hf")  # the shipped MiniLM as the model's source
+    return job_body(model={"arch": arch, "config": config, **(MINILM if pretrained else {})})
 
 
 def _errors(resp) -> dict[str, dict[str, Any]]:
@@ -219,7 +220,7 @@ def test_the_examples_pass_the_limits(api_lite: Api):
             k: v
             for k, v in model["config"].items()
             if k not in ("path", "distill", "distill_weight")
-        }  # set by the spec (hf_bert)
+        }  # set by the spec (hf_bert, hf)
         JobCreate.model_validate(_body(model["arch"], config))
     example = json.loads((ROOT / "examples" / "service" / "nli_job.json").read_text())
     resp = api_lite.client.post("/v1/jobs", json=example)
