@@ -49,7 +49,6 @@ from engine.train.job import JobConfig
 from engine.train.observe import emit_ranks, evaluate_stage
 from engine.train.optim import set_stage_lrs
 from engine.train.parts import build_parts, check_distributed
-from engine.train.precision import autocast
 from engine.train.prune_events import end_cuts, rank_event
 from engine.train.report import job_report
 from engine.train.state import TrainState
@@ -239,8 +238,9 @@ class Trainer:
             loss, sums, switch = self._loss(batch)
         objective, extra = loss, {}
         if teacher is not None:  # L' = L + w T^2 KL; the late switch still compares L with L*
-            with autocast(self.device, self.job.training.precision):
-                kd = teacher.loss(seen, stage.teacher_temperature)  # ()
+            # in float32, outside autocast: the frozen copy has no fast-path session, and the
+            # eager TT contraction does not run under bf16 autocast
+            kd = teacher.loss(seen, stage.teacher_temperature)  # ()
             objective, switch = loss + weight * kd, loss if switch is None else switch
             extra["distill"] = kd.detach()
         if self.control is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,13 @@ def test_resume_with_a_teacher_is_bitwise(distilled):
         strip = [{k: v for k, v in s.items() if k != "seconds"} for s in result.report["stages"]]
         got = [{k: v for k, v in s.items() if k != "seconds"} for s in again.report["stages"]]
         assert got == strip
+
+
+def test_a_bf16_fast_path_job_distils_too(tmp_path):
+    """The teacher runs in float32 beside a bf16 student (its frozen copy has no fast-path
+    session; the eager TT contraction refused bf16 autocast and the job failed)."""
+    events: list[dict] = []
+    job = _job(training={"precision": "bf16", "fast_path": True})
+    Trainer(job, workdir=tmp_path, callbacks=[FunctionCallback(events.append)]).run()
+    late = [e for e in events if e["event"] == "step" and e["stage"] == 1]
+    assert late and all(math.isfinite(e["distill"]) for e in late)
