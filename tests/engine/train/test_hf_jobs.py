@@ -165,3 +165,12 @@ def test_sentence_embedding_distils_the_pretrained_encoder(tmp_path):
     report = run_job(JobConfig.from_dict(spec), tmp_path / "out")
     cosine = report["stages"][-1]["metrics"]["cosine"]
     assert 0.5 < cosine <= 1.0 + 1e-6
+
+
+def test_a_ttm_embedding_keeps_the_compact_checkpoint_and_says_why_there_is_no_hf_dir(tmp_path):
+    model = {**_model(tmp_path, "llama", "causal_lm", "config"), "tensorize_embeddings": True}
+    report = run_job(JobConfig.from_dict(_job(tmp_path, model)), tmp_path / "out")
+    assert "TTM embedding" in report["hf_export"]["hf"]["skipped"]
+    assert not (tmp_path / "out" / "model" / "hf").exists()
+    loaded, _ = load_compressed(tmp_path / "out" / "model")
+    assert type(loaded.net.get_input_embeddings()).__name__ == "TTMEmbedding"
