@@ -19,12 +19,8 @@ from torch import nn
 from engine.configs import ConfigError
 from engine.models.hf.config import HFConfig
 from engine.models.hf.families import family_of
-from engine.models.hf_bert.convert import layer_row
-from engine.models.hf_bert.whiten import balance_cores_
-from engine.models.tensorize import TensorizeOptions, TensorizeReport, require_matches
-from engine.nn.tt_linear import TTLinear
-from engine.nn.ttm_embedding import TTMEmbedding
-from engine.summary import SkippedLayer
+from engine.models.hf_bert.convert import swap_to_tt_
+from engine.models.tensorize import TensorizeOptions, TensorizeReport
 
 __all__ = ["candidates", "tensorize_hf_", "as_linear"]
 
@@ -82,66 +78,26 @@ def candidates(net: nn.Module, config: HFConfig) -> list[tuple[str, nn.Module]]:
     return found
 
 
-def _convert(
-    module: nn.Module, options: TensorizeOptions, common: dict[str, Any], from_weights: bool
-) -> nn.Module:
-    if isinstance(module, nn.Embedding):
-        if from_weights:
-            return TTMEmbedding.from_embedding(module, max_rank=options.embedding_rank, **common)
-        return TTMEmbedding(
-            module.num_embeddings,
-            module.embedding_dim,
-            max_rank=options.embedding_rank,
-            padding_idx=module.padding_idx,
-            **common,
-        )
-    lin = as_linear(module)
-    if from_weights:
-        return TTLinear.from_linear(lin, max_rank=options.max_rank, **common)
-    return TTLinear(
-        lin.in_features, lin.out_features, lin.bias is not None, max_rank=options.max_rank, **common
-    )
-
-
 def tensorize_hf_(
     net: nn.Module, config: HFConfig, options: TensorizeOptions, *, from_weights: bool
 ) -> tuple[TensorizeReport, list[dict[str, Any]], dict[str, str]]:
-    """Swap the selected candidates of ``net`` in place; the report, per-layer rows and the
-    original type of every swapped module (``linear``, ``conv1d`` or ``embedding``).
-
-    ``from_weights``: TT-SVD of the current weights (rows: modes, ranks, sizes, relative
-    error); otherwise fresh layers of the same shapes (trained from scratch, or about to
-    receive a checkpoint's weights).
-    """
+    """Swap the selected candidates of ``net`` in place
+    (:func:`engine.models.hf_bert.convert.swap_to_tt_`, with each ``Conv1D`` in the
+    ``nn.Linear`` layout); the report, per-layer rows and the original type of every swapped
+    module (``linear``, ``conv1d`` or ``embedding``)."""
     found = candidates(net, config)
-    require_matches(options.layers, [n for n, _ in found], f"the {type(net).__name__} model")
-    common = {"gate_threshold": options.gate_threshold, "d": options.d}
-    done, skipped, rows = [], [], []
-    kinds: dict[str, str] = {}
-    for name, module in found:
-        kind = "embedding" if isinstance(module, nn.Embedding) else "linear"
-        size = module.weight.numel()
-        if not options.selects(name):
-            skipped.append(
-                SkippedLayer(name, kind, f"not selected by layers={list(options.layers)}")
-            )
-            continue
-        if size < options.min_size:
-            reason = f"dense weight has {size} < min_size={options.min_size} entries"
-            skipped.append(SkippedLayer(name, kind, reason))
-            continue
-        try:
-            layer = _convert(module, options, common, from_weights)
-        except ValueError as err:
-            raise ValueError(f"cannot tensorize {name!r}: {err}") from err
-        if from_weights:
-            dense = module.weight.detach()
-            if isinstance(layer, TTLinear):
-                balance_cores_(layer)  # same product; even core norms for one Adam lr
-                dense = as_linear(module).weight.detach()  # (out, in)
-            rows.append(layer_row(name, layer, dense))
-        parent, _, attr = name.rpartition(".")
-        setattr(net.get_submodule(parent) if parent else net, attr, layer)
-        done.append(name)
-        kinds[name] = "conv1d" if _is_conv1d(module) else kind
-    return TensorizeReport(tuple(done), tuple(skipped)), rows, kinds
+    report, rows = swap_to_tt_(
+        net,
+        [(n, m if isinstance(m, nn.Embedding) else as_linear(m)) for n, m in found],
+        options,
+        where=f"the {type(net).__name__} model",
+        from_weights=from_weights,
+    )
+    original = dict(found)
+    return report, rows, {n: _kind(original[n]) for n in report.tensorized}
+
+
+def _kind(module: nn.Module) -> str:
+    if isinstance(module, nn.Embedding):
+        return "embedding"
+    return "conv1d" if _is_conv1d(module) else "linear"

@@ -26,7 +26,7 @@ from engine.nn.tt_linear import TTLinear
 from engine.nn.ttm_embedding import TTMEmbedding
 from engine.summary import SkippedLayer
 
-__all__ = ["tensorize_encoder_", "build_hf_bert", "layer_row"]
+__all__ = ["tensorize_encoder_", "swap_to_tt_", "build_hf_bert", "layer_row"]
 
 
 def _candidates(model: BertEncoder, embeddings: bool) -> list[tuple[str, nn.Module]]:
@@ -58,22 +58,23 @@ def layer_row(name: str, layer: TTLinear | TTMEmbedding, dense_weight: Tensor) -
     }
 
 
-def tensorize_encoder_(
-    model: BertEncoder,
+def swap_to_tt_(
+    root: nn.Module,
+    candidates: list[tuple[str, nn.Module]],
     options: TensorizeOptions,
     *,
-    embeddings: bool,
-    from_weights: bool = True,
-) -> TensorizeReport:
-    """Replace the selected layers by TT / TTM ones in place; attach and return the report.
+    where: str,
+    from_weights: bool,
+) -> tuple[TensorizeReport, list[dict[str, Any]]]:
+    """Replace the selected ``candidates`` (``(name, nn.Linear | nn.Embedding)`` below
+    ``root``) by TT / TTM layers in place; the report and the per-layer rows.
 
     A layer is converted when it matches one of ``options.layers`` and its dense weight has at
-    least ``options.min_size`` entries. ``from_weights``: TT-SVD of the current weights (the
-    per-layer modes, ranks, sizes and relative weight error go to ``model.conversion``);
-    otherwise fresh layers of the same shapes (a checkpoint's weights are loaded next).
+    least ``options.min_size`` entries. ``from_weights``: TT-SVD of the current weights (rows:
+    the per-layer modes, ranks, sizes and relative weight error); otherwise fresh layers of the
+    same shapes (trained from scratch, or about to receive a checkpoint's weights).
     """
-    candidates = _candidates(model, embeddings)
-    require_matches(options.layers, [n for n, _ in candidates], "the BERT encoder")
+    require_matches(options.layers, [n for n, _ in candidates], where)
     done, skipped, rows = [], [], []
     common = {"gate_threshold": options.gate_threshold, "d": options.d}
     for name, dense in candidates:
@@ -100,9 +101,27 @@ def tensorize_encoder_(
                 balance_cores_(layer)  # same product; even core norms for one Adam lr
             rows.append(layer_row(name, layer, dense.weight.detach()))
         parent, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(parent), attr, layer)
+        setattr(root.get_submodule(parent) if parent else root, attr, layer)
         done.append(name)
-    report = TensorizeReport(tuple(done), tuple(skipped))
+    return TensorizeReport(tuple(done), tuple(skipped)), rows
+
+
+def tensorize_encoder_(
+    model: BertEncoder,
+    options: TensorizeOptions,
+    *,
+    embeddings: bool,
+    from_weights: bool = True,
+) -> TensorizeReport:
+    """Replace the selected layers by TT / TTM ones in place (:func:`swap_to_tt_`); attach
+    the report and the per-layer rows (``model.conversion``) and return the report."""
+    report, rows = swap_to_tt_(
+        model,
+        _candidates(model, embeddings),
+        options,
+        where="the BERT encoder",
+        from_weights=from_weights,
+    )
     model.tensorize_report = report
     model.conversion = rows
     return report
