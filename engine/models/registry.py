@@ -1,11 +1,7 @@
 """The workloads the trainer knows: one entry per architecture.
 
-A :class:`Workload` ties a model family to the trainer without the trainer knowing its
-internals: it builds the model (dense or tensorized) from a config dict, and turns a batch
-(a dict of tensors, keys in ``batch_keys``) into a task loss plus metric sums. Metric sums are
-additive over batches (``count``, ``loss_sum``, ``correct``, ...); :meth:`Workload.summarize`
-turns accumulated sums into the reported metrics (``loss``, ``accuracy``, ...).
-:meth:`Workload.example_batch` draws a random valid batch (tests, benchmarks).
+Each :class:`~engine.models.workload.Workload` (the contract, in its own module) ties a model
+family to the trainer; this module holds the built-in ones and ``WORKLOADS``.
 
 Batches per architecture:
 
@@ -19,6 +15,8 @@ Batches per architecture:
 * ``hf_bert``: ``input_ids`` (B, S) long, ``attention_mask`` (B, S) bool, optional
   ``token_type_ids`` (B, S) long; no labels: the loss is distillation from the original model
   (:func:`engine.models.hf_bert.distill_loss`), the metric the student/teacher ``cosine``.
+* ``hf``: ``input_ids``, ``attention_mask`` (B, S), optional ``token_type_ids`` (B, S) and, for
+  classification, ``labels`` (B,) (:mod:`engine.models.hf.workload`).
 
 Tensorization options (:class:`~engine.models.tensorize.TensorizeOptions`, the job's
 ``compression`` section) reach every builder in full; ``shapes="paper"`` exists only for the
@@ -29,18 +27,16 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.configs import ConfigError, parse
+from engine.configs import ConfigError
 from engine.models.dlrm import DLRMConfig, build_dlrm
-from engine.models.hf import HFConfig, build_hf, hf_loss
-from engine.models.hf.prepare import prepare_hf_
+from engine.models.hf.workload import HFWorkload
 from engine.models.hf_bert import (
     HFBertConfig,
     attach_teacher_embeddings_,
@@ -52,6 +48,13 @@ from engine.models.mlm import IGNORE_INDEX, MLMConfig, build_mlm, masked_lm_loss
 from engine.models.mlp import MLPConfig, build_mlp
 from engine.models.tensorize import TensorizeOptions
 from engine.models.transformer import TransformerConfig, _check_mnli, build_transformer
+from engine.models.workload import (
+    StepOutput,
+    Workload,
+    classification_output,
+    example_lengths,
+    seq_len_of,
+)
 
 __all__ = [
     "TensorizeOptions",
@@ -62,168 +65,6 @@ __all__ = [
     "build_model",
     "classification_output",
 ]
-
-
-@dataclass
-class StepOutput:
-    """Task loss of one batch (mean, attached to the graph) and additive metric sums."""
-
-    loss: Tensor  # () mean task loss
-    sums: dict[str, Tensor]  # () each, detached: count, loss_sum, correct, ...
-
-
-def classification_output(logits: Tensor, labels: Tensor) -> StepOutput:
-    """Cross-entropy over ``logits (B, C)`` with ``labels (B,)``; sums for loss and accuracy."""
-    loss = F.cross_entropy(logits, labels)  # ()
-    with torch.no_grad():
-        n = torch.tensor(float(labels.numel()), device=logits.device)
-        correct = (logits.argmax(-1) == labels).sum().to(logits.dtype)  # ()
-    return StepOutput(loss, {"count": n, "loss_sum": loss.detach() * n, "correct": correct})
-
-
-def _compression_error(err: ValueError) -> ConfigError:
-    """A build error under ``compression``: a ``ConfigError`` keeps its field (re-rooted;
-    one already about ``model.config`` stays there), anything else is about the
-    compression settings as a whole."""
-    if isinstance(err, ConfigError):
-        return err if err.field.startswith("model.config.") else err.under("compression")
-    return ConfigError("compression", str(err))
-
-
-def _lengths(batch: int, seq: int, g: torch.Generator | None) -> Tensor:
-    """Random valid lengths in ``[max(1, seq // 2), seq]``, one row at full length."""
-    lo = max(1, seq // 2)
-    n = torch.randint(lo, seq + 1, (batch,), generator=g)  # (B,)
-    n[0] = seq
-    return n
-
-
-class Workload:
-    """Base class: subclasses set ``name``, ``config_cls``, ``batch_keys`` and override."""
-
-    name: str = ""
-    config_cls: type = object
-    batch_keys: tuple[str, ...] = ()
-    paper_shapes: bool = False  # whether compression.shapes="paper" means something here
-    guard_metric: str = "accuracy"  # the validation metric the fidelity guard watches
-    # layers with a residual path around them: only these may be pruned to rank 0
-    bypassed: tuple[str, ...] = ()
-
-    # -- config and model -------------------------------------------------------------------
-    def config_from_dict(self, data: Mapping[str, Any]) -> Any:
-        """The config dataclass from ``model.config``; errors name ``model.config.<field>``."""
-        if not isinstance(data, Mapping):
-            raise ConfigError("model.config", f"must be a mapping, got {type(data).__name__}")
-        return parse(self.config_cls, {"version": 1, **data}, "model.config")
-
-    def _config(self, config: Any) -> Any:
-        if isinstance(config, Mapping):
-            return self.config_from_dict(config)
-        if not isinstance(config, self.config_cls):
-            raise TypeError(
-                f"model.config must be a {self.config_cls.__name__} or a mapping, "
-                f"got {type(config).__name__}"
-            )
-        return config
-
-    def build(self, config: Any, *, tensorized: bool, options: TensorizeOptions) -> nn.Module:
-        """The model, dense or tensorized; ``model.tensorize_report`` lists the layer choices."""
-        config = self._config(config)
-        if not isinstance(options, TensorizeOptions):
-            raise TypeError(f"options must be TensorizeOptions, got {type(options).__name__}")
-        if tensorized and options.shapes == "paper" and not self.paper_shapes:
-            raise ConfigError(
-                "compression.shapes",
-                f"'paper' is defined only for the transformer "
-                f"(the paper's MNLI shapes); use 'auto' for arch {self.name!r}",
-            )
-        try:
-            return self._build(config, tensorized, options)
-        except ValueError as err:
-            if not tensorized:
-                raise
-            raise _compression_error(err) from None
-
-    def _build(self, config: Any, tensorized: bool, options: TensorizeOptions) -> nn.Module:
-        raise NotImplementedError
-
-    # -- data and loss ----------------------------------------------------------------------
-    def example_batch(
-        self,
-        config: Any,
-        batch_size: int,
-        generator: torch.Generator | None = None,
-        *,
-        seq_len: int | None = None,
-    ) -> dict[str, Tensor]:
-        """A random valid CPU batch (``seq_len`` only for sequence models; default 16)."""
-        config = self._config(config)
-        if (
-            isinstance(batch_size, bool)
-            or not isinstance(batch_size, numbers.Integral)
-            or (batch_size < 1)
-        ):
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        return self._example(config, int(batch_size), generator, seq_len)
-
-    def _example(
-        self, config: Any, b: int, g: torch.Generator | None, seq_len: int | None
-    ) -> dict[str, Tensor]:
-        raise NotImplementedError
-
-    def forward_loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> StepOutput:
-        raise NotImplementedError
-
-    def manifest_config(self, config: Any) -> dict[str, Any]:
-        """The ``model_config`` an export records: what rebuilds the architecture."""
-        return self._config(config).to_dict()
-
-    def guard_metric_of(self, config: Any) -> str:
-        """The validation metric the fidelity guard watches for ``config`` (higher is better)."""
-        return self.guard_metric
-
-    def plan_config(self, config: Any) -> Any:
-        """The config a dry-run plan builds on the ``meta`` device (shapes, no weights read).
-        Default: ``config`` itself."""
-        return self._config(config)
-
-    def prepare(
-        self, model: nn.Module, batches: Iterable[Mapping[str, Tensor]], *, device: torch.device
-    ) -> dict[str, Any] | None:
-        """Data-dependent set-up of a freshly built model before its first step (the trainer
-        passes the training batches of epoch 0; not called on resume). Default: nothing."""
-        return None
-
-    def setup(
-        self, model: nn.Module, train: Any, job: Any, *, device: torch.device
-    ) -> dict[str, Any] | None:
-        """Set-up outside the model's state before the first step, the same for a fresh and
-        a resumed run (``train``: the training source; ``job``: the job config); what it did,
-        for the report. Default: nothing."""
-        return None
-
-    def label_counts(self, batch: Mapping[str, Tensor]) -> Tensor | None:
-        """Histogram (C,) of the labels a batch is scored on (the chance level); None when
-        the task has no classes."""
-        labels = batch.get("labels")
-        if labels is None or labels.dtype != torch.long:
-            return None
-        return torch.bincount(labels[labels >= 0].flatten())
-
-    def summarize(self, sums: Mapping[str, float]) -> dict[str, float]:
-        """Reported metrics from accumulated sums: mean ``loss`` and ``accuracy``."""
-        n = max(sums.get("count", 0.0), 1.0)
-        out = {"loss": sums.get("loss_sum", 0.0) / n}
-        if "correct" in sums:
-            out["accuracy"] = sums["correct"] / n
-        return out
-
-
-def _seq_len(config: Any, seq_len: int | None) -> int:
-    s = min(config.max_len, 16) if seq_len is None else seq_len
-    if isinstance(s, bool) or not isinstance(s, numbers.Integral) or not 1 <= s <= config.max_len:
-        raise ValueError(f"seq_len must be an integer in [1, {config.max_len}], got {s!r}")
-    return int(s)
 
 
 class TransformerWorkload(Workload):
@@ -253,11 +94,11 @@ class TransformerWorkload(Workload):
         )
 
     def _example(self, config, b, g, seq_len):
-        s = _seq_len(config, seq_len)
+        s = seq_len_of(config, seq_len)
         ids = torch.randint(0, config.vocab_size, (b, s), generator=g)  # (B, S)
         second = (torch.arange(s) >= s // 2) & (config.type_vocab > 1)  # (S,)
         types = second.long().expand(b, s).clone()  # (B, S)
-        mask = torch.arange(s) < _lengths(b, s, g)[:, None]  # (B, S)
+        mask = torch.arange(s) < example_lengths(b, s, g)[:, None]  # (B, S)
         labels = torch.randint(0, config.num_classes, (b,), generator=g)  # (B,)
         return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask, "labels": labels}
 
@@ -314,9 +155,9 @@ class MLMWorkload(Workload):
     def _example(self, config, b, g, seq_len):
         """15% of the valid positions (at least one a row) carry labels; their input id is
         replaced by ``vocab_size - 1``, standing in for ``[MASK]``."""
-        s = _seq_len(config, seq_len)
+        s = seq_len_of(config, seq_len)
         ids = torch.randint(0, config.vocab_size, (b, s), generator=g)  # (B, S)
-        n = _lengths(b, s, g)  # (B,)
+        n = example_lengths(b, s, g)  # (B,)
         valid = torch.arange(s) < n[:, None]  # (B, S)
         chosen = (torch.rand(b, s, generator=g) < 0.15) & valid  # (B, S)
         one = (torch.rand(b, generator=g) * n).long()  # (B,) a valid position per row
@@ -387,7 +228,7 @@ class HFBertWorkload(Workload):
                 f"seq_len must be an integer in [1, {arch.max_position_embeddings}], got {s!r}"
             )
         ids = torch.randint(0, arch.vocab_size, (b, s), generator=g)  # (B, S)
-        mask = torch.arange(s) < _lengths(b, s, g)[:, None]  # (B, S)
+        mask = torch.arange(s) < example_lengths(b, s, g)[:, None]  # (B, S)
         return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
 
     def forward_loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> StepOutput:
@@ -418,65 +259,6 @@ class HFBertWorkload(Workload):
         """``loss`` and ``cosine``: mean student / teacher sentence-embedding cosine."""
         n = max(sums.get("count", 0.0), 1.0)
         return {"loss": sums.get("loss_sum", 0.0) / n, "cosine": sums.get("cosine_sum", 0.0) / n}
-
-
-class HFWorkload(Workload):
-    """A Hugging Face model on transformers' own classes (:mod:`engine.models.hf`): from
-    pretrained weights (TT-SVD, then distillation from the original) or from a config."""
-
-    name = "hf"
-    config_cls = HFConfig
-    batch_keys = ("input_ids", "attention_mask", "token_type_ids", "labels")
-
-    def _build(self, config: Any, tensorized: bool, options: TensorizeOptions) -> nn.Module:
-        return build_hf(config, tensorized=tensorized, options=options)
-
-    def _example(self, config, b, g, seq_len):
-        cfg = config.transformers_config()
-        limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 512)
-        s = min(limit, 16) if seq_len is None else seq_len
-        if isinstance(s, bool) or not isinstance(s, numbers.Integral) or not 2 <= s <= limit:
-            raise ValueError(f"seq_len must be an integer in [2, {limit}], got {s!r}")
-        ids = torch.randint(0, cfg.vocab_size, (b, s), generator=g)  # (B, S)
-        mask = torch.arange(s) < _lengths(b, s, g)[:, None]  # (B, S)
-        batch = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
-        if config.task == "sequence_classification":
-            batch["labels"] = torch.randint(0, cfg.num_labels, (b,), generator=g)  # (B,)
-        return batch
-
-    def forward_loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> StepOutput:
-        loss, sums = hf_loss(model, batch)  # type: ignore[arg-type]
-        return StepOutput(loss, sums)
-
-    def prepare(self, model, batches, *, device):
-        """``init="whitened"`` (pretrained): activation-aware TT-SVD on training sentences."""
-        return prepare_hf_(model, batches, device=device)
-
-    def guard_metric_of(self, config: Any) -> str:
-        task = self._config(config).task
-        return "cosine" if task == "sentence_embedding" else "accuracy"
-
-    def plan_config(self, config: Any) -> Any:
-        """The architecture alone: the original's weights are neither read nor decomposed."""
-        return self.config_from_dict(self._config(config).portable_dict())
-
-    def manifest_config(self, config: Any) -> dict[str, Any]:
-        """``config.json`` in full, no ``path``: a checkpoint rebuilds the architecture."""
-        return self._config(config).portable_dict()
-
-    def summarize(self, sums: Mapping[str, float]) -> dict[str, float]:
-        """``loss``; ``accuracy`` (next / masked token or class); ``perplexity`` of the LM
-        tasks (exp of the mean token NLL); ``cosine`` for sentence embeddings."""
-        n = max(sums.get("count", 0.0), 1.0)
-        out = {"loss": sums.get("loss_sum", 0.0) / n}
-        if "correct" in sums:
-            out["accuracy"] = sums["correct"] / n
-        if "nll_sum" in sums:
-            nll = sums["nll_sum"] / n
-            out["perplexity"] = math.exp(nll) if nll < 700 else math.inf
-        if "cosine_sum" in sums:
-            out["cosine"] = sums["cosine_sum"] / n
-        return out
 
 
 WORKLOADS: dict[str, Workload] = {
