@@ -5,9 +5,9 @@ from __future__ import annotations
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from api_schemas import TERMINAL_STATES
+from service.store.db.crud.job_queries import unfinished_job_refers
 from service.store.db.crud.pagination import keyset_page
-from service.store.db.models import Dataset, Job
+from service.store.db.models import Dataset
 
 __all__ = ["create_dataset", "dataset_in_use", "delete_dataset", "get_dataset", "list_datasets"]
 
@@ -61,12 +61,9 @@ def list_datasets(
 
 def dataset_in_use(*, session: Session, tenant_id: str, dataset_id: str) -> bool:
     """Whether a job that has not finished reads this dataset."""
-    q = select(Job.spec).where(
-        Job.tenant_id == tenant_id,
-        Job.state.not_in([s.value for s in TERMINAL_STATES]),
-        Job.spec[("dataset", "dataset_id")].as_string() == dataset_id,
+    return unfinished_job_refers(
+        session=session, tenant_id=tenant_id, path=("dataset", "dataset_id"), value=dataset_id
     )
-    return session.scalars(q.limit(1)).first() is not None
 
 
 def delete_dataset(*, session: Session, dataset: Dataset) -> None:

@@ -15,11 +15,18 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from api_schemas import JobState
+from api_schemas import TERMINAL_STATES, JobState
 from service.store.db.crud.pagination import keyset_page
 from service.store.db.models import Job, JobAttempt, LatestMetric
 
-__all__ = ["JobFilter", "count_jobs", "latest_metrics", "list_attempts", "list_jobs"]
+__all__ = [
+    "JobFilter",
+    "count_jobs",
+    "latest_metrics",
+    "list_attempts",
+    "list_jobs",
+    "unfinished_job_refers",
+]
 
 
 @dataclass(frozen=True)
@@ -84,3 +91,16 @@ def list_attempts(*, session: Session, tenant_id: str, job_id: str) -> list[JobA
     q = select(JobAttempt).where(JobAttempt.tenant_id == tenant_id, JobAttempt.job_id == job_id)
     q = q.order_by(JobAttempt.attempt)
     return list(session.scalars(q))
+
+
+def unfinished_job_refers(
+    *, session: Session, tenant_id: str, path: tuple[str, ...], value: str
+) -> bool:
+    """Whether a job of the tenant that has not finished has ``value`` at ``path`` of its spec
+    (``("dataset", "dataset_id")``: it reads that upload)."""
+    q = select(Job.spec).where(
+        Job.tenant_id == tenant_id,
+        Job.state.not_in([s.value for s in TERMINAL_STATES]),
+        Job.spec[path].as_string() == value,
+    )
+    return session.scalars(q.limit(1)).first() is not None

@@ -7,9 +7,9 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from api_schemas import TERMINAL_STATES
+from service.store.db.crud.job_queries import unfinished_job_refers
 from service.store.db.crud.pagination import keyset_page
-from service.store.db.models import Job, UploadedModel
+from service.store.db.models import UploadedModel
 
 __all__ = ["create_model", "delete_model", "get_model", "list_models", "model_in_use"]
 
@@ -64,12 +64,9 @@ def list_models(
 
 def model_in_use(*, session: Session, tenant_id: str, model_id: str) -> bool:
     """Whether a job that has not finished reads this model."""
-    q = select(Job.spec).where(
-        Job.tenant_id == tenant_id,
-        Job.state.not_in([s.value for s in TERMINAL_STATES]),
-        Job.spec[("model", "source", "id")].as_string() == model_id,
+    return unfinished_job_refers(
+        session=session, tenant_id=tenant_id, path=("model", "source", "id"), value=model_id
     )
-    return session.scalars(q.limit(1)).first() is not None
 
 
 def delete_model(*, session: Session, model: UploadedModel) -> None:
