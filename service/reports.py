@@ -76,8 +76,9 @@ def _fidelity(manifest: dict[str, Any]) -> FidelityReport | None:
 
 
 def _deploy(manifest: dict[str, Any]) -> DeployReport | None:
-    """``hf`` jobs: the deployment table the worker measured (``report.hf_export.deploy``)."""
-    found = ((manifest.get("report") or {}).get("hf_export") or {}).get("deploy")
+    """``hf`` jobs: the deployment table the worker measured (the engine report's
+    ``hf_export.deploy``, stored as the export manifest's ``report.deploy``)."""
+    found = (manifest.get("report") or {}).get("deploy")
     return DeployReport.model_validate(found) if isinstance(found, dict) else None
 
 

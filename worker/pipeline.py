@@ -510,6 +510,7 @@ def _register_export(
         fidelity=fidelity,
         target=report.get("target"),
         chance=report.get("chance"),
+        deploy=(report.get("hf_export") or {}).get("deploy"),
     )
     files = {
         info.weights_path.name: {"bytes": row.size_bytes, "sha256": row.sha256},

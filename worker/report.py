@@ -59,6 +59,7 @@ def compression_report(
     fidelity: dict[str, Any] | None = None,
     target: dict[str, Any] | None = None,
     chance: dict[str, Any] | None = None,
+    deploy: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     totals, weights = manifest["totals"], manifest["weights"]
     return {
@@ -79,6 +80,7 @@ def compression_report(
         "fidelity": fidelity,
         "target": target,
         "chance": chance,
+        "deploy": deploy,
         "baseline": None,
     }
 

@@ -128,3 +128,7 @@ def test_an_hf_job_runs_on_a_real_worker_and_its_hf_directory_loads_alone(
     assert [r["class"] for r in results] == ["ComeraTTModel", "LlamaForCausalLM"]
     for r in results:
         assert r["max_abs_diff"] < 1e-5 and r["generated"] == 5, r
+    # the deployment table the worker measured reaches the API's report
+    deploy = api.client.get(f"/v1/jobs/{job['id']}/report").json()["deploy"]
+    assert deploy["original"]["kind"] == "pretrained"
+    assert deploy["exported"]["parameters"] < deploy["original"]["parameters"]

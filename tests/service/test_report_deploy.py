@@ -18,10 +18,10 @@ from tests.engine.train.test_hf_jobs import _job, _model
 def test_the_engines_deploy_table_reaches_comera_report(tmp_path):
     job = JobConfig.from_dict(_job(tmp_path, _model(tmp_path, "llama", "causal_lm", "dir")))
     measured = run_job(job, tmp_path / "out")["hf_export"]["deploy"]
-    deploy = _deploy({"report": {"hf_export": {"deploy": measured}}})
+    deploy = _deploy({"report": {"deploy": measured}})
     assert deploy == DeployReport.model_validate(measured)
     assert deploy.exported.parameters < deploy.original.parameters
-    assert _deploy({"report": {"fidelity": None}}) is None
+    assert _deploy({"report": {"deploy": None}}) is None
     report = CompressionReport.model_validate({**REPORT, "deploy": measured})
     assert deploy_table(CompressionReport.model_validate(REPORT)) is None
     console = Console(record=True, width=200)
