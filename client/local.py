@@ -1,11 +1,12 @@
 """``comera run``: one job spec trained in this process, without a server.
 
-The spec is the service's (``api_schemas.JobCreate``), translated by the same function the
-worker uses (:func:`api_schemas.engine_spec.to_engine`) and run by the engine's one-job
-runner, so a spec that works here works when submitted; an engine error names the spec's field
-as the service would (:func:`api_schemas.engine_spec.engine_pointer`). The engine, torch and
-the service's model resolution are imported when ``run_spec`` is called, so the client package
-stays importable without them.
+The spec is the service's (``api_schemas.JobCreate``), prepared by the same function the
+service uses (:func:`service.store.prepare.prepare_job`: the dataset and the model source
+resolved under ``--data-root``, the spec translated) and run by the engine's one-job runner, so
+a spec that works here works when submitted; an engine error names the spec's field as the
+service would (:func:`api_schemas.engine_spec.engine_pointer`). The engine, torch and the
+service's preparation are imported when ``run_spec`` is called, so the client package stays
+importable without them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from rich.console import Console
 
 from api_schemas import JobCreate
-from api_schemas.engine_spec import SpecError, engine_pointer, to_engine
+from api_schemas.engine_spec import SpecError, engine_pointer
 
 __all__ = ["run_spec"]
 
@@ -50,7 +51,7 @@ def run_spec(
     from engine.data.errors import DataError
     from engine.train import ConfigError, JobConfig
     from engine.train.cli import run_job
-    from service.store.model_source import resolve_model_source
+    from service.store.prepare import Roots, prepare_job
 
     console = console or Console(stderr=True)
     try:
@@ -59,24 +60,11 @@ def run_spec(
         return _fail(
             console, [f"{_pointer(e['loc']) or '(body)'}: {e['msg']}" for e in err.errors()]
         )
-    ds = spec.dataset
-    if ds.source == "upload":
-        return _fail(
-            console,
-            [
-                "/dataset/source: uploaded datasets live on a server; use "
-                "'path' (relative to --data-root) or 'synthetic'"
-            ],
-        )
-    train = str(data_root / ds.path) if ds.path else None
-    valid = str(data_root / ds.valid_path) if ds.valid_path else None
     wanted = spec.training.device
     device = ("cuda" if torch.cuda.is_available() else "cpu") if wanted == "auto" else wanted
-    try:
-        model = resolve_model_source(data_root=data_root, model=spec.model)  # hf_bert, else None
-        job = JobConfig.from_dict(
-            to_engine(spec, train_path=train, valid_path=valid, device=device, model_path=model)
-        )
+    try:  # the service's preparation, with --data-root as the data root and no store
+        prepared = prepare_job(spec, Roots(data=data_root, data_name="--data-root"), device=device)
+        job = JobConfig.from_dict(prepared.engine_config)
     except SpecError as err:
         return _fail(console, [str(err)])
     except ConfigError as err:

@@ -1,5 +1,9 @@
 """The planner: a pool of spawned processes running ``worker.plan.plan_job``, shared fairly.
 
+What it plans is the job as :func:`service.store.prepare.prepare_job` prepared it (the engine
+config stored with the job, the spec's dataset reference for the data's errors): the planner
+neither resolves nor translates anything itself.
+
 Every submission and dry run is planned before anything is stored (the model built on the
 ``meta`` device, the data's real sizes read, the memory estimate checked against the worker's
 capacity; :mod:`worker.plan`). One planner process for every tenant let one tenant's slow
@@ -40,6 +44,7 @@ from typing import Any
 from api_schemas import JobCreate
 from api_schemas.engine_spec import engine_pointer
 from service.planner_child import PlannerChild
+from service.store.prepare import PreparedJob
 
 __all__ = [
     "PlanFailed",
@@ -287,11 +292,18 @@ class TenantPlanner:
                 f"{self.queue_per_tenant} waiting"
             )
 
-    def plan(self, job: dict[str, Any], spec: JobCreate) -> dict[str, Any]:
-        """The plan of ``job``, the engine job dict of the submitted ``spec``."""
-        options = {
+    def plan(
+        self, job: PreparedJob | dict[str, Any], spec: JobCreate | None = None
+    ) -> dict[str, Any]:
+        """The plan of ``job``: a prepared job (:func:`service.store.prepare.prepare_job`; its
+        engine config, spec and dataset reference), or an engine job dict of ``spec``."""
+        if isinstance(job, PreparedJob):
+            job, spec, pointer = job.engine_config, spec or job.spec, job.dataset_pointer
+        else:
+            pointer = engine_pointer("data.train", spec)
+        options: dict[str, Any] = {
             "capacity_bytes": self.capacity_bytes,
-            "dataset_pointer": engine_pointer("data.train", spec),
+            "dataset_pointer": pointer,
         }
         if self.baseline is not None:
             options["baseline"] = self.baseline

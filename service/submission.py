@@ -1,23 +1,23 @@
 """From a validated ``JobCreate`` to a stored, enqueued job (``POST /v1/jobs``), and the dry run.
 
-Order (docs/service.md#outbox-re-drive): every check first (dataset references, the engine
-translation, the planner's model build), then the row is committed, and only then is the
-message sent. If sending fails the job stays QUEUED with ``enqueue_pending`` and the reaper
-sends it later; the client still gets its 202.
+Order (docs/service.md#outbox-re-drive): every check first (the job prepared once by
+:func:`service.store.prepare.prepare_job`: dataset references and model source resolved, the
+spec translated; then the planner's model build), then the row is committed with the prepared,
+versioned ``engine_config`` that the worker reads, and only then is the message sent. If
+sending fails the job stays QUEUED with ``enqueue_pending`` and the reaper sends it later; the
+client still gets its 202.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from fastapi import HTTPException
 from sqlalchemy.orm import Session
 
 from api_schemas import FieldError, JobCreate, JobState, ValidationReport
-from api_schemas.engine_spec import SpecError, to_engine
 from service.errors import FieldProblem
 from service.planner import (
     PlanFailed,
@@ -26,8 +26,6 @@ from service.planner import (
     PlanThrottled,
     TenantPlanner,
 )
-from service.store import paths
-from service.store.db.crud.datasets import get_dataset
 from service.store.db.crud.fair_queue import queued_wall_seconds
 from service.store.db.crud.idempotency import link_job
 from service.store.db.crud.job_actions import mark_enqueued
@@ -35,8 +33,9 @@ from service.store.db.crud.job_queries import count_jobs
 from service.store.db.crud.jobs import create_job
 from service.store.db.crud.tenants import one_at_a_time
 from service.store.db.models import Job
-from service.store.model_source import resolve_model_source
 from service.store.placement import placement
+from service.store.prepare import PreparedJob, PrepareError, Roots, prepare_job
+from service.store.prepare import resolve_dataset as store_resolve_dataset
 from service.store.settings import Settings
 from service.store.spec import spec_hash
 
@@ -46,74 +45,46 @@ log = logging.getLogger(__name__)
 Enqueue = Callable[..., bool]  # (job_id=, attempt=, max_wall_time_s=, devices=, nodes=) -> sent
 
 
-def _data_file(settings: Settings, rel: str, pointer: str) -> str:
-    root = settings.data.resolve()
-    try:  # a component over NAME_MAX, a NUL byte, a symlink loop: the user's path, not a 500
-        path = paths.resolve(root / rel)
-        found = path.is_relative_to(root) and path.is_file()
-    except (OSError, ValueError) as err:
-        message = f"cannot read {rel[:200]!r}: {paths.reason(err)}"
-        raise FieldProblem.one(pointer, message, "invalid") from None
-    if not path.is_relative_to(root):
-        raise FieldProblem.one(pointer, "must stay under the server's data root", "outside_root")
-    if not found:
-        raise FieldProblem.one(
-            pointer, f"no file {rel!r} under the server's data root", "not_found"
-        )
-    return str(path)
+def _roots(*, session: Session, settings: Settings, tenant_id: str) -> Roots:
+    return Roots(
+        data=settings.data, artifacts=settings.artifacts, session=session, tenant_id=tenant_id
+    )
 
 
 def resolve_dataset(
     *, session: Session, settings: Settings, tenant_id: str, spec: JobCreate
 ) -> tuple[str | None, str | None]:
     """(train, valid) file paths of an uploaded or server-side dataset; 422 naming the field."""
-    ds = spec.dataset
-    if ds.source == "upload":
-        row = get_dataset(session=session, tenant_id=tenant_id, dataset_id=ds.dataset_id or "")
-        if row is None or row.state != "ready":
-            raise FieldProblem.one(
-                "/dataset/dataset_id", f"no ready dataset {ds.dataset_id!r}", "not_found"
-            )
-        if row.format != ds.format:
-            raise FieldProblem.one(
-                "/dataset/format",
-                f"dataset {row.id} was uploaded as {row.format!r}, not {ds.format!r}",
-                "mismatch",
-            )
-        return str(Path(settings.artifacts) / row.path), None
-    if ds.source == "path":
-        valid = ds.valid_path and _data_file(settings, ds.valid_path, "/dataset/valid_path")
-        return _data_file(settings, ds.path or "", "/dataset/path"), valid or None
-    return None, None
+    roots = _roots(session=session, settings=settings, tenant_id=tenant_id)
+    try:
+        return store_resolve_dataset(spec.dataset, roots)
+    except PrepareError as err:
+        raise FieldProblem.one(err.pointer, err.message, err.code) from None
 
 
 def prepare(
     *, session: Session, settings: Settings, tenant_id: str, spec: JobCreate
-) -> dict[str, Any]:
-    """The engine job dict of ``spec`` (:func:`api_schemas.engine_spec.to_engine`); 422 naming
-    the field."""
-    train, valid = resolve_dataset(
-        session=session, settings=settings, tenant_id=tenant_id, spec=spec
-    )
+) -> PreparedJob:
+    """The prepared job of ``spec`` (:func:`service.store.prepare.prepare_job`: the dataset
+    and the model source resolved, the spec translated once, planned as ``cpu`` unless it asks
+    for ``cuda``); 422 naming the field."""
+    roots = _roots(session=session, settings=settings, tenant_id=tenant_id)
     device = "cuda" if spec.training.device == "cuda" else "cpu"
     try:
-        # hf_bert, hf: the model directory (an uploaded one: the tenant's)
-        uploaded = (session, Path(settings.artifacts), tenant_id)
-        model = resolve_model_source(data_root=settings.data, model=spec.model, uploaded=uploaded)
-        return to_engine(spec, train_path=train, valid_path=valid, device=device, model_path=model)
-    except SpecError as err:
-        raise FieldProblem.one(err.pointer, err.message, "unsupported") from None
+        return prepare_job(spec, roots, device=device)
+    except PrepareError as err:
+        raise FieldProblem.one(err.pointer, err.message, err.code) from None
 
 
 def plan(
-    planner: TenantPlanner, engine_job: dict[str, Any], spec: JobCreate, *, required: bool
+    planner: TenantPlanner, prepared: PreparedJob, spec: JobCreate, *, required: bool
 ) -> dict[str, Any] | None:
     """The planner's report; 422 when the plan refuses the job, 429 past the tenant's share of
     the planner. Without a plan (the planner busy past the deadline, or unavailable): 503 with
     ``Retry-After``; a submission (``required`` false) is accepted unplanned only when the
     operator allows it (``COMERA_ACCEPT_UNPLANNED_JOBS``; the worker plans it again)."""
     try:
-        return planner.plan(engine_job, spec)
+        return planner.plan(prepared, spec)
     except PlanFailed as err:
         raise FieldProblem.one(err.pointer, err.message, "config") from None
     except PlanThrottled as err:
@@ -188,7 +159,7 @@ def submit(
     settings: Settings,
     tenant_id: str,
     spec: JobCreate,
-    engine_job: dict[str, Any],
+    engine_job: PreparedJob | dict[str, Any],
     enqueue: Enqueue,
     idempotency_key: str | None = None,
     message: str | None = None,
@@ -217,7 +188,9 @@ def submit(
             spec_hash=spec_hash(spec),
             max_attempts=spec.limits.max_attempts,
         )
-        job.engine_config = engine_job
+        job.engine_config = (
+            engine_job.engine_config if isinstance(engine_job, PreparedJob) else engine_job
+        )
         if message:  # waiting_for_capacity (service.capacity)
             job.message = message
         if idempotency_key is not None:

@@ -8,8 +8,10 @@ reloads the exported file and compares its mean-pooled sentence embeddings with 
 model's on the held-out sentences; a job in several processes gets the same measure from rank
 0's ``report.json``.
 
-Before the trainer is built, :func:`preflight` plans the job again on this worker (the checks
-the planner made at submission, on the files as the worker sees them).
+The engine config is the one prepared at submission and stored with the job
+(:func:`load_config`: read, its root-relative paths resolved again on this worker, its device
+this worker's). Before the trainer is built, :func:`preflight` plans the job again on this
+worker (the checks the planner made at submission, on the files as the worker sees them).
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
+from sqlalchemy.orm import Session
 
 import engine
 from api_schemas import JobCreate
-from api_schemas.engine_spec import engine_pointer, to_engine
+from api_schemas.engine_spec import Spec, SpecError, engine_pointer, to_engine
 from engine.data import DataError
 from engine.export import ExportInfo, export_compressed
 from engine.train import ConfigError, JobConfig, Trainer, TrainResult
@@ -33,6 +36,9 @@ from engine.train.checkpoint import FORMAT_VERSION as CHECKPOINT_FORMAT
 from engine.train.fidelity import measure_fidelity
 from engine.train.resume import check_compatible
 from engine.train.state import TrainState
+from service.store.db.models import Job
+from service.store.prepare import Roots, worker_engine_config
+from service.store.settings import Settings
 from worker.artifacts import publish_dir
 
 __all__ = [
@@ -42,9 +48,11 @@ __all__ = [
     "build_trainer",
     "check_resumable",
     "export_model",
+    "load_config",
     "measure_fidelity",
     "preflight",
     "total_steps",
+    "worker_device",
 ]
 
 ENGINE_VERSION: str | None = getattr(engine, "__version__", None)
@@ -54,20 +62,54 @@ class ResumeError(Exception):
     """A checkpoint the trainer cannot continue (another config, device or format)."""
 
 
+def worker_device(wanted: str) -> str:
+    """The device this worker runs a job on: ``auto`` is CUDA if present; ``cuda`` without a
+    GPU is a ``SpecError`` on ``/training/device``."""
+    cuda = torch.cuda.is_available()
+    if wanted == "cuda" and not cuda:
+        raise SpecError("/training/device", "'cuda' was asked for but this worker has no GPU")
+    return "cuda" if wanted != "cpu" and cuda else "cpu"
+
+
+def load_config(*, session: Session, settings: Settings, job: Job) -> tuple[JobConfig, str, bool]:
+    """The job's engine config on this worker, its device, and whether it was prepared here.
+
+    The stored ``engine_config`` (prepared once at submission,
+    :func:`service.store.prepare.prepare_job`) is read, not translated again: only its
+    root-relative paths are resolved again under this worker's roots and its device is this
+    worker's (:func:`service.store.prepare.worker_engine_config`). A job stored without a
+    config of this version is prepared here from its spec (then ``True``: the pipeline stores
+    the config it ran)."""
+    roots = Roots(
+        data=settings.data,
+        artifacts=settings.artifacts,
+        session=session,
+        tenant_id=job.tenant_id,
+    )
+    spec = job.spec or {}
+    data, fresh = worker_engine_config(spec, job.engine_config, roots)
+    device = worker_device(spec.get("training", {}).get("device", "auto"))
+    data["training"] = {**data["training"], "device": device}
+    return JobConfig.from_dict(data), device, fresh
+
+
 def build_config(
     spec: JobCreate, *, train: str | None, valid: str | None, model: str | None = None
 ) -> tuple[JobConfig, str]:
-    """The validated engine config and the device it runs on (``auto``: CUDA if present);
-    ``model``: the resolved model directory of an ``hf_bert`` source."""
-    device = "cuda" if spec.training.device != "cpu" and torch.cuda.is_available() else "cpu"
+    """The validated engine config of ``spec`` with resolved files and the device it runs on
+    (``auto``: CUDA if present); ``model``: the resolved model directory of an ``hf_bert``
+    source. A spec translated here, not the stored config: :func:`load_config` reads that."""
+    device = worker_device(spec.training.device)
     data = to_engine(spec, train_path=train, valid_path=valid, device=device, model_path=model)
     return JobConfig.from_dict(data), device
 
 
-def preflight(config: JobConfig, spec: JobCreate, *, capacity_bytes: int) -> dict[str, Any]:
+def preflight(config: JobConfig, spec: Spec, *, capacity_bytes: int) -> dict[str, Any]:
     """The job's plan on this worker, with its real data (``worker.plan.plan_job``): the
     data-derived sizes within the bounds of ``model.config`` and the memory estimate within
-    ``capacity_bytes``, checked before anything is built (a ``SpecError`` naming the field)."""
+    ``capacity_bytes``, checked before anything is built (a ``SpecError`` naming the field).
+    ``spec``: the submitted spec (a ``JobCreate`` or the stored dict), for the dataset's
+    pointer."""
     from worker.plan import plan_job
 
     pointer = engine_pointer("data.train", spec)  # the dataset's reference in the spec

@@ -221,8 +221,8 @@ def _path_spec(path: str) -> dict:
 @pytest.mark.parametrize(
     ("name", "kind", "words"),
     [
-        ("escape.npz", "validation", "outside the data root"),
-        ("missing.npz", "validation", "no such file"),
+        ("escape.npz", "validation", "must stay under the server's data root"),
+        ("missing.npz", "validation", "no file 'missing.npz' under the server's data root"),
         ("loop.npz", "validation", "a symlink loop"),  # RuntimeError on Python 3.11
         ("bad.npz", "data_error", "bad.npz: row 7"),
         ("huge.npz", "nan_loss", "loss is nan at step 3"),
