@@ -12,6 +12,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response
 
 from api_schemas import DatasetPublic, DatasetsPublic
 from service.api.deps import SessionDep, SettingsDep, TenantDep
+from service.api.routes.uploaded import RAW_BODY, cursor_checked, found, media_type
 from service.errors import problems
 from service.store.db.crud.datasets import (
     dataset_in_use,
@@ -25,12 +26,6 @@ from service.views import dataset_public
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
 Format = Literal["jsonl", "csv", "criteo", "text", "npz"]
-RAW_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
-    }
-}
 
 
 @router.post(
@@ -53,8 +48,7 @@ async def upload_dataset(
     (``dataset.source = upload``) only after its format check passed (else 422). 408 after
     30 s without data, 413 past the size limit or the tenant's storage quota, 429 while the
     tenant already runs its uploads at once (``service.upload_limits``)."""
-    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if ctype != "application/octet-stream":
+    if media_type(request) != "application/octet-stream":
         raise HTTPException(415, "Send the file as application/octet-stream.")
     ds = await store_upload(
         request=request,
@@ -76,19 +70,15 @@ def list_datasets_route(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> DatasetsPublic:
     """The tenant's datasets, newest first."""
-    try:
+    with cursor_checked():
         rows, nxt = list_datasets(session=session, tenant_id=tenant.id, cursor=cursor, limit=limit)
-    except ValueError:
-        raise HTTPException(400, "Invalid cursor.") from None
     return DatasetsPublic(items=[dataset_public(d) for d in rows], next_cursor=nxt)
 
 
 @router.get("/{dataset_id}", response_model=DatasetPublic, responses=problems(404))
 def read_dataset(dataset_id: str, session: SessionDep, tenant: TenantDep) -> DatasetPublic:
     ds = get_dataset(session=session, tenant_id=tenant.id, dataset_id=dataset_id)
-    if ds is None:
-        raise HTTPException(404, "Dataset not found.")
-    return dataset_public(ds)
+    return dataset_public(found(ds, "Dataset"))
 
 
 @router.delete(
@@ -98,9 +88,7 @@ def delete_dataset_route(
     dataset_id: str, session: SessionDep, settings: SettingsDep, tenant: TenantDep
 ) -> Response:
     """Delete the dataset and its file; 409 while a job that has not finished uses it."""
-    ds = get_dataset(session=session, tenant_id=tenant.id, dataset_id=dataset_id)
-    if ds is None:
-        raise HTTPException(404, "Dataset not found.")
+    ds = found(get_dataset(session=session, tenant_id=tenant.id, dataset_id=dataset_id), "Dataset")
     if dataset_in_use(session=session, tenant_id=tenant.id, dataset_id=ds.id):
         raise HTTPException(409, "A job that has not finished uses this dataset.")
     path = artifact_path(settings, ds.path)

@@ -15,6 +15,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response
 
 from api_schemas import UploadedModelPublic, UploadedModelsPublic
 from service.api.deps import SessionDep, SettingsDep, TenantDep
+from service.api.routes.uploaded import RAW_BODY, cursor_checked, found, media_type
 from service.errors import problems
 from service.model_uploads import store_model_upload
 from service.store.db.crud.models import delete_model, get_model, list_models, model_in_use
@@ -30,19 +31,13 @@ TAR_TYPES = (
     "application/gzip",
     "application/x-gzip",
 )
-TAR_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
-    }
-}
 
 
 @router.post(
     "",
     status_code=201,
     response_model=UploadedModelPublic,
-    openapi_extra=TAR_BODY,
+    openapi_extra=RAW_BODY,
     responses=problems(408, 413, 415, 422, 429),
 )
 async def upload_model(
@@ -59,8 +54,7 @@ async def upload_model(
     at the top level or under one folder of the tar.
     Pickles and code are refused by name, the directory is checked as an ``hf`` job's model
     before anything is kept (422 with the reason); 408 / 413 / 429 as for datasets."""
-    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if ctype not in (*TAR_TYPES, "multipart/form-data"):
+    if media_type(request) not in (*TAR_TYPES, "multipart/form-data"):
         raise HTTPException(
             415, "Send the model directory as one tar (application/x-tar) or multipart files."
         )
@@ -79,19 +73,15 @@ def list_models_route(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> UploadedModelsPublic:
     """The tenant's models, newest first."""
-    try:
+    with cursor_checked():
         rows, nxt = list_models(session=session, tenant_id=tenant.id, cursor=cursor, limit=limit)
-    except ValueError:
-        raise HTTPException(400, "Invalid cursor.") from None
     return UploadedModelsPublic(items=[model_public(m) for m in rows], next_cursor=nxt)
 
 
 @router.get("/{model_id}", response_model=UploadedModelPublic, responses=problems(404))
 def read_model(model_id: str, session: SessionDep, tenant: TenantDep) -> UploadedModelPublic:
     row = get_model(session=session, tenant_id=tenant.id, model_id=model_id)
-    if row is None:
-        raise HTTPException(404, "Model not found.")
-    return model_public(row)
+    return model_public(found(row, "Model"))
 
 
 @router.delete(
@@ -101,9 +91,7 @@ def delete_model_route(
     model_id: str, session: SessionDep, settings: SettingsDep, tenant: TenantDep
 ) -> Response:
     """Delete the model and its files; 409 while a job that has not finished uses it."""
-    row = get_model(session=session, tenant_id=tenant.id, model_id=model_id)
-    if row is None:
-        raise HTTPException(404, "Model not found.")
+    row = found(get_model(session=session, tenant_id=tenant.id, model_id=model_id), "Model")
     if model_in_use(session=session, tenant_id=tenant.id, model_id=row.id):
         raise HTTPException(409, "A job that has not finished uses this model.")
     path = artifact_path(settings, row.path)
