@@ -68,3 +68,25 @@ def test_cuda_on_a_worker_without_a_gpu_names_the_field():
     with pytest.raises(SpecError) as caught:
         worker_device("cuda")
     assert caught.value.pointer == "/training/device"
+
+
+def test_an_hf_dir_is_resolved_again_under_this_workers_data_root(sqlite_url, tmp_path):
+    from tests.worker.test_hf_job import _data_root, hf_spec
+
+    settings, factory = settings_for(tmp_path / "worker", sqlite_url), factory_for(sqlite_url)
+    api_root, worker_root = tmp_path / "api-data", Path(settings.data)
+    _data_root(api_root)
+    _data_root(worker_root)
+    job_id = make_job(factory, hf_spec())
+    stored = prepare_job(JobCreate.model_validate(hf_spec()), Roots(data=api_root), device="cpu")
+    original = str((api_root / "models" / "tiny").resolve())
+    assert stored.engine_config["model"]["config"]["path"] == original
+    with session_scope(factory) as s:
+        s.get(Job, job_id).engine_config = stored.engine_config
+
+    with session_scope(factory) as s:
+        config, _, fresh = load_config(session=s, settings=settings, job=s.get(Job, job_id))
+
+    assert not fresh
+    assert config.model.config["path"] == str((worker_root / "models" / "tiny").resolve())
+    assert config.data.valid == str((worker_root / "text" / "valid.txt").resolve())
