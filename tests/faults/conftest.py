@@ -1,4 +1,5 @@
-"""Fixtures of the fault tests: a migrated PostgreSQL database, a private Redis, a stack."""
+"""Fixtures of the fault tests: a private Redis and a stack on a migrated PostgreSQL database
+(``pg_url``, from ``tests/conftest.py``)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,6 @@ import shutil
 import pytest
 
 from tests.faults.stack import RedisServer, running
-from tests.helpers.db import migrated_postgres, postgres_available
-
-
-@pytest.fixture
-def pg_db():
-    if not postgres_available():
-        pytest.skip("PostgreSQL is not reachable at 127.0.0.1:5432")
-    with migrated_postgres() as url:
-        yield url
 
 
 @pytest.fixture
@@ -30,6 +22,6 @@ def redis_server():
 
 
 @pytest.fixture
-def stack(tmp_path, pg_db, redis_server):
-    with running(tmp_path, pg_db, redis_server.url) as s:
+def stack(tmp_path, pg_url, redis_server):
+    with running(tmp_path, pg_url, redis_server.url) as s:
         yield s

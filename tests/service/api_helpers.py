@@ -1,9 +1,9 @@
-"""Fixtures and helpers for the HTTP API tests: an app on a real migrated database.
+"""Helpers of the HTTP API tests: an app on a real migrated database, and job setup.
 
-``api`` runs once per backend (SQLite and PostgreSQL); ``api_lite`` only on SQLite, for tests
-where the backend does not matter. The queue is replaced by a recorder (the real broker path
-is covered by the worker's and the end-to-end tests); the planner is the real spawned child.
-Test modules import the fixtures they use from here.
+The fixtures ``api`` (once per backend, SQLite and PostgreSQL) and ``api_lite`` (SQLite only,
+for tests where the backend does not matter) are defined in ``tests/conftest.py`` and serve the
+app through ``serve_api``. The queue is replaced by a recorder (the real broker path is covered
+by the worker's and the end-to-end tests); the planner is the real spawned child.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
@@ -36,12 +35,11 @@ from service.store.spec import spec_hash
 __all__ = [
     "NO_KEY",
     "Api",
-    "api",
-    "api_lite",
     "issue_key",
     "job_body",
     "make_job",
     "parse_sse",
+    "serve_api",
     "set_state",
 ]
 
@@ -63,7 +61,8 @@ class Api:
             return get_or_create_tenant(session=s, name="default").id
 
 
-def _make_api(db_url: str, tmp_path: Path) -> Iterator[Api]:
+def serve_api(db_url: str, tmp_path: Path) -> Iterator[Api]:
+    """The app on ``db_url`` with a recording queue and a key of tenant ``default``."""
     settings = Settings(
         home=tmp_path / "home",
         database_url=db_url,
@@ -100,16 +99,6 @@ def _idempotency_key(request: httpx.Request) -> None:
     if request.method == "POST" and request.url.path.rstrip("/") == "/v1/jobs":
         if request.headers.pop(NO_KEY, None) is None and "Idempotency-Key" not in request.headers:
             request.headers["Idempotency-Key"] = uuid.uuid4().hex
-
-
-@pytest.fixture
-def api(db_url: str, tmp_path: Path) -> Iterator[Api]:
-    yield from _make_api(db_url, tmp_path)
-
-
-@pytest.fixture
-def api_lite(sqlite_url: str, tmp_path: Path) -> Iterator[Api]:
-    yield from _make_api(sqlite_url, tmp_path)
 
 
 def job_body(**changes: Any) -> dict[str, Any]:

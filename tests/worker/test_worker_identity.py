@@ -12,7 +12,7 @@ from sqlalchemy import select, update
 from service.store.auth import DEFAULT_SCOPES
 from service.store.db.models import JobAttempt, JobEvent
 from service.store.db.session import session_scope
-from tests.service.api_helpers import Api, api_lite, issue_key, make_job  # noqa: F401
+from tests.service.api_helpers import Api, issue_key, make_job
 from tests.worker.jobs import factory_for, tiny_spec
 from tests.worker.jobs import make_job as make_worker_job
 from worker.lease import Heartbeat
