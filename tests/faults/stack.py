@@ -23,6 +23,7 @@ import httpx
 import redis
 
 from tests.helpers.services import ROOT, clean_env, free_port, wait_for
+from tests.helpers.specs import early_stage, finetune_stage, late_stage, mlp_run
 
 __all__ = ["FAST", "SPEC", "RedisServer", "Stack", "api_key", "running", "wait_for"]
 
@@ -37,29 +38,15 @@ FAST = {  # a lease that survives a busy 2-core machine (a child importing torch
     "COMERA_FLUSH_SECONDS": "0.2",
 }
 # a small MLP: 40 steps in three stages, a checkpoint every 10 (about 20 KB each)
-SPEC: dict[str, Any] = {
-    "name": "fault",
-    "model": {"arch": "mlp", "config": {"hidden": [32, 32]}},
-    "dataset": {
-        "source": "synthetic",
-        "n_train": 256,
-        "n_valid": 64,
-        "params": {"shape": [8, 8], "num_classes": 4},
-    },
-    "compression": {"max_rank": 4, "min_size": 16, "shrink_every": 5},
-    "schedule": [
-        {
-            "kind": "early",
-            "steps": 20,
-            "eval_every": 10,
-            "lr": {"cores": 0.003, "gates": 0.01, "others": 0.003},
-        },
-        {"kind": "late", "steps": 10, "target_ratio": 0.5},
-        {"kind": "finetune", "steps": 10},
+SPEC: dict[str, Any] = mlp_run(
+    name="fault",
+    schedule=[
+        early_stage(steps=20, eval_every=10, lr={"cores": 0.003, "gates": 0.01, "others": 0.003}),
+        late_stage(steps=10, target_ratio=0.5),
+        finetune_stage(steps=10),
     ],
-    "training": {"batch_size": 16, "log_every": 5, "seed": 0},
-    "checkpointing": {"every_n_steps": 10, "keep": 2},
-}
+    training={"batch_size": 16, "log_every": 5, "seed": 0},
+)
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 

@@ -17,6 +17,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.helpers.specs import (
+    api_job,
+    early_stage,
+    finetune_stage,
+    late_stage,
+    mlp_model,
+    synthetic_dataset,
+)
+
 __all__ = [
     "ROOT",
     "TINY_JOB",
@@ -32,37 +41,24 @@ __all__ = [
 
 ROOT = Path(__file__).resolve().parents[2]
 # a tiny MLP, 70 steps in three stages: seconds of training on 2 cores
-TINY_JOB = {
-    "name": "tiny-mlp",
-    "labels": {"suite": "e2e"},
-    "model": {"arch": "mlp", "config": {"hidden": [64, 64]}},
-    "dataset": {
-        "source": "synthetic",
-        "generator": "mlp",
-        "n_train": 1500,
-        "n_valid": 300,
-        "params": {"shape": [8, 8], "num_classes": 3},
-    },
-    "compression": {"method": "comera", "max_rank": 6, "min_size": 256, "shrink_every": 10},
-    "schedule": [
-        {
-            "kind": "early",
-            "steps": 40,
-            "gamma": 0.05,
-            "eval_every": 20,
-            "lr": {"cores": 0.003, "gates": 0.01, "others": 0.001},
-        },
-        {
-            "kind": "late",
-            "steps": 20,
-            "target_ratio": 0.5,
-            "lr": {"cores": 0.002, "gates": 0.01, "others": 0.001},
-        },
-        {"kind": "finetune", "steps": 10, "lr": {"cores": 0.001, "gates": 0.0, "others": 0.001}},
+TINY_JOB = api_job(
+    name="tiny-mlp",
+    labels={"suite": "e2e"},
+    model=mlp_model(64, 64),
+    dataset=synthetic_dataset(
+        "mlp", n_train=1500, n_valid=300, params={"shape": [8, 8], "num_classes": 3}
+    ),
+    compression={"method": "comera", "max_rank": 6, "min_size": 256, "shrink_every": 10},
+    schedule=[
+        early_stage(
+            steps=40, gamma=0.05, eval_every=20, lr={"cores": 0.003, "gates": 0.01, "others": 0.001}
+        ),
+        late_stage(steps=20, target_ratio=0.5, lr={"cores": 0.002, "gates": 0.01, "others": 0.001}),
+        finetune_stage(steps=10, lr={"cores": 0.001, "gates": 0.0, "others": 0.001}),
     ],
-    "training": {"batch_size": 32, "seed": 0, "log_every": 5},
-    "checkpointing": {"every_n_steps": 25, "keep": 2},
-}
+    training={"batch_size": 32, "seed": 0, "log_every": 5},
+    checkpointing={"every_n_steps": 25, "keep": 2},
+)
 
 
 def wait_for(

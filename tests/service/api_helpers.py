@@ -31,6 +31,7 @@ from service.store.db.crud.tenants import get_or_create_tenant
 from service.store.db.models import Job
 from service.store.settings import Settings
 from service.store.spec import spec_hash
+from tests.helpers.specs import api_job, early_stage, late_stage, mlp_model, synthetic_dataset
 
 __all__ = [
     "NO_KEY",
@@ -103,18 +104,14 @@ def _idempotency_key(request: httpx.Request) -> None:
 
 def job_body(**changes: Any) -> dict[str, Any]:
     """A small valid submission (a tiny MLP on synthetic data)."""
-    body: dict[str, Any] = {
+    body = {
         "name": "tiny-mlp",
-        "model": {"arch": "mlp", "config": {"hidden": [64, 64]}},
-        "dataset": {"source": "synthetic", "n_train": 256, "n_valid": 32},
+        "model": mlp_model(64, 64),
+        "dataset": synthetic_dataset(n_train=256, n_valid=32),
         "compression": {"max_rank": 4, "min_size": 256},
-        "schedule": [
-            {"kind": "early", "steps": 5},
-            {"kind": "late", "steps": 5, "target_ratio": 0.5},
-        ],
+        "schedule": [early_stage(steps=5), late_stage(steps=5, target_ratio=0.5)],
     }
-    body.update(changes)
-    return body
+    return api_job(**{**body, **changes})
 
 
 def make_job(

@@ -24,6 +24,7 @@ from service.store.db.models import (
 from service.store.db.session import make_engine, make_sessionmaker, session_scope
 from service.store.settings import Settings
 from service.store.spec import spec_hash
+from tests.helpers.specs import mlp_run
 
 __all__ = [
     "JOB_ROW_MODELS",
@@ -43,36 +44,12 @@ JOB_ROW_MODELS = (JobAttempt, JobEvent, MetricPoint, RankPoint, LatestMetric, Ch
 
 TENANT = "ten_worker"
 
-TINY: dict[str, Any] = {
-    "name": "tiny",
-    "model": {"arch": "mlp", "config": {"hidden": [32, 32]}},
-    "dataset": {
-        "source": "synthetic",
-        "n_train": 256,
-        "n_valid": 64,
-        "params": {"shape": [8, 8], "num_classes": 4},
-    },
-    "compression": {"max_rank": 4, "min_size": 16, "shrink_every": 5},
-    "schedule": [
-        {
-            "kind": "early",
-            "steps": 20,
-            "eval_every": 10,
-            "lr": {"cores": 0.003, "gates": 0.01, "others": 0.003},
-        },
-        {"kind": "late", "steps": 10, "target_ratio": 0.5},
-        {"kind": "finetune", "name": "polish", "steps": 5},
-    ],
-    "training": {"batch_size": 16, "log_every": 5},
-    "checkpointing": {"every_n_steps": 10, "keep": 2},
-}
+TINY: dict[str, Any] = mlp_run()
 
 
 def tiny_spec(**sections: Any) -> dict[str, Any]:
     """The tiny 35-step MLP job (a few seconds on a CPU), with sections replaced."""
-    spec = copy.deepcopy(TINY)
-    spec.update(copy.deepcopy(sections))
-    return spec
+    return mlp_run(**copy.deepcopy(sections))
 
 
 def settings_for(home: Path, db_url: str, **over: Any) -> Settings:
