@@ -11,31 +11,29 @@ import pytest
 import torch
 
 from engine.export import load_compressed
+from tests.helpers.specs import (
+    early_stage,
+    engine_job,
+    finetune_stage,
+    late_stage,
+    synthetic_data,
+    transformer_model,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
-JOB = {
-    "name": "tiny-nli",
-    "method": "comera",
-    "model": {
-        "arch": "transformer",
-        "config": {"d_model": 32, "n_heads": 4, "d_ff": 64, "n_layers": 1, "max_len": 24},
-    },
-    "data": {
-        "kind": "synthetic",
-        "generator": "nli",
-        "n_train": 96,
-        "n_valid": 32,
-        "max_len": 24,
-        "vocab_size": 120,
-    },
-    "compression": {"max_rank": 4, "shrink_every": 3},
-    "schedule": [
-        {"kind": "early", "epochs": 1, "gamma": 0.1, "lr": {"gates": 0.05}},
-        {"kind": "late", "steps": 4, "target_ratio": 0.6},
-        {"kind": "finetune", "steps": 2},
+JOB = engine_job(
+    name="tiny-nli",
+    method="comera",
+    model=transformer_model(),
+    data=synthetic_data("nli", n_train=96, n_valid=32, max_len=24, vocab_size=120),
+    compression={"max_rank": 4, "shrink_every": 3},
+    schedule=[
+        early_stage(epochs=1, gamma=0.1, lr={"gates": 0.05}),
+        late_stage(steps=4, target_ratio=0.6),
+        finetune_stage(steps=2),
     ],
-    "training": {"batch_size": 16, "log_every": 2},
-}
+    training={"batch_size": 16, "log_every": 2},
+)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

@@ -8,25 +8,26 @@ import pytest
 
 from engine.train.config import ConfigError
 from engine.train.job import JobConfig
+from tests.helpers.specs import (
+    early_stage,
+    engine_job,
+    finetune_stage,
+    late_stage,
+    synthetic_data,
+    transformer_model,
+)
 
-BASE = {
-    "name": "t",
-    "method": "comera",
-    "model": {
-        "arch": "transformer",
-        "config": {"d_model": 32, "n_heads": 4, "d_ff": 64, "n_layers": 1, "max_len": 32},
-    },
-    "data": {"kind": "synthetic", "generator": "nli"},
-    "compression": {"max_rank": 4, "penalty": "uniform"},
-    "schedule": [
-        {"kind": "early", "steps": 5},
-        {"kind": "late", "steps": 5, "target_ratio": 0.5},
-        {"kind": "finetune", "steps": 2},
-    ],
-    "training": {"batch_size": 8, "seed": 3},
-    "galore": {"rank": 8},
-    "checkpoint": {"keep": 3},
-}
+BASE = engine_job(
+    name="t",
+    method="comera",
+    model=transformer_model(max_len=32),
+    data=synthetic_data("nli"),
+    compression={"max_rank": 4, "penalty": "uniform"},
+    schedule=[early_stage(steps=5), late_stage(steps=5, target_ratio=0.5), finetune_stage(steps=2)],
+    training={"batch_size": 8, "seed": 3},
+    galore={"rank": 8},
+    checkpoint={"keep": 3},
+)
 
 
 def _with(path: str, value):

@@ -16,20 +16,25 @@ import torch.multiprocessing as mp
 
 from engine.train import FunctionCallback, JobConfig, Trainer
 from engine.train.distributed import BACKEND, backend
+from tests.helpers.specs import (
+    early_stage,
+    engine_job,
+    finetune_stage,
+    late_stage,
+    mlp_model,
+    synthetic_data,
+    transformer_model,
+)
 
 LR = {"cores": 0.003, "gates": 0.02, "others": 0.003}
-JOB: dict[str, Any] = {
-    "name": "ddp",
-    "method": "comera",
-    "model": {"arch": "mlp", "config": {"hidden": [32, 32], "dropout": 0.0}},
-    "data": {
-        "kind": "synthetic",
-        "generator": "mlp",
-        "n_train": 320,
-        "n_valid": 96,
-        "params": {"shape": [16], "num_classes": 4, "noise": 0.8},
-    },
-    "compression": {
+JOB: dict[str, Any] = engine_job(
+    name="ddp",
+    method="comera",
+    model=mlp_model(32, 32, dropout=0.0),
+    data=synthetic_data(
+        "mlp", n_train=320, n_valid=96, params={"shape": [16], "num_classes": 4, "noise": 0.8}
+    ),
+    compression={
         "max_rank": 8,
         "d": 2,
         "min_size": 16,
@@ -37,14 +42,14 @@ JOB: dict[str, Any] = {
         "max_metric_drop": None,
         "layers": ["hidden.*"],
     },
-    "schedule": [
-        {"kind": "early", "steps": 30, "gamma": 3.0, "lr": LR},
-        {"kind": "late", "steps": 20, "target_ratio": 0.5, "lr": LR},
-        {"kind": "finetune", "steps": 5},
+    schedule=[
+        early_stage(steps=30, gamma=3.0, lr=LR),
+        late_stage(steps=20, target_ratio=0.5, lr=LR),
+        finetune_stage(steps=5),
     ],
-    "training": {"batch_size": 32, "seed": 7, "log_every": 5},
-    "checkpoint": {"every_steps": 12, "keep": 10},
-}
+    training={"batch_size": 32, "seed": 7, "log_every": 5},
+    checkpoint={"every_steps": 12, "keep": 10},
+)
 
 
 def _worker(rank: int, world: int, tmp: str, job: dict, opts: dict) -> None:
@@ -174,24 +179,14 @@ def test_a_stop_seen_by_rank_0_stops_every_rank_at_the_same_step(tmp_path):
 
 def test_a_layer_cut_to_rank_zero_keeps_ddp_working_and_follows_one_process(tmp_path):
     job = copy.deepcopy(JOB)
-    job["model"] = {
-        "arch": "transformer",
-        "config": {"d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1, "max_len": 16},
-    }
-    job["data"] = {
-        "kind": "synthetic",
-        "generator": "nli",
-        "n_train": 128,
-        "n_valid": 32,
-        "max_len": 16,
-        "vocab_size": 100,
-    }
+    job["model"] = transformer_model(d_model=16, n_heads=2, d_ff=32, max_len=16)
+    job["data"] = synthetic_data("nli", n_train=128, n_valid=32, max_len=16, vocab_size=100)
     job["compression"]["layers"] = ["encoder.*.ffn.*"]
     job["compression"]["min_rank_fraction"] = 0.0
     job["schedule"] = [
-        {"kind": "early", "steps": 6, "lr": LR},
-        {"kind": "late", "steps": 12, "target_ratio": 0.01, "lr": LR},
-        {"kind": "finetune", "steps": 4},
+        early_stage(steps=6, lr=LR),
+        late_stage(steps=12, target_ratio=0.01, lr=LR),
+        finetune_stage(steps=4),
     ]
     two = run_world(tmp_path, 2, job, tag="dead")  # dropout 0.1 everywhere (the default)
     one = run_world(tmp_path / "one", 1, job)[0]

@@ -23,6 +23,14 @@ from engine.train import JobConfig
 from engine.train.cli import run_job
 from engine.train.trainer import Trainer
 from tests.helpers.hf_bert import write_tiny_bert
+from tests.helpers.specs import (
+    early_stage,
+    engine_job,
+    finetune_stage,
+    late_stage,
+    model_spec,
+    synthetic_data,
+)
 
 RECIPE = Path(__file__).resolve().parents[3] / "examples" / "engine" / "minilm_hf.json"
 
@@ -124,30 +132,20 @@ def test_minilm_recipe_compresses_5x_beats_svd_resumes_and_exports(tmp_path, one
 
 def tiny_job(path: str, every: int | None = None) -> JobConfig:
     return JobConfig.from_dict(
-        {
-            "name": "tiny",
-            "model": {"arch": "hf_bert", "config": {"path": path}},
-            "data": {
-                "kind": "synthetic",
-                "generator": "stdlib_text",
-                "n_train": 32,
-                "n_valid": 16,
-                "max_len": 24,
-            },  # 8 steps of 8: two passes, so the teacher table is used
-            "compression": {"max_rank": 6, "d": 2, "shrink_every": 2},
-            "schedule": [
-                {
-                    "kind": "early",
-                    "steps": 4,
-                    "gamma": 0.05,
-                    "lr": {"cores": 3e-3, "gates": 0.05, "others": 1e-3},
-                },
-                {"kind": "late", "steps": 2, "target_ratio": 0.8},
-                {"kind": "finetune", "steps": 2},
+        engine_job(
+            name="tiny",
+            model=model_spec("hf_bert", {"path": path}),
+            # 8 steps of 8: two passes, so the teacher table is used
+            data=synthetic_data("stdlib_text", n_train=32, n_valid=16, max_len=24),
+            compression={"max_rank": 6, "d": 2, "shrink_every": 2},
+            schedule=[
+                early_stage(steps=4, gamma=0.05, lr={"cores": 3e-3, "gates": 0.05, "others": 1e-3}),
+                late_stage(steps=2, target_ratio=0.8),
+                finetune_stage(steps=2),
             ],
-            "training": {"batch_size": 8, "seed": 1, "log_every": 2},
-            "checkpoint": {"every_steps": every} if every else {},
-        }
+            training={"batch_size": 8, "seed": 1, "log_every": 2},
+            checkpoint={"every_steps": every} if every else {},
+        )
     )
 
 

@@ -17,6 +17,7 @@ from engine.export import load_compressed
 from engine.train.cli import run_job
 from engine.train.job import JobConfig
 from tests.helpers.hf_models import TEXT, VOCAB, make_model_dir, tiny_config, write_tokenizer
+from tests.helpers.specs import early_stage, engine_job, late_stage, model_spec, text_data
 
 ROOT = Path(__file__).resolve().parents[3]
 LOADER = Path(__file__).with_name("hf_clean_loader.py")
@@ -32,17 +33,14 @@ FAMILIES = [
 def _job(tmp: Path, model: dict, data: dict | None = None, **extra) -> dict:
     text = tmp / "train.txt"
     text.write_text("\n".join(TEXT) + "\n")
-    return {
-        "model": {"arch": "hf", "config": model},
-        "data": data or {"kind": "text", "train": str(text), "valid_every": 4, "max_len": 32},
-        "compression": {"max_rank": 4, "min_size": 256},
-        "schedule": [
-            {"kind": "early", "steps": 4},
-            {"kind": "late", "steps": 4, "target_ratio": 0.9},
-        ],
-        "training": {"batch_size": 4, "seed": 0},
+    return engine_job(
+        model=model_spec("hf", model),
+        data=data or text_data(text, valid_every=4, max_len=32),
+        compression={"max_rank": 4, "min_size": 256},
+        schedule=[early_stage(steps=4), late_stage(steps=4, target_ratio=0.9)],
+        training={"batch_size": 4, "seed": 0},
         **extra,
-    }
+    )
 
 
 def _model(tmp: Path, family: str, task: str, start: str) -> dict:

@@ -13,30 +13,24 @@ from engine.rank.schedule import LATE_END, size_bound
 from engine.train import FunctionCallback, JobConfig, Trainer
 from engine.train.checkpoint import read_checkpoint
 from tests.engine.train.test_trainer import _assert_bitwise, _params
+from tests.helpers.specs import early_stage, engine_job, late_stage, mlp_model, synthetic_data
 
 LR = {"cores": 0.003, "gates": 0.01, "others": 0.001}
 
 
 def mlp_job(*stages, **changes) -> JobConfig:
-    cfg = {
-        "name": "rank-control",
-        "method": "comera",
-        "model": {"arch": "mlp", "config": {"hidden": [64, 64], "dropout": 0.0}},
-        "data": {
-            "kind": "synthetic",
-            "generator": "mlp",
-            "n_train": 640,
-            "n_valid": 256,
-            "params": {"shape": [16], "num_classes": 4, "noise": 0.8},
-        },
-        "compression": {"max_rank": 16, "d": 2, "shrink_every": 5, "layers": ["hidden.1"]},
-        "schedule": list(stages)
-        or [
-            {"kind": "early", "steps": 60, "lr": LR},
-            {"kind": "late", "steps": 40, "target_ratio": 0.3, "lr": LR},
-        ],
-        "training": {"batch_size": 32, "seed": 3, "log_every": 10},
-    }
+    cfg = engine_job(
+        name="rank-control",
+        method="comera",
+        model=mlp_model(64, 64, dropout=0.0),
+        data=synthetic_data(
+            "mlp", n_train=640, n_valid=256, params={"shape": [16], "num_classes": 4, "noise": 0.8}
+        ),
+        compression={"max_rank": 16, "d": 2, "shrink_every": 5, "layers": ["hidden.1"]},
+        schedule=list(stages)
+        or [early_stage(steps=60, lr=LR), late_stage(steps=40, target_ratio=0.3, lr=LR)],
+        training={"batch_size": 32, "seed": 3, "log_every": 10},
+    )
     for key, value in changes.items():
         cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
     return JobConfig.from_dict(cfg)

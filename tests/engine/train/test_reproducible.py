@@ -20,30 +20,22 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.helpers.specs import early_stage, engine_job, late_stage, mlm_model, synthetic_data
+
 ROOT = Path(__file__).resolve().parents[3]
-JOB = {
-    "name": "tiny-mlm",
-    "method": "comera",
-    "model": {
-        "arch": "mlm",
-        "config": {"d_model": 32, "n_heads": 4, "d_ff": 64, "n_layers": 1, "max_len": 24},
-    },
-    "data": {
-        "kind": "synthetic",
-        "generator": "mlm",
-        "n_train": 160,
-        "n_valid": 16,
-        "max_len": 24,
-        "vocab_size": 150,
-    },
-    "compression": {"max_rank": 4, "shrink_every": 2, "layers": ["encoder.*", "embeddings.word"]},
-    "schedule": [
-        {"kind": "early", "steps": 4, "gamma": 0.01, "lr": {"cores": 0.005, "gates": 0.003}},
-        {"kind": "late", "steps": 3, "target_ratio": 0.7},
+JOB = engine_job(
+    name="tiny-mlm",
+    method="comera",
+    model=mlm_model(),
+    data=synthetic_data("mlm", n_train=160, n_valid=16, max_len=24, vocab_size=150),
+    compression={"max_rank": 4, "shrink_every": 2, "layers": ["encoder.*", "embeddings.word"]},
+    schedule=[
+        early_stage(steps=4, gamma=0.01, lr={"cores": 0.005, "gates": 0.003}),
+        late_stage(steps=3, target_ratio=0.7),
     ],
-    "training": {"batch_size": 16, "seed": 0, "log_every": 1},
-    "checkpoint": {"every_steps": 3, "keep": 10},
-}
+    training={"batch_size": 16, "seed": 0, "log_every": 1},
+    checkpoint={"every_steps": 3, "keep": 10},
+)
 
 
 def _train(tmp_path: Path, out: Path, hash_seed: int, *args: str) -> None:

@@ -23,6 +23,14 @@ from engine.train.state import TrainState
 from engine.train.teacher import StageTeacher, distill_kl, teacher_output, teacher_weight
 from tests.engine.train.test_rank_control import LR, mlp_job
 from tests.engine.train.test_trainer import _assert_bitwise, _params
+from tests.helpers.specs import (
+    early_stage,
+    engine_job,
+    finetune_stage,
+    late_stage,
+    mlp_model,
+    synthetic_data,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 EARLY = 30
@@ -80,15 +88,15 @@ def test_the_teacher_is_the_frozen_stage_start_model():
 
 def test_defaults_and_opt_out():
     stage = JobConfig.from_dict(
-        {
-            "model": {"arch": "mlp", "config": {}},
-            "data": {"kind": "synthetic", "params": {"shape": [4], "num_classes": 2}},
-            "schedule": [
-                {"kind": "early", "steps": 1},
-                {"kind": "late", "steps": 1, "target_ratio": 0.5},
-                {"kind": "finetune", "steps": 1, "teacher_weight": 0.5},
+        engine_job(
+            model=mlp_model(),
+            data=synthetic_data(params={"shape": [4], "num_classes": 2}),
+            schedule=[
+                early_stage(steps=1),
+                late_stage(steps=1, target_ratio=0.5),
+                finetune_stage(steps=1, teacher_weight=0.5),
             ],
-        }
+        )
     ).schedule
     mlp, bert = get_workload("mlp"), get_workload("hf_bert")
     assert [teacher_weight(s, mlp, True) for s in stage] == [0.0, 0.0, 0.5]  # opt-in

@@ -10,43 +10,37 @@ import torch
 
 from engine.rank import model_size, stored_size
 from engine.train import FunctionCallback, JobConfig, Trainer
+from tests.helpers.specs import (
+    early_stage,
+    engine_job,
+    finetune_stage,
+    late_stage,
+    synthetic_data,
+    transformer_model,
+)
 
-MODEL = {
-    "arch": "transformer",
-    "config": {"d_model": 32, "n_heads": 4, "d_ff": 64, "n_layers": 1, "max_len": 24},
-}
-DATA = {
-    "kind": "synthetic",
-    "generator": "nli",
-    "n_train": 80,
-    "n_valid": 24,
-    "max_len": 24,
-    "vocab_size": 120,
-    "shuffle_buffer": 32,
-}
+MODEL = transformer_model()
+DATA = synthetic_data("nli", n_train=80, n_valid=24, max_len=24, vocab_size=120, shuffle_buffer=32)
 COMERA_SCHEDULE = [
-    {"kind": "early", "steps": 6, "gamma": 1.0, "lr": {"gates": 0.3}},
-    {"kind": "late", "steps": 6, "target_ratio": 0.5, "lr": {"gates": 0.3}},
-    {"kind": "finetune", "steps": 3},
+    early_stage(steps=6, gamma=1.0, lr={"gates": 0.3}),
+    late_stage(steps=6, target_ratio=0.5, lr={"gates": 0.3}),
+    finetune_stage(steps=3),
 ]
-PLAIN_SCHEDULE = [
-    {"kind": "early", "steps": 9, "lr": {"cores": 1e-3}},
-    {"kind": "finetune", "epochs": 1},
-]
+PLAIN_SCHEDULE = [early_stage(steps=9, lr={"cores": 1e-3}), finetune_stage(epochs=1)]
 
 
 def make_job(method: str = "comera", **changes) -> JobConfig:
-    cfg = {
-        "name": "t",
-        "method": method,
-        "model": copy.deepcopy(MODEL),
-        "data": dict(DATA),
-        "compression": {"max_rank": 4, "shrink_every": 2},
-        "schedule": copy.deepcopy(COMERA_SCHEDULE if method == "comera" else PLAIN_SCHEDULE),
-        "training": {"batch_size": 16, "seed": 1, "log_every": 2},
-        "checkpoint": {"every_steps": 4, "keep": 10},
-        "galore": {"rank": 4, "update_proj_gap": 3},
-    }
+    cfg = engine_job(
+        name="t",
+        method=method,
+        model=copy.deepcopy(MODEL),
+        data=dict(DATA),
+        compression={"max_rank": 4, "shrink_every": 2},
+        schedule=copy.deepcopy(COMERA_SCHEDULE if method == "comera" else PLAIN_SCHEDULE),
+        training={"batch_size": 16, "seed": 1, "log_every": 2},
+        checkpoint={"every_steps": 4, "keep": 10},
+        galore={"rank": 4, "update_proj_gap": 3},
+    )
     cfg.update(changes)
     return JobConfig.from_dict(cfg)
 
