@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from service.store.db.crud.job_queries import unfinished_job_refers
-from service.store.db.crud.pagination import keyset_page
+from service.store.db.crud.uploads import delete_upload, get_upload, list_uploads
 from service.store.db.models import Dataset
 
 __all__ = ["create_dataset", "dataset_in_use", "delete_dataset", "get_dataset", "list_datasets"]
@@ -41,21 +40,14 @@ def create_dataset(
 
 
 def get_dataset(*, session: Session, tenant_id: str, dataset_id: str) -> Dataset | None:
-    q = select(Dataset).where(Dataset.id == dataset_id, Dataset.tenant_id == tenant_id)
-    return session.scalars(q).first()
+    return get_upload(session=session, table=Dataset, tenant_id=tenant_id, upload_id=dataset_id)
 
 
 def list_datasets(
     *, session: Session, tenant_id: str, cursor: str | None, limit: int
 ) -> tuple[list[Dataset], str | None]:
-    q = select(Dataset).where(Dataset.tenant_id == tenant_id)
-    return keyset_page(
-        session=session,
-        query=q,
-        created=Dataset.created_at,
-        ident=Dataset.id,
-        cursor=cursor,
-        limit=limit,
+    return list_uploads(
+        session=session, table=Dataset, tenant_id=tenant_id, cursor=cursor, limit=limit
     )
 
 
@@ -67,5 +59,4 @@ def dataset_in_use(*, session: Session, tenant_id: str, dataset_id: str) -> bool
 
 
 def delete_dataset(*, session: Session, dataset: Dataset) -> None:
-    session.execute(delete(Dataset).where(Dataset.id == dataset.id))
-    session.expunge(dataset)
+    delete_upload(session=session, table=Dataset, row=dataset)

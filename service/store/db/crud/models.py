@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from service.store.db.crud.job_queries import unfinished_job_refers
-from service.store.db.crud.pagination import keyset_page
+from service.store.db.crud.uploads import delete_upload, get_upload, list_uploads
 from service.store.db.models import UploadedModel
 
 __all__ = ["create_model", "delete_model", "get_model", "list_models", "model_in_use"]
@@ -42,23 +41,14 @@ def create_model(
 
 
 def get_model(*, session: Session, tenant_id: str, model_id: str) -> UploadedModel | None:
-    q = select(UploadedModel).where(
-        UploadedModel.id == model_id, UploadedModel.tenant_id == tenant_id
-    )
-    return session.scalars(q).first()
+    return get_upload(session=session, table=UploadedModel, tenant_id=tenant_id, upload_id=model_id)
 
 
 def list_models(
     *, session: Session, tenant_id: str, cursor: str | None, limit: int
 ) -> tuple[list[UploadedModel], str | None]:
-    q = select(UploadedModel).where(UploadedModel.tenant_id == tenant_id)
-    return keyset_page(
-        session=session,
-        query=q,
-        created=UploadedModel.created_at,
-        ident=UploadedModel.id,
-        cursor=cursor,
-        limit=limit,
+    return list_uploads(
+        session=session, table=UploadedModel, tenant_id=tenant_id, cursor=cursor, limit=limit
     )
 
 
@@ -70,5 +60,4 @@ def model_in_use(*, session: Session, tenant_id: str, model_id: str) -> bool:
 
 
 def delete_model(*, session: Session, model: UploadedModel) -> None:
-    session.execute(delete(UploadedModel).where(UploadedModel.id == model.id))
-    session.expunge(model)
+    delete_upload(session=session, table=UploadedModel, row=model)
