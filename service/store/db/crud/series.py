@@ -38,6 +38,18 @@ def glob_to_like(pattern: str) -> str:
     return escaped.replace("*", "%").replace("?", "_")
 
 
+def _job_points(
+    model: Any, tenant_id: str, job_id: str, stage: str | None, from_step: int | None
+) -> list[ColumnElement[bool]]:
+    """Filters for the job's rows of ``model`` (of ``stage``, from ``from_step``, if given)."""
+    filters: list[ColumnElement[bool]] = [model.tenant_id == tenant_id, model.job_id == job_id]
+    if stage is not None:
+        filters.append(model.stage == stage)
+    if from_step is not None:
+        filters.append(model.step >= from_step)
+    return filters
+
+
 def _downsampled(
     session: Session, model: Any, group: Any, filters: list[ColumnElement[bool]], max_points: int
 ) -> dict[str, Series]:
@@ -75,16 +87,9 @@ def metric_series(
     max_points: int,
 ) -> list[Series]:
     """One series per key (all keys of the job when ``keys`` is None), sorted by step."""
-    filters: list[ColumnElement[bool]] = [
-        MetricPoint.tenant_id == tenant_id,
-        MetricPoint.job_id == job_id,
-    ]
+    filters = _job_points(MetricPoint, tenant_id, job_id, stage, from_step)
     if keys is not None:
         filters.append(MetricPoint.key.in_(keys))
-    if stage is not None:
-        filters.append(MetricPoint.stage == stage)
-    if from_step is not None:
-        filters.append(MetricPoint.step >= from_step)
     if to_step is not None:
         filters.append(MetricPoint.step <= to_step)
     found = _downsampled(session, MetricPoint, MetricPoint.key, filters, max_points)
@@ -103,16 +108,9 @@ def rank_series(
     max_points: int,
 ) -> list[Series]:
     """Rank points per tensor (``tensor``: a glob with ``*`` and ``?``), sorted by step."""
-    filters: list[ColumnElement[bool]] = [
-        RankPoint.tenant_id == tenant_id,
-        RankPoint.job_id == job_id,
-    ]
+    filters = _job_points(RankPoint, tenant_id, job_id, stage, from_step)
     if tensor is not None:
         filters.append(RankPoint.tensor.like(glob_to_like(tensor), escape="\\"))
-    if stage is not None:
-        filters.append(RankPoint.stage == stage)
-    if from_step is not None:
-        filters.append(RankPoint.step >= from_step)
     found = _downsampled(session, RankPoint, RankPoint.tensor, filters, max_points)
     return [found[k] for k in sorted(found)]
 
