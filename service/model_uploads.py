@@ -39,6 +39,7 @@ import tarfile
 import tempfile
 import zlib
 from collections.abc import AsyncGenerator
+from functools import partial
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
@@ -56,8 +57,8 @@ from service.store.db.models import UploadedModel
 from service.store.ids import new_id
 from service.store.model_source import PICKLED, REQUIRED_FILES, check_model_dir
 from service.store.settings import Settings
-from service.upload_limits import idle_stream, over_quota, quota_left, stored_bytes
-from service.uploads import receive_to_file, upload_slots
+from service.upload_limits import idle_stream, over_quota, quota_left
+from service.uploads import receive_to_file, record_upload, upload_slots
 
 __all__ = ["ALLOWED_SUFFIXES", "MAX_FILES", "MODELS_DIR", "receive_files", "store_model_upload"]
 
@@ -254,27 +255,24 @@ async def _store(
         shutil.rmtree(stage, ignore_errors=True)
         raise
     size = sum(f["size_bytes"] for f in files.values())
-
-    def record() -> UploadedModel:
-        used = stored_bytes(session, tenant_id, UploadedModel)
-        if used + size > quota:
-            raise over_quota(quota, used, "models")
-        row = create_model(
-            session=session,
-            model_id=model_id,
-            tenant_id=tenant_id,
-            name=name,
-            model_type=model_type,
-            path=f"{MODELS_DIR}/{model_id}",
-            size_bytes=size,
-            sha256=_digest(files),
-            files=files,
-        )
-        session.commit()
-        return row
-
-    try:
-        return await run_in_threadpool(record)
-    except BaseException:
-        shutil.rmtree(final, ignore_errors=True)
-        raise
+    create = partial(
+        create_model,
+        session=session,
+        model_id=model_id,
+        tenant_id=tenant_id,
+        name=name,
+        model_type=model_type,
+        path=f"{MODELS_DIR}/{model_id}",
+        size_bytes=size,
+        sha256=_digest(files),
+        files=files,
+    )
+    return await record_upload(
+        session=session,
+        tenant_id=tenant_id,
+        table=UploadedModel,
+        quota=quota,
+        size=size,
+        create=create,
+        discard=partial(shutil.rmtree, final, ignore_errors=True),
+    )

@@ -14,7 +14,10 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 from fastapi import HTTPException, Request
 from sqlalchemy.orm import Session
@@ -27,11 +30,19 @@ from service.store.db.models import Dataset
 from service.store.ids import new_id
 from service.store.settings import Settings
 from service.upload_checks import UploadRejected, check_format
-from service.upload_limits import UploadSlots, idle_stream, over_quota, quota_left, stored_bytes
+from service.upload_limits import (
+    Stored,
+    UploadSlots,
+    idle_stream,
+    over_quota,
+    quota_left,
+    stored_bytes,
+)
 
-__all__ = ["DATASETS_DIR", "receive_to_file", "store_upload", "upload_slots"]
+__all__ = ["DATASETS_DIR", "receive_to_file", "record_upload", "store_upload", "upload_slots"]
 
 DATASETS_DIR = "datasets"
+T = TypeVar("T")
 
 
 def _too_large(limit: int) -> HTTPException:
@@ -111,27 +122,54 @@ async def _store(
     dataset_id = new_id("ds")
     final = folder / dataset_id
     os.replace(tmp, final)
+    create = partial(
+        create_dataset,
+        session=session,
+        dataset_id=dataset_id,
+        tenant_id=tenant_id,
+        name=name,
+        fmt=fmt,
+        path=f"{DATASETS_DIR}/{dataset_id}",
+        size_bytes=size,
+        sha256=sha,
+        rows=rows,
+    )
+    return await record_upload(
+        session=session,
+        tenant_id=tenant_id,
+        table=Dataset,
+        quota=quota,
+        size=size,
+        create=create,
+        discard=partial(final.unlink, missing_ok=True),
+    )
 
-    def record() -> Dataset:
-        used = stored_bytes(session, tenant_id)  # uploads that finished meanwhile count too
+
+async def record_upload(
+    *,
+    session: Session,
+    tenant_id: str,
+    table: Stored,
+    quota: int,
+    size: int,
+    create: Callable[[], T],
+    discard: Callable[[], object],
+) -> T:
+    """The row of an upload that passed its checks and was renamed into place: made by
+    ``create()`` and committed in a worker thread if the tenant's quota still holds its
+    ``size`` bytes (uploads that finished meanwhile count too; else 413). On any failure
+    ``discard()`` removes what was kept."""
+
+    def record() -> T:
+        used = stored_bytes(session, tenant_id, table)
         if used + size > quota:
-            raise over_quota(quota, used)
-        row = create_dataset(
-            session=session,
-            dataset_id=dataset_id,
-            tenant_id=tenant_id,
-            name=name,
-            fmt=fmt,
-            path=f"{DATASETS_DIR}/{dataset_id}",
-            size_bytes=size,
-            sha256=sha,
-            rows=rows,
-        )
+            raise over_quota(quota, used, table.__tablename__)
+        row = create()
         session.commit()
         return row
 
     try:
         return await run_in_threadpool(record)
     except BaseException:
-        final.unlink(missing_ok=True)
+        discard()
         raise
