@@ -153,6 +153,27 @@ def _pad2d(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     return out
 
 
+def _check_mode_pair(
+    rows: Sequence[int], cols: Sequence[int], rows_name: str, cols_name: str
+) -> tuple[list[int], list[int]]:
+    """Both mode lists of a matrix layout, checked, and of the same length."""
+    row_modes, col_modes = _check_modes(rows, rows_name), _check_modes(cols, cols_name)
+    if len(row_modes) != len(col_modes):
+        raise ValueError(
+            f"{rows_name} and {cols_name} must have the same length, got {len(row_modes)} "
+            f"and {len(col_modes)}"
+        )
+    return row_modes, col_modes
+
+
+def _padded_size(modes: Sequence[int], size: int, modes_name: str, size_name: str) -> int:
+    """``prod(modes)``, which must hold ``size`` (the rest is zero padding)."""
+    padded = math.prod(modes)
+    if padded < size:
+        raise ValueError(f"{modes_name} product {padded} is smaller than {size_name} {size}")
+    return padded
+
+
 def matrix_to_tt(
     weight: torch.Tensor,
     in_modes: Sequence[int],
@@ -161,21 +182,12 @@ def matrix_to_tt(
     tol: float | None = None,
 ) -> list[torch.Tensor]:
     """TT-linear cores (2d cores, input modes first) of a torch (out, in) weight."""
-    n_modes = _check_modes(in_modes, "in_modes")
-    m_modes = _check_modes(out_modes, "out_modes")
-    if len(n_modes) != len(m_modes):
-        raise ValueError(
-            f"in_modes and out_modes must have the same length, got {len(n_modes)} "
-            f"and {len(m_modes)}"
-        )
+    n_modes, m_modes = _check_mode_pair(in_modes, out_modes, "in_modes", "out_modes")
     if weight.ndim != 2:
         raise ValueError(f"weight must be 2-D (out, in), got shape {tuple(weight.shape)}")
     m_real, n_real = weight.shape
-    n_pad, m_pad = math.prod(n_modes), math.prod(m_modes)
-    if n_pad < n_real:
-        raise ValueError(f"in_modes product {n_pad} is smaller than in_features {n_real}")
-    if m_pad < m_real:
-        raise ValueError(f"out_modes product {m_pad} is smaller than out_features {m_real}")
+    n_pad = _padded_size(n_modes, n_real, "in_modes", "in_features")
+    m_pad = _padded_size(m_modes, m_real, "out_modes", "out_features")
     wt = _pad2d(weight.T, n_pad, m_pad)  # (N', M')
     return tt_svd(wt.reshape(n_modes + m_modes), max_rank=max_rank, tol=tol)
 
@@ -188,21 +200,13 @@ def embedding_to_ttm(
     tol: float | None = None,
 ) -> list[torch.Tensor]:
     """TTM cores (r_{k-1}, n_k, m_k, r_k) of a (V, D) embedding table."""
-    n_modes = _check_modes(row_modes, "row_modes")
-    m_modes = _check_modes(col_modes, "col_modes")
+    n_modes, m_modes = _check_mode_pair(row_modes, col_modes, "row_modes", "col_modes")
     k_dims = len(n_modes)
-    if len(m_modes) != k_dims:
-        raise ValueError(
-            f"row_modes and col_modes must have the same length, got {k_dims} and {len(m_modes)}"
-        )
     if table.ndim != 2:
         raise ValueError(f"table must be 2-D (V, D), got shape {tuple(table.shape)}")
     v_real, d_real = table.shape
-    v_pad, d_pad = math.prod(n_modes), math.prod(m_modes)
-    if v_pad < v_real:
-        raise ValueError(f"row_modes product {v_pad} is smaller than num_embeddings {v_real}")
-    if d_pad < d_real:
-        raise ValueError(f"col_modes product {d_pad} is smaller than embedding_dim {d_real}")
+    v_pad = _padded_size(n_modes, v_real, "row_modes", "num_embeddings")
+    d_pad = _padded_size(m_modes, d_real, "col_modes", "embedding_dim")
     e = _pad2d(table, v_pad, d_pad).reshape(n_modes + m_modes)  # (n_1..n_K, m_1..m_K)
     perm = [p for k in range(k_dims) for p in (k, k_dims + k)]
     merged = [n * m for n, m in zip(n_modes, m_modes, strict=True)]
