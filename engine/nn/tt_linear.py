@@ -20,8 +20,9 @@ from torch import Tensor, nn
 from engine.contract.execute import TTLinearMeta
 from engine.contract.plan import Plan
 from engine.contract.reference import tt_linear_weight
-from engine.kernels.backend import KernelPref, parse_kernel
+from engine.kernels.backend import KernelPref
 from engine.nn.functional import parse_plan, tt_linear
+from engine.nn.gated import KernelChoice, positive_int
 from engine.nn.params import ParamList
 from engine.nn.premerge import premerged_linear
 from engine.tt.cores import active_ranks, chain_numel, init_cores
@@ -32,13 +33,7 @@ from engine.tt.surgery import SliceMap, fold_gates_chain_, shrink_chain_
 __all__ = ["TTLinear"]
 
 
-def _check_size(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-class TTLinear(nn.Module):
+class TTLinear(KernelChoice, nn.Module):
     """``y = x W^T + b`` with ``W`` in TT format and one rank gate per internal bond."""
 
     def __init__(
@@ -60,12 +55,12 @@ class TTLinear(nn.Module):
     ) -> None:
         super().__init__()
         self.kernel = kernel
-        self.in_features = _check_size(in_features, "in_features")
-        self.out_features = _check_size(out_features, "out_features")
+        self.in_features = positive_int(in_features, "in_features")
+        self.out_features = positive_int(out_features, "out_features")
         if not 0 <= gate_threshold < 1:  # gates start at 1: tau >= 1 would mask everything
             raise ValueError(f"gate_threshold must be in [0, 1), got {gate_threshold}")
         if d is not None:
-            _check_size(d, "d")
+            positive_int(d, "d")
         if d is None and in_modes is None and out_modes is None:
             d = default_order(max(in_features, out_features))
         if d is None:
@@ -142,15 +137,6 @@ class TTLinear(nn.Module):
         return layer
 
     # -- compute ------------------------------------------------------------------------
-    @property
-    def kernel(self) -> KernelPref:
-        """Torch or Triton for the fused plan (:func:`engine.kernels.resolve_backend`)."""
-        return self._kernel
-
-    @kernel.setter
-    def kernel(self, value: KernelPref | str) -> None:
-        self._kernel = parse_kernel(value)
-
     @property
     def meta(self) -> TTLinearMeta:
         return TTLinearMeta(

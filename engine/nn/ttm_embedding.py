@@ -20,7 +20,8 @@ import torch
 from torch import Tensor, nn
 
 from engine.contract.reference import ttm_table
-from engine.kernels.backend import KernelPref, parse_kernel
+from engine.kernels.backend import KernelPref
+from engine.nn.gated import KernelChoice, positive_int
 from engine.nn.params import ParamList
 from engine.nn.ttm_functional import LookupPlan, make_plan, ttm_lookup
 from engine.tt.cores import active_ranks, chain_numel, init_cores
@@ -31,18 +32,12 @@ from engine.tt.surgery import SliceMap, fold_gates_chain_, shrink_chain_
 __all__ = ["TTMEmbedding"]
 
 
-def _positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
 def _resolve_layout(num_embeddings, embedding_dim, row_modes, col_modes, d):
     """Row modes (descending when automatic) and col modes (ascending, exact product)."""
     if d is None:
         given = row_modes if row_modes is not None else col_modes
         d = len(tuple(given)) if given is not None else default_order(num_embeddings)
-    _positive_int(d, "d")
+    positive_int(d, "d")
     if d < 2:
         raise ValueError(f"d must be >= 2 (a TTM chain has at least two cores), got {d}")
     rows = resolve_modes(num_embeddings, row_modes, d=d, name="row_modes", descending=True).modes
@@ -59,7 +54,7 @@ def _resolve_layout(num_embeddings, embedding_dim, row_modes, col_modes, d):
     return rows, cols
 
 
-class TTMEmbedding(nn.Module):
+class TTMEmbedding(KernelChoice, nn.Module):
     """``nn.Embedding`` replacement whose table is a gated TTM chain."""
 
     def __init__(
@@ -81,8 +76,8 @@ class TTMEmbedding(nn.Module):
     ) -> None:
         super().__init__()
         self.kernel = kernel
-        _positive_int(num_embeddings, "num_embeddings")
-        _positive_int(embedding_dim, "embedding_dim")
+        positive_int(num_embeddings, "num_embeddings")
+        positive_int(embedding_dim, "embedding_dim")
         if (
             isinstance(gate_threshold, bool)
             or not isinstance(gate_threshold, numbers.Real)
@@ -191,15 +186,6 @@ class TTMEmbedding(nn.Module):
         return self.dense_parameters() / tt if tt else math.inf
 
     # ---- compute -----------------------------------------------------------------------------
-
-    @property
-    def kernel(self) -> KernelPref:
-        """Torch or Triton for the lookup (:func:`engine.kernels.resolve_backend`)."""
-        return self._kernel
-
-    @kernel.setter
-    def kernel(self, value: KernelPref | str) -> None:
-        self._kernel = parse_kernel(value)
 
     def _lookup_plan(self) -> LookupPlan:
         shapes = tuple(tuple(c.shape) for c in self.cores)
