@@ -210,17 +210,11 @@ def build_dlrm(
     config: DLRMConfig,
     *,
     tensorized: bool,
-    max_rank: int = 30,
-    embedding_max_rank: int | None = None,
-    gate_threshold: float = 1e-2,
-    d: int | None = None,
-    layers: Sequence[str] = ("*",),
-    min_size: int = 1024,
-    modes: Any = (),
+    options: TensorizeOptions | None = None,
 ) -> DLRM:
     """Dense model, or tables as ``TTMEmbedding`` and MLP linears as ``TTLinear`` (random init).
 
-    Options as :class:`~engine.models.tensorize.TensorizeOptions`: tables use
+    ``options`` (default :class:`~engine.models.tensorize.TensorizeOptions`): tables use
     ``embedding_max_rank`` (default ``max_rank``), linears ``max_rank``; ``d`` is the number of
     TTM cores / modes per TT side (per-size default when ``None``). The layers left dense are
     listed, with the reason, in ``model.tensorize_report``.
@@ -229,15 +223,7 @@ def build_dlrm(
         model = DLRM(config)
         model.tensorize_report = TensorizeReport()
         return model
-    options = TensorizeOptions(
-        max_rank=max_rank,
-        embedding_max_rank=embedding_max_rank,
-        gate_threshold=gate_threshold,
-        d=d,
-        layers=layers,
-        min_size=min_size,
-        modes=modes,
-    )
+    options = options if options is not None else TensorizeOptions()
     model = DLRM(config, lambda n_in, n_out: linear_slot(n_in, n_out), embedding_slot)
     materialize(model, options)
     model.reset_embeddings()

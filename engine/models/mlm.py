@@ -19,7 +19,6 @@ stay dense. The defaults are BERT-base (12 layers, d = 768, vocabulary 30522).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -165,32 +164,19 @@ def build_mlm(
     config: MLMConfig,
     *,
     tensorized: bool,
-    max_rank: int = 30,
-    embedding_max_rank: int | None = None,
-    gate_threshold: float = 1e-2,
-    d: int | None = None,
-    layers: Sequence[str] = ("*",),
-    min_size: int = 1024,
-    modes: Any = (),
+    options: TensorizeOptions | None = None,
 ) -> MaskedLM:
     """Dense model, or the CoMERA model with TT linears and a TTM word embedding (random init).
 
-    Options as :class:`~engine.models.tensorize.TensorizeOptions` (automatic shapes only); the
-    layers left dense are listed, with the reason, in ``model.tensorize_report``.
+    ``options`` (default :class:`~engine.models.tensorize.TensorizeOptions`; automatic shapes
+    only, ``options.shapes`` is not read); the layers left dense are listed, with the reason,
+    in ``model.tensorize_report``.
     """
     if not tensorized:
         model = MaskedLM(config)
         model.tensorize_report = TensorizeReport()
         return model
-    options = TensorizeOptions(
-        max_rank=max_rank,
-        embedding_max_rank=embedding_max_rank,
-        gate_threshold=gate_threshold,
-        d=d,
-        layers=layers,
-        min_size=min_size,
-        modes=modes,
-    )
+    options = options if options is not None else TensorizeOptions()
     model = MaskedLM(
         config,
         lambda role, n_in, n_out: linear_slot(n_in, n_out, role=role),

@@ -111,32 +111,18 @@ def build_mlp(
     config: MLPConfig,
     *,
     tensorized: bool,
-    max_rank: int = 30,
-    embedding_max_rank: int | None = None,
-    gate_threshold: float = 1e-2,
-    d: int | None = None,
-    layers: Sequence[str] = ("*",),
-    min_size: int = 1024,
-    modes: Any = (),
+    options: TensorizeOptions | None = None,
 ) -> MLPClassifier:
     """Dense model, or the hidden linears (``hidden.<i>``) as ``TTLinear`` (random init).
 
-    Options as :class:`~engine.models.tensorize.TensorizeOptions`; ``embedding_max_rank`` is
-    accepted for a uniform signature and unused (the MLP has no embedding).
+    ``options`` (default :class:`~engine.models.tensorize.TensorizeOptions`; automatic shapes,
+    ``embedding_max_rank`` unused: the MLP has no embedding).
     """
     if not tensorized:
         model = MLPClassifier(config)
         model.tensorize_report = TensorizeReport()
         return model
-    options = TensorizeOptions(
-        max_rank=max_rank,
-        embedding_max_rank=embedding_max_rank,
-        gate_threshold=gate_threshold,
-        d=d,
-        layers=layers,
-        min_size=min_size,
-        modes=modes,
-    )
+    options = options if options is not None else TensorizeOptions()
     model = MLPClassifier(config, lambda n_in, n_out: linear_slot(n_in, n_out))
     materialize(model, options)
     return model

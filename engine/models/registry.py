@@ -77,8 +77,7 @@ class TransformerWorkload(Workload):
     bypassed = ("encoder.*.ffn.*",)
 
     def _build(self, config: Any, tensorized: bool, options: TensorizeOptions) -> nn.Module:
-        shapes = "mnli" if options.shapes == "paper" else "auto"
-        if tensorized and shapes == "mnli":
+        if tensorized and options.shapes == "paper":
             if options.d is not None:
                 raise ConfigError(
                     "d",
@@ -89,9 +88,7 @@ class TransformerWorkload(Workload):
                 _check_mnli(config)
             except ValueError as err:
                 raise ConfigError("shapes", f"'paper': {err}") from None
-        return build_transformer(
-            config, tensorized=tensorized, shapes=shapes, **options.builder_kwargs()
-        )
+        return build_transformer(config, tensorized=tensorized, options=options)
 
     def _example(self, config, b, g, seq_len):
         s = seq_len_of(config, seq_len)
@@ -121,7 +118,7 @@ class DLRMWorkload(Workload):
         return torch.bincount((batch["labels"] > 0.5).long().flatten(), minlength=2)
 
     def _build(self, config: Any, tensorized: bool, options: TensorizeOptions) -> nn.Module:
-        return build_dlrm(config, tensorized=tensorized, **options.builder_kwargs())
+        return build_dlrm(config, tensorized=tensorized, options=options)
 
     def _example(self, config, b, g, seq_len):
         dense = torch.randn(b, config.n_dense, generator=g)  # (B, n_dense)
@@ -150,7 +147,7 @@ class MLMWorkload(Workload):
     bypassed = ("encoder.*.ffn.*",)
 
     def _build(self, config: Any, tensorized: bool, options: TensorizeOptions) -> nn.Module:
-        return build_mlm(config, tensorized=tensorized, **options.builder_kwargs())
+        return build_mlm(config, tensorized=tensorized, options=options)
 
     def _example(self, config, b, g, seq_len):
         """15% of the valid positions (at least one a row) carry labels; their input id is
@@ -193,7 +190,7 @@ class MLPWorkload(Workload):
     batch_keys = ("x", "labels")
 
     def _build(self, config: Any, tensorized: bool, options: TensorizeOptions) -> nn.Module:
-        return build_mlp(config, tensorized=tensorized, **options.builder_kwargs())
+        return build_mlp(config, tensorized=tensorized, options=options)
 
     def _example(self, config, b, g, seq_len):
         x = torch.randn(b, config.in_features, generator=g)  # (B, F)

@@ -121,10 +121,6 @@ class TensorizeOptions(ConfigMethods):
         """Whether the module called ``name`` matches one of the ``layers`` patterns."""
         return any(fnmatch.fnmatchcase(name, p) for p in self.layers)
 
-    def builder_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of the ``build_*`` functions (everything but ``shapes``)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "shapes"}
-
     def explicit_modes(self, name: str) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
         """The (in, out) modes given for layer ``name`` in ``modes``, if a pattern matches."""
         for pattern, n_in, n_out in self.modes:

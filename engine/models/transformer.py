@@ -7,7 +7,8 @@ GELU FFN; the classifier reads the first token: fc1 (d -> d) -> tanh -> dropout 
 ``build_transformer(config, tensorized=True)`` builds the CoMERA model directly with random init
 (training from scratch): every encoder linear and the classifier fc1 are ``TTLinear``, the word
 embedding is ``TTMEmbedding``; classifier fc2, position / token-type embeddings and LayerNorms stay
-dense. ``shapes="mnli"`` uses the exact shapes of docs/method.md#paper-shapes.
+dense. ``options.shapes="paper"`` (the default here) uses the exact shapes of
+docs/method.md#paper-shapes.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -315,18 +316,31 @@ def _mnli_specialize(embedding_max_rank: int | None) -> Specialize:
     return specialize
 
 
+PAPER_OPTIONS = TensorizeOptions(shapes="paper")
+_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(TensorizeOptions))
+
+
+def _keyword_options(
+    options: TensorizeOptions | None, keywords: dict[str, Any]
+) -> TensorizeOptions:
+    """``options``, or the keyword form of earlier releases read into them (``max_rank=4,
+    shapes="auto"``; there ``shapes`` is ``"mnli"`` or ``"auto"``)."""
+    if not keywords:
+        return options if options is not None else PAPER_OPTIONS
+    if options is not None:
+        raise TypeError("build_transformer() takes options or their keywords, not both")
+    shapes = keywords.pop("shapes", "mnli")
+    if shapes not in ("mnli", "auto"):
+        raise ValueError(f"shapes must be 'mnli' or 'auto', got {shapes!r}")
+    return TensorizeOptions(shapes="paper" if shapes == "mnli" else "auto", **keywords)
+
+
 def build_transformer(
     config: TransformerConfig,
     *,
     tensorized: bool,
-    max_rank: int = 30,
-    shapes: str = "mnli",
-    embedding_max_rank: int | None = None,
-    gate_threshold: float = 1e-2,
-    d: int | None = None,
-    layers: Sequence[str] = ("*",),
-    min_size: int = 1024,
-    modes: Any = (),
+    options: TensorizeOptions | None = None,
+    **keywords: Any,
 ) -> TransformerClassifier:
     """Dense model, or the CoMERA model built directly in TT / TTM form (random init).
 
@@ -334,37 +348,34 @@ def build_transformer(
     (``encoder.<i>.attn.{q,k,v,out}``, ``encoder.<i>.ffn.{fc1,fc2}``) and ``classifier.fc1``
     (TT); one is tensorized when it matches a ``layers`` pattern and has at least ``min_size``
     dense weight entries (see :mod:`engine.models.tensorize`), the others stay dense and are
-    listed in ``model.tensorize_report``. ``shapes="mnli"``: docs/method.md#paper-shapes (TT ranks
-    ``max_rank`` capped by the bond bounds, embedding ranks fixed at 32 unless
-    ``embedding_max_rank`` is given; ``d`` must be ``None``). ``shapes="auto"``: automatic
-    modes with ``d`` modes per side (per-size default when ``None``), ``max_rank`` for the
-    linears and ``embedding_max_rank`` (default ``max_rank``) for the embedding.
-    ``gate_threshold`` goes to every TT / TTM layer.
+    listed in ``model.tensorize_report``. ``options`` default to :data:`PAPER_OPTIONS`.
+    ``options.shapes="paper"``: docs/method.md#paper-shapes (TT ranks ``max_rank`` capped by the
+    bond bounds, embedding ranks fixed at 32 unless ``embedding_max_rank`` is given; ``d`` must
+    be ``None``). ``"auto"``: automatic modes with ``d`` modes per side (per-size default when
+    ``None``), ``max_rank`` for the linears and ``embedding_max_rank`` (default ``max_rank``)
+    for the embedding. ``gate_threshold`` goes to every TT / TTM layer.
+
+    ``keywords``: the fields of :class:`~engine.models.tensorize.TensorizeOptions` one by one
+    instead of ``options`` (``max_rank=4, shapes="auto"``, with ``shapes`` ``"mnli"`` for
+    ``"paper"``), the form of earlier releases.
     """
+    unknown = sorted(set(keywords) - _OPTION_NAMES)
+    if unknown:
+        raise TypeError(f"build_transformer() got unexpected keyword arguments {unknown}")
     if not tensorized:
         model = TransformerClassifier(config)
         model.tensorize_report = TensorizeReport()
         return model
-    if shapes not in ("mnli", "auto"):
-        raise ValueError(f"shapes must be 'mnli' or 'auto', got {shapes!r}")
-    options = TensorizeOptions(
-        max_rank=max_rank,
-        embedding_max_rank=embedding_max_rank,
-        gate_threshold=gate_threshold,
-        d=d,
-        layers=layers,
-        min_size=min_size,
-        modes=modes,
-    )
+    options = _keyword_options(options, keywords)
     specialize = None
-    if shapes == "mnli":
+    if options.shapes == "paper":
         _check_mnli(config)
-        if d is not None:
+        if options.d is not None:
             raise ValueError(
-                f"d must be None with shapes='mnli' (its modes are fixed), got {d}; "
+                f"d must be None with shapes='mnli' (its modes are fixed), got {options.d}; "
                 "use shapes='auto'"
             )
-        specialize = _mnli_specialize(embedding_max_rank)
+        specialize = _mnli_specialize(options.embedding_max_rank)
     model = TransformerClassifier(
         config,
         lambda role, n_in, n_out: linear_slot(n_in, n_out, role=role),

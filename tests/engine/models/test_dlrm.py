@@ -15,6 +15,7 @@ from engine.models.dlrm import (
     build_dlrm,
     dot_interaction,
 )
+from engine.models.tensorize import TensorizeOptions
 from engine.nn.tt_linear import TTLinear
 from engine.nn.ttm_embedding import TTMEmbedding
 from tests.helpers.assertions import assert_close_rel
@@ -49,7 +50,7 @@ def test_dot_interaction_against_a_double_loop():
 @pytest.mark.parametrize("tensorized", [False, True])
 def test_forward_uses_bottom_tables_and_top(tensorized):
     cfg = DLRMConfig.tiny()
-    model = build_dlrm(cfg, tensorized=tensorized, max_rank=4).double()
+    model = build_dlrm(cfg, tensorized=tensorized, options=TensorizeOptions(max_rank=4)).double()
     dense, sparse = inputs(cfg, 5, torch.float64)
     out = model(dense, sparse)
     assert out.shape == (5,) and out.dtype == torch.float64
@@ -81,7 +82,7 @@ def test_shape_errors():
 def test_default_layer_choice_follows_min_size():
     """tiny: bottom 13->96 (1248) TT, 96->8 (768) dense; tables 300x8, 200x8 TTM, 7x8, 50x8
     dense; top 18->64 (1152) TT, 64->1 dense."""
-    model = build_dlrm(DLRMConfig.tiny(), tensorized=True, max_rank=4)
+    model = build_dlrm(DLRMConfig.tiny(), tensorized=True, options=TensorizeOptions(max_rank=4))
     assert tt_names(model) == {"bottom.0", "embeddings.0", "embeddings.2", "top.0"}
     assert {s.name for s in model.tensorize_report.skipped} == {
         "bottom.1",
@@ -101,7 +102,11 @@ def test_default_layer_choice_follows_min_size():
     ],
 )
 def test_layer_patterns(layers, expected):
-    model = build_dlrm(DLRMConfig.tiny(), tensorized=True, max_rank=4, layers=layers, min_size=1)
+    model = build_dlrm(
+        DLRMConfig.tiny(),
+        tensorized=True,
+        options=TensorizeOptions(max_rank=4, layers=layers, min_size=1),
+    )
     assert tt_names(model) == expected
     dense, sparse = inputs(DLRMConfig.tiny(), 3)
     assert model(dense, sparse).shape == (3,)
@@ -117,7 +122,7 @@ def test_table_init_matches_dlrm_variance():
     ratios = []
     for seed in range(4):
         torch.manual_seed(seed)
-        model = build_dlrm(cfg, tensorized=True, max_rank=8)
+        model = build_dlrm(cfg, tensorized=True, options=TensorizeOptions(max_rank=8))
         for n, t in zip(cfg.table_sizes, model.embeddings, strict=True):
             assert isinstance(t, TTMEmbedding)
             ratios.append(float(t.to_dense().detach().pow(2).mean()) * 3 * n)

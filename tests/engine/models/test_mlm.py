@@ -11,6 +11,7 @@ from torch import nn
 
 from engine.models.mlm import MaskedLM, MLMConfig, build_mlm
 from engine.models.registry import get_workload
+from engine.models.tensorize import TensorizeOptions
 from engine.models.transformer import EncoderBlock, TransformerConfig
 from engine.nn.tt_linear import TTLinear
 from engine.nn.ttm_embedding import TTMEmbedding
@@ -25,7 +26,9 @@ def batch(b: int = 3, s: int = 10, seed: int = 0) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("tensorized", [False, True])
 def test_loss_ignores_unlabelled_positions(tensorized):
-    model = build_mlm(CFG, tensorized=tensorized, max_rank=4).double().eval()
+    model = (
+        build_mlm(CFG, tensorized=tensorized, options=TensorizeOptions(max_rank=4)).double().eval()
+    )
     data = batch()
     labels = data["labels"]
     assert (labels == -100).any() and (labels != -100).any()
@@ -50,7 +53,7 @@ def test_loss_ignores_unlabelled_positions(tensorized):
 
 
 def test_selected_rows_equal_the_full_logits():
-    model = build_mlm(CFG, tensorized=True, max_rank=4).double().eval()
+    model = build_mlm(CFG, tensorized=True, options=TensorizeOptions(max_rank=4)).double().eval()
     data = batch()
     select = data["labels"] != -100
     full = model(data["input_ids"], data["attention_mask"])  # (B, S, V)
@@ -60,7 +63,7 @@ def test_selected_rows_equal_the_full_logits():
 
 
 def test_no_labelled_position_gives_zero_loss_with_a_graph():
-    model = build_mlm(CFG, tensorized=True, max_rank=4)
+    model = build_mlm(CFG, tensorized=True, options=TensorizeOptions(max_rank=4))
     data = batch()
     data["labels"] = torch.full_like(data["labels"], -100)
     step = get_workload("mlm").forward_loss(model, data)
@@ -78,7 +81,7 @@ def test_padding_is_masked():
 
 
 def test_reuses_the_transformer_encoder_and_names_its_layers():
-    model = build_mlm(CFG, tensorized=True, max_rank=4)
+    model = build_mlm(CFG, tensorized=True, options=TensorizeOptions(max_rank=4))
     assert all(isinstance(b, EncoderBlock) for b in model.encoder) and len(model.encoder) == 2
     tt = {n for n, m in model.named_modules() if isinstance(m, TTLinear | TTMEmbedding)}
     enc = {
@@ -90,7 +93,9 @@ def test_reuses_the_transformer_encoder_and_names_its_layers():
     assert isinstance(model.embeddings.word, TTMEmbedding)
     assert type(model.embeddings.position) is nn.Embedding
     assert model.head.decoder.out_features == CFG.vocab_size
-    head_only = build_mlm(CFG, tensorized=True, max_rank=4, layers=["head.*"])
+    head_only = build_mlm(
+        CFG, tensorized=True, options=TensorizeOptions(max_rank=4, layers=["head.*"])
+    )
     tt = {n for n, m in head_only.named_modules() if isinstance(m, TTLinear | TTMEmbedding)}
     assert tt == {"head.transform", "head.decoder"}
     assert type(head_only.embeddings.word) is nn.Embedding

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.mlp import MLPClassifier, MLPConfig, MLPStack, build_mlp
+from engine.models.tensorize import TensorizeOptions
 from engine.nn.tt_linear import TTLinear
 from tests.helpers.assertions import assert_close_rel
 
@@ -40,17 +41,19 @@ def test_dropout_only_in_training():
 
 def test_hidden_layers_are_tensorized_and_the_output_stays_dense():
     cfg = MLPConfig.tiny(hidden=(64, 32, 40))
-    model = build_mlp(cfg, tensorized=True, max_rank=4)
+    model = build_mlp(cfg, tensorized=True, options=TensorizeOptions(max_rank=4))
     # 48x64 = 3072 and 64x32 = 2048 are tensorized, 32x40 = 1280 too; out (40x5) never
     assert [type(m) for m in model.hidden] == [TTLinear, TTLinear, TTLinear]
     assert type(model.out) is nn.Linear and model.out.out_features == 5
     assert model.tensorize_report.tensorized == ("hidden.0", "hidden.1", "hidden.2")
-    picked = build_mlp(cfg, tensorized=True, max_rank=4, layers=["hidden.1"])
+    picked = build_mlp(
+        cfg, tensorized=True, options=TensorizeOptions(max_rank=4, layers=["hidden.1"])
+    )
     assert [type(m) for m in picked.hidden] == [nn.Linear, TTLinear, nn.Linear]
-    small = build_mlp(cfg, tensorized=True, max_rank=4, min_size=2048)
+    small = build_mlp(cfg, tensorized=True, options=TensorizeOptions(max_rank=4, min_size=2048))
     assert [type(m) for m in small.hidden] == [TTLinear, TTLinear, nn.Linear]
     with pytest.raises(ValueError, match="layers: pattern 'out'"):
-        build_mlp(cfg, tensorized=True, layers=["out"])
+        build_mlp(cfg, tensorized=True, options=TensorizeOptions(layers=["out"]))
 
 
 def test_mlp_stack_last_activation():

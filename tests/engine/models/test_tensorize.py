@@ -151,12 +151,10 @@ def test_options_validation_names_the_field(field, value):
         TensorizeOptions(**{field: value})
 
 
-def test_options_round_trip_and_builder_kwargs():
+def test_options_round_trip():
     opts = TensorizeOptions(max_rank=7, layers=["a.*", "b"], min_size=10, shapes="paper")
     assert opts.layers == ("a.*", "b")
     assert TensorizeOptions.from_dict(json.loads(json.dumps(opts.to_dict()))) == opts
-    kw = opts.builder_kwargs()
-    assert "shapes" not in kw and kw["min_size"] == 10 and kw["layers"] == ("a.*", "b")
     assert opts.embedding_rank == 7 and TensorizeOptions(embedding_max_rank=3).embedding_rank == 3
     with pytest.raises(ValueError, match="unknown field"):
         TensorizeOptions.from_dict({"rank": 3})
@@ -173,15 +171,14 @@ def test_explicit_modes_override_the_automatic_factorization_and_round_trip():
     model = build_mlp(
         MLPConfig(in_features=64, hidden=(32, 32), num_classes=3),
         tensorized=True,
-        **opts.builder_kwargs(),
+        options=opts,
     )
     first = model.get_submodule("hidden.0")
     assert (first.in_modes, first.out_modes) == ((4, 4, 4), (2, 4, 4))
     auto = build_mlp(
         MLPConfig(in_features=64, hidden=(32, 32), num_classes=3),
         tensorized=True,
-        max_rank=4,
-        min_size=16,
+        options=TensorizeOptions(max_rank=4, min_size=16),
     )
     assert auto.get_submodule("hidden.0").in_modes != (4, 4, 4)  # the override did something
     x = torch.randn(5, 64)
@@ -207,11 +204,19 @@ def test_explicit_modes_must_match_a_tensorized_layer_and_fit_it():
     cfg = MLPConfig(in_features=64, hidden=(32, 32), num_classes=3)
     with pytest.raises(ValueError, match="matches no tensorized layer"):
         build_mlp(
-            cfg, tensorized=True, min_size=16, modes={"nothing.*": {"in": [8, 8], "out": [4, 8]}}
+            cfg,
+            tensorized=True,
+            options=TensorizeOptions(
+                min_size=16, modes={"nothing.*": {"in": [8, 8], "out": [4, 8]}}
+            ),
         )
     with pytest.raises(
         ValueError, match="modes: .*cannot tensorize .hidden.0."
     ):  # 2 x 2 < 64 inputs
         build_mlp(
-            cfg, tensorized=True, min_size=16, modes={"hidden.0": {"in": [2, 2], "out": [4, 8]}}
+            cfg,
+            tensorized=True,
+            options=TensorizeOptions(
+                min_size=16, modes={"hidden.0": {"in": [2, 2], "out": [4, 8]}}
+            ),
         )

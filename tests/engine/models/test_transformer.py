@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.compress import CompressConfig, compress_
+from engine.models.tensorize import TensorizeOptions
 from engine.models.transformer import (
     TransformerConfig,
     build_transformer,
@@ -25,7 +26,11 @@ ENCODER_LINEARS = ("attn.q", "attn.k", "attn.v", "attn.out", "ffn.fc1", "ffn.fc2
 @pytest.fixture(scope="module")
 def mnli_tt():
     torch.manual_seed(0)
-    return build_transformer(TransformerConfig.mnli(), tensorized=True, max_rank=30)
+    return build_transformer(
+        TransformerConfig.mnli(),
+        tensorized=True,
+        options=TensorizeOptions(max_rank=30, shapes="paper"),
+    )
 
 
 def test_mnli_dense_count():
@@ -84,7 +89,11 @@ def test_mnli_shapes_and_ranks(mnli_tt):
 
 
 def test_embedding_ranks_do_not_follow_max_rank():
-    model = build_transformer(TransformerConfig.mnli(n_layers=1), tensorized=True, max_rank=8)
+    model = build_transformer(
+        TransformerConfig.mnli(n_layers=1),
+        tensorized=True,
+        options=TensorizeOptions(max_rank=8, shapes="paper"),
+    )
     assert model.embeddings.word.ranks == (1, 32, 32, 32, 1)
     assert model.encoder[0].attn.q.ranks == (1, 8, 8, 8, 8, 8, 1)
 
@@ -96,7 +105,9 @@ def tiny(**changes) -> TransformerConfig:
 @pytest.mark.parametrize("tensorized", [False, True])
 def test_tiny_forward_shape_and_backward(tensorized):
     cfg = tiny(num_classes=4)
-    model = build_transformer(cfg, tensorized=tensorized, max_rank=4, shapes="auto")
+    model = build_transformer(
+        cfg, tensorized=tensorized, options=TensorizeOptions(max_rank=4, shapes="auto")
+    )
     if tensorized:
         kinds = {type(m) for m in model.modules()}
         assert TTLinear in kinds and TTMEmbedding in kinds
@@ -117,7 +128,9 @@ def test_tiny_forward_shape_and_backward(tensorized):
 @pytest.mark.parametrize("tensorized", [False, True])
 def test_padding_is_masked(tensorized):
     cfg = tiny()
-    model = build_transformer(cfg, tensorized=tensorized, max_rank=4, shapes="auto").double()
+    model = build_transformer(
+        cfg, tensorized=tensorized, options=TensorizeOptions(max_rank=4, shapes="auto")
+    ).double()
     model.eval()
     ids = torch.randint(1, 100, (2, 7))
     types = torch.zeros_like(ids)
@@ -138,13 +151,17 @@ def test_deterministic_with_seed():
     outs, states = [], []
     for _ in range(2):
         torch.manual_seed(123)
-        model = build_transformer(cfg, tensorized=True, max_rank=4, shapes="auto").eval()
+        model = build_transformer(
+            cfg, tensorized=True, options=TensorizeOptions(max_rank=4, shapes="auto")
+        ).eval()
         outs.append(model(ids))
         states.append(model.state_dict())
     assert torch.equal(outs[0], outs[1])
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
     torch.manual_seed(124)
-    other = build_transformer(cfg, tensorized=True, max_rank=4, shapes="auto").eval()
+    other = build_transformer(
+        cfg, tensorized=True, options=TensorizeOptions(max_rank=4, shapes="auto")
+    ).eval()
     assert not torch.equal(other(ids), outs[0])
 
 
@@ -177,6 +194,31 @@ def test_shape_preset_checks():
         build_transformer(tiny(), tensorized=True)
     with pytest.raises(ValueError, match="shapes"):
         build_transformer(tiny(), tensorized=True, shapes="bert")
+
+
+def test_the_keyword_form_builds_what_its_options_build():
+    """``max_rank=4, shapes="auto"`` (earlier releases) is read into the same options: the
+    same layers and, from the same seed, the same weights."""
+    for cfg, keywords, options in (
+        (tiny(), {"max_rank": 4, "shapes": "auto", "d": 2}, TensorizeOptions(max_rank=4, d=2)),
+        (
+            TransformerConfig.mnli(n_layers=1),
+            {"max_rank": 8},
+            TensorizeOptions(max_rank=8, shapes="paper"),
+        ),
+    ):
+        torch.manual_seed(0)
+        old = build_transformer(cfg, tensorized=True, **keywords)
+        torch.manual_seed(0)
+        new = build_transformer(cfg, tensorized=True, options=options)
+        assert old.tensorize_report == new.tensorize_report
+        old_state, new_state = old.state_dict(), new.state_dict()
+        assert old_state.keys() == new_state.keys()
+        assert all(torch.equal(old_state[k], new_state[k]) for k in old_state)
+    with pytest.raises(TypeError, match="not both"):
+        build_transformer(tiny(), tensorized=True, options=TensorizeOptions(), max_rank=4)
+    with pytest.raises(TypeError, match="rank"):
+        build_transformer(tiny(), tensorized=False, rank=4)
 
 
 @pytest.mark.parametrize(
@@ -214,7 +256,9 @@ def tt_names(model) -> set[str]:
 
 def test_layer_patterns_select_exactly():
     model = build_transformer(
-        tiny(), tensorized=True, max_rank=4, shapes="auto", layers=["encoder.0.*"]
+        tiny(),
+        tensorized=True,
+        options=TensorizeOptions(max_rank=4, shapes="auto", layers=["encoder.0.*"]),
     )
     assert tt_names(model) == {f"encoder.0.{n}" for n in ENCODER_LINEARS}
     assert type(model.embeddings.word) is nn.Embedding
@@ -225,23 +269,37 @@ def test_layer_patterns_select_exactly():
         "classifier.fc1",
     }
     only = build_transformer(
-        tiny(), tensorized=True, max_rank=4, shapes="auto", layers=["*.ffn.fc2", "embeddings.word"]
+        tiny(),
+        tensorized=True,
+        options=TensorizeOptions(
+            max_rank=4, shapes="auto", layers=["*.ffn.fc2", "embeddings.word"]
+        ),
     )
     assert tt_names(only) == {"encoder.0.ffn.fc2", "encoder.1.ffn.fc2", "embeddings.word"}
     with pytest.raises(ValueError, match="layers"):
-        build_transformer(tiny(), tensorized=True, shapes="auto", layers=["classifier.fc2"])
+        build_transformer(
+            tiny(),
+            tensorized=True,
+            options=TensorizeOptions(shapes="auto", layers=["classifier.fc2"]),
+        )
 
 
 def test_min_size_keeps_small_linears_dense():
     cfg = tiny(d_model=16, d_ff=32)  # attn 256, ffn 512, cls1 256 entries; word 100x16 = 1600
-    model = build_transformer(cfg, tensorized=True, max_rank=4, shapes="auto")
+    model = build_transformer(
+        cfg, tensorized=True, options=TensorizeOptions(max_rank=4, shapes="auto")
+    )
     assert tt_names(model) == {"embeddings.word"}
     reasons = {s.name: s.reason for s in model.tensorize_report.skipped}
     assert "min_size=1024" in reasons["encoder.0.ffn.fc1"]
     assert (
         len(
             tt_names(
-                build_transformer(cfg, tensorized=True, max_rank=4, shapes="auto", min_size=256)
+                build_transformer(
+                    cfg,
+                    tensorized=True,
+                    options=TensorizeOptions(max_rank=4, shapes="auto", min_size=256),
+                )
             )
         )
         == 1 + 2 * 6 + 1
@@ -252,11 +310,9 @@ def test_auto_shapes_take_every_option():
     model = build_transformer(
         tiny(),
         tensorized=True,
-        max_rank=3,
-        shapes="auto",
-        embedding_max_rank=6,
-        gate_threshold=0.25,
-        d=2,
+        options=TensorizeOptions(
+            max_rank=3, shapes="auto", embedding_max_rank=6, gate_threshold=0.25, d=2
+        ),
     )
     q, word = model.encoder[0].attn.q, model.embeddings.word
     assert len(q.in_modes) == 2 and max(q.ranks) == 3 and q.gate_threshold == 0.25
@@ -266,7 +322,11 @@ def test_auto_shapes_take_every_option():
 def test_mnli_shapes_take_gate_threshold_and_embedding_rank():
     cfg = TransformerConfig.mnli(n_layers=1)
     model = build_transformer(
-        cfg, tensorized=True, max_rank=8, gate_threshold=0.05, embedding_max_rank=16
+        cfg,
+        tensorized=True,
+        options=TensorizeOptions(
+            max_rank=8, gate_threshold=0.05, embedding_max_rank=16, shapes="paper"
+        ),
     )
     word = model.embeddings.word
     assert word.row_modes == (16, 20, 10, 10) and word.ranks == (1, 16, 16, 16, 1)
@@ -274,6 +334,8 @@ def test_mnli_shapes_take_gate_threshold_and_embedding_rank():
     assert (q.in_modes, q.out_modes) == ((12, 8, 8), (8, 8, 12))
     assert q.gate_threshold == word.gate_threshold == 0.05
     with pytest.raises(ValueError, match="d must be None"):
-        build_transformer(cfg, tensorized=True, d=3)
-    partial = build_transformer(cfg, tensorized=True, layers=["embeddings.*"])
+        build_transformer(cfg, tensorized=True, options=TensorizeOptions(d=3, shapes="paper"))
+    partial = build_transformer(
+        cfg, tensorized=True, options=TensorizeOptions(layers=["embeddings.*"], shapes="paper")
+    )
     assert tt_names(partial) == {"embeddings.word"} and partial.embeddings.word.ranks[1] == 32
