@@ -17,6 +17,7 @@ const LABELS = {loss: "train loss", val_loss: "validation loss", accuracy: "trai
                 val_cosine: "validation cosine"};
 
 const $ = (id) => document.getElementById(id);
+const fmtCount = (v) => (v === null || v === undefined ? "–" : v.toLocaleString("en-US"));
 const page = {selected: null, gen: 0, stream: null, timer: null, last: 0, busy: false,
               needKey: false, notes: {}};
 
@@ -175,6 +176,14 @@ function card(title, value, sub) {
            h("div", {class: "card-value", text: value}), h("div", {class: "sub", text: sub || ""}));
 }
 
+/** Under the accuracy: the dense baseline's, when the report has one, else the loss. */
+function accuracySub(m, report) {
+  const base = report?.baseline?.metrics || {};
+  const key = ["val_accuracy", "accuracy", "val_cosine", "cosine"].find((k) => k in base);
+  if (key) return `dense baseline ${fmtNum(base[key])}`;
+  return m.val_loss !== undefined ? `validation loss ${fmtNum(m.val_loss)}` : "";
+}
+
 function cards(job, report) {
   const p = job.progress || {};
   const c = job.compression || {};
@@ -185,13 +194,16 @@ function cards(job, report) {
          p.stage_count ? `stage ${(p.stage_index ?? 0) + 1} of ${p.stage_count}` : ""),
     card("Step", `${p.step ?? 0} / ${p.total_steps ?? "?"}`,
          `${Math.round((p.fraction ?? 0) * 100)}% · ${fmtDuration(job.started_at, job.finished_at)}`),
-    card("Compression", fmtRatio(c.current_ratio),
-         c.params_before ? `${fmtNum(c.params_before)} → ${fmtNum(c.params_now)} parameters` : ""),
+    report?.tensorized_ratio
+      ? card("Compression", fmtRatio(report.tensorized_ratio),
+             `tensorized layers · whole model ${fmtRatio(report.model_ratio)} `
+             + `(${fmtCount(report.params_dense)} → ${fmtCount(report.params)} parameters)`)
+      : card("Compression", fmtRatio(c.current_ratio), c.params_before
+        ? `${fmtNum(c.params_before)} → ${fmtNum(c.params_now)} parameters` : ""),
     card("Saved file", fmtRatio(report?.file_ratio ?? c.file_ratio),
          (report || c.file_bytes) ? `${fmtBytes(report?.file_bytes ?? c.file_bytes)} vs `
            + `${fmtBytes(report?.dense_bytes ?? c.dense_bytes)} dense` : "after export"),
-    card("Accuracy", acc === undefined ? "–" : fmtNum(acc),
-         m.val_loss !== undefined ? `validation loss ${fmtNum(m.val_loss)}` : ""),
+    card("Accuracy", acc === undefined ? "–" : fmtNum(acc), accuracySub(m, report)),
     card("Attempt", `${job.attempt} of ${job.max_attempts}`, `created ${fmtTime(job.created_at)}`));
 }
 
@@ -210,6 +222,64 @@ function layersTable(report) {
       h("td", {class: "num", text: fmtRatio(l.ratio)})))));
 }
 
+/** The report's metrics beside its dense baseline's (a SUCCEEDED dense job of the same spec),
+ *  with the deltas (this job - baseline); as ``comera report`` shows them. */
+function baselineTable(report) {
+  const base = report?.baseline;
+  if (!base) return null;
+  const keys = [...new Set([...Object.keys(report.metrics), ...Object.keys(base.metrics)])].sort();
+  const signed = (v) => (v === undefined ? "–" : `${v > 0 ? "+" : ""}${fmtNum(v)}`);
+  return h("table", {class: "baseline", id: "baseline-table"},
+    h("caption", {text: `Against the dense baseline ${base.job_id}`}),
+    h("thead", {}, h("tr", {}, h("th", {text: "Metric"}),
+      ...["This job", "Dense baseline", "Delta"].map((t) => h("th", {class: "num", text: t})))),
+    h("tbody", {}, ...keys.map((k) => h("tr", {"data-metric": k},
+      h("td", {text: k}),
+      h("td", {class: "num", text: fmtNum(report.metrics[k])}),
+      h("td", {class: "num", text: fmtNum(base.metrics[k])}),
+      h("td", {class: "num", text: signed(base.deltas[k])})))));
+}
+
+const MIB = 2 ** 20;
+
+/** ``hf`` jobs: the exported model/hf/ beside the original as deployed (task metric,
+ *  parameters, file bytes, latency and peak memory at batch 1 and at a throughput batch);
+ *  the columns of ``comera report``'s deployment table. */
+function deployTable(report) {
+  const d = report?.deploy;
+  if (!d) return null;
+  const e = d.exported;
+  const o = d.original;
+  const r = d.ratios || {};
+  const row = (name, exported, original, ratio, key) => h("tr", {"data-row": key},
+    h("td", {text: name}), h("td", {class: "num", text: exported}),
+    h("td", {class: "num", text: original}), h("td", {class: "num", text: ratio}));
+  const rows = [...new Set([...Object.keys(e.metrics), ...Object.keys(o.metrics)])].sort()
+    .map((k) => row(k, fmtNum(e.metrics[k]), fmtNum(o.metrics[k]), "", `metric:${k}`));
+  rows.push(row("parameters", fmtCount(e.parameters), fmtCount(o.parameters),
+                fmtRatio(r.parameters), "parameters"));
+  rows.push(row("file bytes", fmtCount(e.file_bytes || null), fmtCount(o.file_bytes || null),
+                fmtRatio(r.file_bytes), "file_bytes"));
+  for (const key of ["batch_1", "throughput"]) {
+    const eb = e[key];
+    const ob = o[key];
+    const speed = r[key === "batch_1" ? "speedup_batch_1" : "speedup_throughput"];
+    rows.push(row(`latency, batch ${eb.batch}`, `${eb.latency_ms.toFixed(2)} ms`,
+                  `${ob.latency_ms.toFixed(2)} ms`, fmtRatio(speed), `latency:${key}`));
+    const mem = key === "throughput" ? r.memory_throughput : undefined;
+    rows.push(row(`peak memory, batch ${eb.batch}`, `${(eb.peak_bytes / MIB).toFixed(1)} MiB`,
+                  `${(ob.peak_bytes / MIB).toFixed(1)} MiB`,
+                  mem === undefined ? "" : fmtRatio(mem), `memory:${key}`));
+  }
+  const threads = d.threads ? `, ${d.threads} threads` : "";
+  return h("table", {class: "deploy", id: "deploy-table"},
+    h("caption", {text: `Deployment on ${d.device}${threads}, ${d.seq_len} tokens a sequence`}),
+    h("thead", {}, h("tr", {}, h("th", {text: ""}),
+      ...["Exported (model/hf/)", `Original (${o.kind || "dense"})`, "Original / exported"]
+        .map((t) => h("th", {class: "num", text: t})))),
+    h("tbody", {}, ...rows));
+}
+
 function checkpointsTable(items) {
   return h("table", {class: "checkpoints"},
     h("thead", {}, h("tr", {}, ...["Kind", "Step", "Stage", "Size", "sha256", ""]
@@ -222,6 +292,21 @@ function checkpointsTable(items) {
         ? h("button", {class: "small", onclick: (ev) => save(c, ev.currentTarget),
                        text: "Download"})
         : c.state)))));
+}
+
+/** What the compressed model is worth beside a dense one: the dense baseline's metrics and,
+ *  for ``hf`` jobs, the deployment table. */
+function comparisons(report) {
+  if (!report) return [];
+  const base = baselineTable(report);
+  const deploy = deployTable(report);
+  return [
+    h("h3", {text: "Dense baseline"}),
+    base || h("p", {class: "sub", id: "baseline-none",
+                    text: "No dense baseline: no SUCCEEDED dense job of the same spec "
+                          + "(submit the spec with compression.method \"dense\" to get one)."}),
+    ...(deploy ? [h("h3", {text: "Deployment"}), deploy] : []),
+  ];
 }
 
 function renderDetail(d) {
@@ -255,6 +340,7 @@ function renderDetail(d) {
       lineChart({name: "compression", title: "Compression over time (×)", markers,
                  yDomain: [1, 1], series: compressionSeries(ranks.points, metrics)})),
     h("h3", {text: "Layers"}), layersTable(report),
+    ...comparisons(report),
     h("h3", {text: "Checkpoints"}), checkpointsTable(checkpoints.items));
 }
 

@@ -271,6 +271,9 @@ def test_dashboard_follows_a_job_live_and_downloads_its_model(
     if not reached:
         assert job["compression"]["target_reason"] in notice
     assert page.query_selector("#chance-notice") is None  # the tiny job learns its task
+    # no dense job of the same spec ran: the page says so (and no deployment table: not hf)
+    page.wait_for_selector("#baseline-none")
+    assert page.query_selector("#deploy-table") is None
 
     base = f"/v1/jobs/{job_id}"
     keys = ["loss", "val_loss", "accuracy", "val_accuracy"]
@@ -357,3 +360,170 @@ def test_key_form_when_the_page_has_no_key(service: Service, browser: Any):
     assert page.is_hidden("#status")
     assert page.inner_text("#key-state") == "key set"
     context.close()
+
+
+# -- the report's comparison tables, on answers the test serves ------------------------------
+T_DONE = "2026-01-02T03:04:05Z"
+HF_JOB = "job_hfdeploy"
+DEPLOY = {
+    "seq_len": 128,
+    "device": "cpu",
+    "threads": 2,
+    "exported": {
+        "metrics": {"accuracy": 0.8125},
+        "parameters": 4_567_890,
+        "file_bytes": 18_345_678,
+        "batch_1": {"batch": 1, "latency_ms": 3.25, "tokens_per_second": 39384.6,
+                    "peak_bytes": 25 * 2**20},
+        "throughput": {"batch": 32, "latency_ms": 41.5, "tokens_per_second": 98698.8,
+                       "peak_bytes": 96 * 2**20},
+    },
+    "original": {
+        "metrics": {"accuracy": 0.84375},
+        "parameters": 22_713_216,
+        "file_bytes": 90_868_376,
+        "kind": "pretrained",
+        "batch_1": {"batch": 1, "latency_ms": 4.5, "tokens_per_second": 28444.4,
+                    "peak_bytes": 98 * 2**20},
+        "throughput": {"batch": 32, "latency_ms": 83.0, "tokens_per_second": 49349.4,
+                       "peak_bytes": 211 * 2**20},
+    },
+    "ratios": {"parameters": 4.9725, "file_bytes": 4.9532, "speedup_batch_1": 1.3846,
+               "speedup_throughput": 2.0, "memory_throughput": 2.1979},
+}  # fmt: skip
+
+
+def _served_report() -> dict[str, Any]:
+    """A finished ``hf`` job's report with a deployment table and a dense baseline, as the
+    wire schema has it (validated here, so the page is tested on what the API may send)."""
+    from api_schemas.artifacts import CompressionReport
+
+    report = {
+        "job_id": HF_JOB,
+        "checkpoint_id": "ckpt_export",
+        "file_bytes": 18_345_678,
+        "dense_bytes": 90_868_376,
+        "file_ratio": 4.953,
+        "params": 4_567_890,
+        "params_dense": 22_713_216,
+        "tensorized_ratio": 12.5,
+        "model_ratio": 4.97,
+        "layers": [
+            {"name": "encoder.layer.0.intermediate.dense", "kind": "tt_linear",
+             "modes": {"in": [16, 24], "out": [32, 48]}, "ranks": [1, 8, 1],
+             "dense_params": 589_824, "params": 16_384, "ratio": 36.0},
+        ],
+        "metrics": {"accuracy": 0.8125, "loss": 0.45},
+        "stages": [],
+        "spec_hash": "0" * 64,
+        "deploy": DEPLOY,
+        "baseline": {"job_id": "job_dense", "metrics": {"accuracy": 0.84375, "loss": 0.4},
+                     "deltas": {"accuracy": -0.03125, "loss": 0.05}},
+    }  # fmt: skip
+    return CompressionReport.model_validate(report).model_dump(mode="json")
+
+
+def _served_job() -> dict[str, Any]:
+    from api_schemas import JobPublic
+
+    job = {
+        "id": HF_JOB, "name": "hf-deploy", "labels": {}, "state": "SUCCEEDED", "attempt": 1,
+        "max_attempts": 2, "version": 3,
+        "progress": {"stage_name": "finetune", "stage_index": 2, "stage_count": 3, "step": 300,
+                     "total_steps": 300, "fraction": 1.0},
+        "latest_metrics": {"val_accuracy": 0.8125, "val_loss": 0.45},
+        "compression": {"current_ratio": 12.5, "report_checkpoint_id": "ckpt_export"},
+        "created_at": T_DONE, "started_at": T_DONE, "finished_at": T_DONE, "updated_at": T_DONE,
+        "spec": {}, "spec_hash": "0" * 64,
+    }  # fmt: skip
+    return JobPublic.model_validate(job).model_dump(mode="json")
+
+
+def _serve(route: Any, answers: dict[str, Any]) -> None:
+    """The page's files from the static folder, the API from ``answers`` (by path)."""
+    import json
+    from urllib.parse import urlsplit
+
+    path = urlsplit(route.request.url).path
+    if path == "/":
+        return route.fulfill(path=str(STATIC_DIR / "index.html"))
+    if path.startswith("/static/"):
+        return route.fulfill(path=str(STATIC_DIR / path.removeprefix("/static/")))
+    if path in answers:
+        return route.fulfill(content_type="application/json", body=json.dumps(answers[path]))
+    return route.fulfill(status=404, content_type="application/json", body='{"title": "Not Found"}')
+
+
+def _table(page, selector: str) -> dict[str, Any]:
+    return page.evaluate(
+        """(sel) => {
+      const t = document.querySelector(sel);
+      return {caption: t.caption.textContent,
+              head: [...t.tHead.rows[0].cells].map((c) => c.textContent),
+              rows: [...t.tBodies[0].rows].map((r) => [...r.cells].map((c) => c.textContent))};
+    }""",
+        selector,
+    )
+
+
+def test_dashboard_shows_the_deployment_table_and_the_dense_baseline_of_a_report():
+    """The columns of ``comera report``: the exported model/hf/ beside the original (task
+    metric, parameters, file bytes, latency and peak memory at batch 1 and at the throughput
+    batch, the sequence length), and this job's metrics beside its dense baseline's."""
+    if not CHROMIUM.exists():
+        pytest.skip("/usr/bin/chromium is absent (scripts/test.sh installs Debian's chromium)")
+    from playwright.sync_api import sync_playwright
+
+    base = f"/v1/jobs/{HF_JOB}"
+    job = _served_job()
+    answers = {
+        "/v1/jobs": {"items": [job], "next_cursor": None},
+        base: job,
+        f"{base}/metrics": {"job_id": HF_JOB, "series": []},
+        f"{base}/ranks": {"job_id": HF_JOB, "points": []},
+        f"{base}/events": {"items": [], "next_cursor": None},
+        f"{base}/checkpoints": {"items": []},
+        f"{base}/report": _served_report(),
+    }
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            errors: list[str] = []
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+            page.route("http://dashboard.test/**", lambda route: _serve(route, answers))
+            page.goto(f"http://dashboard.test/#key=k&job={HF_JOB}")
+            page.wait_for_selector("#deploy-table")
+            deploy = _table(page, "#deploy-table")
+            baseline = _table(page, "#baseline-table")
+            cards = page.inner_text(".cards")
+        finally:
+            browser.close()
+
+    assert deploy["caption"] == "Deployment on cpu, 2 threads, 128 tokens a sequence"
+    assert deploy["head"] == [
+        "",
+        "Exported (model/hf/)",
+        "Original (pretrained)",
+        "Original / exported",
+    ]
+    assert deploy["rows"] == [
+        ["accuracy", "0.8125", "0.8438", ""],
+        ["parameters", "4,567,890", "22,713,216", "4.97×"],
+        ["file bytes", "18,345,678", "90,868,376", "4.95×"],
+        ["latency, batch 1", "3.25 ms", "4.50 ms", "1.38×"],
+        ["peak memory, batch 1", "25.0 MiB", "98.0 MiB", ""],
+        ["latency, batch 32", "41.50 ms", "83.00 ms", "2×"],
+        ["peak memory, batch 32", "96.0 MiB", "211.0 MiB", "2.2×"],
+    ]
+    assert baseline["caption"] == "Against the dense baseline job_dense"
+    assert baseline["head"] == ["Metric", "This job", "Dense baseline", "Delta"]
+    assert baseline["rows"] == [
+        ["accuracy", "0.8125", "0.8438", "-0.03125"],
+        ["loss", "0.45", "0.4", "+0.05"],
+    ]
+    # the compression card names both ratios; the accuracy card the dense baseline's
+    assert "12.5×" in cards and "tensorized layers · whole model 4.97×" in cards
+    assert "dense baseline 0.8438" in cards
+    assert errors == []
