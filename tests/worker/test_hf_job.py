@@ -18,6 +18,15 @@ from service.reports import compression_report
 from service.store.db.models import Job
 from service.store.db.session import session_scope
 from tests.helpers.hf_dirs import write_bert_dir
+from tests.helpers.specs import (
+    api_job,
+    early_stage,
+    finetune_stage,
+    hf_dir,
+    late_stage,
+    model_spec,
+    path_dataset,
+)
 from tests.worker.jobs import checkpoints, factory_for, get, make_job, settings_for
 from worker.pipeline import run_job
 
@@ -38,34 +47,23 @@ def _sentences(n: int, seed: int) -> list[str]:
 
 
 def hf_spec(path: str = "models/tiny") -> dict[str, Any]:
-    return {
-        "name": "tiny-bert",
-        "model": {
-            "arch": "hf_bert",
-            "source": {"kind": "hf_dir", "path": path},
-            "distill": {"kind": "mse_hidden", "weight": 1.0},
-            "config": {"calibration_sentences": 32},
-        },
-        "dataset": {
-            "source": "path",
-            "path": "text/train.txt",
-            "valid_path": "text/valid.txt",
-            "format": "text",
-            "max_len": 24,
-        },
-        "compression": {"max_rank": 6, "d": 2, "shrink_every": 2},
-        "schedule": [
-            {
-                "kind": "early",
-                "steps": 4,
-                "gamma": 0.05,
-                "lr": {"cores": 3e-3, "gates": 0.05, "others": 1e-3},
-            },
-            {"kind": "late", "steps": 2, "target_ratio": 0.8},
-            {"kind": "finetune", "steps": 2},
+    return api_job(
+        name="tiny-bert",
+        model=model_spec(
+            "hf_bert",
+            {"calibration_sentences": 32},
+            source=hf_dir(path),
+            distill={"kind": "mse_hidden", "weight": 1.0},
+        ),
+        dataset=path_dataset("text/train.txt", "text", valid_path="text/valid.txt", max_len=24),
+        compression={"max_rank": 6, "d": 2, "shrink_every": 2},
+        schedule=[
+            early_stage(steps=4, gamma=0.05, lr={"cores": 3e-3, "gates": 0.05, "others": 1e-3}),
+            late_stage(steps=2, target_ratio=0.8),
+            finetune_stage(steps=2),
         ],
-        "training": {"batch_size": 8, "seed": 1, "log_every": 2, "device": "cpu"},
-    }
+        training={"batch_size": 8, "seed": 1, "log_every": 2, "device": "cpu"},
+    )
 
 
 def _data_root(root: Path) -> list[str]:

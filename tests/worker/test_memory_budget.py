@@ -28,6 +28,7 @@ from service.store.db.session import session_scope
 from service.store.queue import enqueue
 from service.store.settings import Settings
 from tests.engine.data.test_npy_fortran import write_zeros_npz
+from tests.helpers.specs import mlp_model
 from tests.worker.jobs import factory_for, make_job, tiny_spec
 from tests.worker.test_celery import _queue, celery_worker, wait_terminal
 
@@ -63,7 +64,7 @@ def test_a_bomb_and_an_oom_job_fail_alone_and_another_tenants_job_succeeds(tmp_p
     bomb = make_job(
         factory,
         tiny_spec(
-            model={"arch": "mlp", "config": {"hidden": [16]}},
+            model=mlp_model(16),
             dataset={"source": "path", "path": "bomb.npz", "format": "npz"},
             schedule=[{"kind": "early", "steps": 2}],
             checkpointing={"keep": 1},
@@ -74,7 +75,7 @@ def test_a_bomb_and_an_oom_job_fail_alone_and_another_tenants_job_succeeds(tmp_p
     hungry = make_job(
         factory,
         tiny_spec(
-            model={"arch": "mlp", "config": {"hidden": [4096, 4096, 4096]}},
+            model=mlp_model(4096, 4096, 4096),
             compression={"method": "dense"},
             schedule=[{"kind": "early", "steps": 3}],
             checkpointing={"keep": 1},

@@ -14,24 +14,27 @@ import torch
 from engine.models.registry import get_workload
 from engine.train.job import JobConfig
 from tests.helpers.hf_dirs import SIZES, write_bert_dir
+from tests.helpers.specs import (
+    early_stage,
+    engine_job,
+    mlp_model,
+    model_spec,
+    synthetic_data,
+    text_data,
+)
 from worker.memory_estimate import FRAGMENTATION, RUNTIME_SLACK, estimate_memory
 from worker.plan import plan_job
 from worker.process_baseline import DEFAULT_BASELINE, ENV, ProcessBaseline, known_baseline
 
-JOB: dict[str, Any] = {
-    "name": "mlp",
-    "method": "comera",
-    "model": {"arch": "mlp", "config": {"hidden": [256, 256]}},
-    "data": {
-        "kind": "synthetic",
-        "n_train": 512,
-        "n_valid": 64,
-        "params": {"shape": [16, 16], "num_classes": 4},
-    },
-    "compression": {"max_rank": 8, "min_size": 16},
-    "schedule": [{"kind": "early", "steps": 10}],
-    "training": {"batch_size": 64},
-}
+JOB: dict[str, Any] = engine_job(
+    name="mlp",
+    method="comera",
+    model=mlp_model(256, 256),
+    data=synthetic_data(n_train=512, n_valid=64, params={"shape": [16, 16], "num_classes": 4}),
+    compression={"max_rank": 8, "min_size": 16},
+    schedule=[early_stage(steps=10)],
+    training={"batch_size": 64},
+)
 
 
 def _job(devices: int = 1, nodes: int = 1) -> dict[str, Any]:
@@ -113,15 +116,15 @@ def test_without_a_measured_baseline_the_planner_uses_the_workers_or_the_default
 def _hf_bert_job(tmp_path: Path, **config: Any) -> dict[str, Any]:
     text = tmp_path / "train.txt"
     text.write_text("one short sentence\nand another one\n" * 8)
-    return {
-        "name": "bert",
-        "method": "comera",
-        "model": {"arch": "hf_bert", "config": {"path": str(tmp_path / "bert"), **config}},
-        "data": {"kind": "text", "train": str(text), "valid_every": 4, "max_len": 16},
-        "compression": {"max_rank": 4},
-        "schedule": [{"kind": "early", "steps": 10}],
-        "training": {"batch_size": 8},
-    }
+    return engine_job(
+        name="bert",
+        method="comera",
+        model=model_spec("hf_bert", {"path": str(tmp_path / "bert"), **config}),
+        data=text_data(text, valid_every=4, max_len=16),
+        compression={"max_rank": 4},
+        schedule=[early_stage(steps=10)],
+        training={"batch_size": 8},
+    )
 
 
 def test_hf_bert_counts_its_frozen_original_and_its_inference_forward(tmp_path):

@@ -26,6 +26,17 @@ from engine.train.launch import torchrun_command
 from tests.helpers.child_peak import ProcessPeak, read_peaks, start_recorded
 from tests.helpers.hf_dirs import write_bert_dir
 from tests.helpers.hf_models import TEXT, make_model_dir
+from tests.helpers.specs import (
+    early_stage,
+    engine_job,
+    late_stage,
+    mlm_model,
+    mlp_model,
+    model_spec,
+    synthetic_data,
+    text_data,
+    transformer_model,
+)
 from worker.plan import plan_job
 from worker.process_baseline import measure_baseline
 
@@ -37,60 +48,51 @@ TWO_PROCESSES = ("mlp", "hf_bert")
 def _models(tmp: Path) -> dict[str, dict[str, Any]]:
     text = tmp / "train.txt"
     text.write_text("\n".join(TEXT) + "\n")
-    lines = {"kind": "text", "train": str(text), "valid_every": 4, "max_len": 16}
+    lines = text_data(text, valid_every=4, max_len=16)
     bert = str(write_bert_dir(tmp / "bert"))
     hf = str(make_model_dir(tmp, "bert", "masked_lm"))
-    synthetic = {"kind": "synthetic", "n_train": 256, "n_valid": 32}
+    rows = {"n_train": 256, "n_valid": 32}
     return {
         "mlp": {
-            "model": {"arch": "mlp", "config": {"hidden": [64, 64]}},
-            "data": {**synthetic, "params": {"shape": [8, 8], "num_classes": 4}},
+            "model": mlp_model(64, 64),
+            "data": synthetic_data(**rows, params={"shape": [8, 8], "num_classes": 4}),
         },
         "transformer": {
-            "model": {"arch": "transformer", "config": SEQ},
-            "data": {
-                **synthetic,
-                "generator": "nli",
-                "max_len": 16,
-                "vocab_size": 100,
-                "params": {"n_words": 32, "n_topics": 4},
-            },
+            "model": transformer_model(**SEQ),
+            "data": synthetic_data(
+                "nli", **rows, max_len=16, vocab_size=100, params={"n_words": 32, "n_topics": 4}
+            ),
         },
         "mlm": {
-            "model": {"arch": "mlm", "config": SEQ},
-            "data": {**synthetic, "generator": "mlm", "max_len": 16, "vocab_size": 100},
+            "model": mlm_model(**SEQ),
+            "data": synthetic_data("mlm", **rows, max_len=16, vocab_size=100),
         },
         "dlrm": {
-            "model": {
-                "arch": "dlrm",
-                "config": {"embedding_dim": 8, "bottom_widths": [16, 8], "top_widths": [16, 8]},
-            },
-            "data": {**synthetic, "generator": "criteo", "num_rows": 1000},
+            "model": model_spec(
+                "dlrm", {"embedding_dim": 8, "bottom_widths": [16, 8], "top_widths": [16, 8]}
+            ),
+            "data": synthetic_data("criteo", **rows, num_rows=1000),
         },
         "hf_bert": {
-            "model": {
-                "arch": "hf_bert",
-                "config": {"path": bert, "distill": "mse_hidden", "calibration_sentences": 16},
-            },
+            "model": model_spec(
+                "hf_bert", {"path": bert, "distill": "mse_hidden", "calibration_sentences": 16}
+            ),
             "data": lines,
         },
-        "hf": {"model": {"arch": "hf", "config": {"task": "masked_lm", "path": hf}}, "data": lines},
+        "hf": {"model": model_spec("hf", {"task": "masked_lm", "path": hf}), "data": lines},
     }
 
 
 def _job(model: dict[str, Any], devices: int) -> dict[str, Any]:
-    return {
-        "version": 1,
-        "name": "measured",
-        "method": "comera",
+    return engine_job(
+        version=1,
+        name="measured",
+        method="comera",
         **copy.deepcopy(model),
-        "compression": {"max_rank": 4, "min_size": 16, "shrink_every": 2},
-        "schedule": [
-            {"kind": "early", "steps": 3},
-            {"kind": "late", "steps": 3, "target_ratio": 0.7},
-        ],
-        "training": {"batch_size": 8, "seed": 0, "devices": devices},
-    }
+        compression={"max_rank": 4, "min_size": 16, "shrink_every": 2},
+        schedule=[early_stage(steps=3), late_stage(steps=3, target_ratio=0.7)],
+        training={"batch_size": 8, "seed": 0, "devices": devices},
+    )
 
 
 def _start(job: dict[str, Any], directory: Path) -> subprocess.Popen[bytes]:

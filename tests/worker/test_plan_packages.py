@@ -14,6 +14,7 @@ from engine.configs import ConfigError
 from engine.data import build_data, stdlib_text
 from engine.train import JobConfig
 from tests.helpers.hf_bert import write_tiny_bert
+from tests.helpers.specs import engine_job, finetune_stage, model_spec, synthetic_data
 from worker import data_facts
 from worker.plan import plan_job
 
@@ -21,19 +22,14 @@ PACKAGES = ["sympy", "networkx"]
 
 
 def _job(model_dir: Path, packages: list[str]) -> dict[str, Any]:
-    return {
-        "model": {"arch": "hf_bert", "config": {"path": str(model_dir)}},
-        "data": {
-            "kind": "synthetic",
-            "generator": "stdlib_text",
-            "n_train": 64,
-            "n_valid": 8,
-            "max_len": 16,
-            "params": {"packages": packages},
-        },
-        "schedule": [{"kind": "finetune", "steps": 2}],
-        "training": {"batch_size": 8},
-    }
+    return engine_job(
+        model=model_spec("hf_bert", {"path": str(model_dir)}),
+        data=synthetic_data(
+            "stdlib_text", n_train=64, n_valid=8, max_len=16, params={"packages": packages}
+        ),
+        schedule=[finetune_stage(steps=2)],
+        training={"batch_size": 8},
+    )
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers.specs import mlp_model
 from tests.worker.jobs import factory_for, get, make_job, settings_for, tiny_spec
 from worker.problems import problem_for
 
@@ -101,7 +102,7 @@ def test_a_job_whose_model_does_not_fit_fails_as_oom(sqlite_url, tmp_path):
     within the API's size limits) on a worker with 512 MiB to spare: FAILED, ``oom``, 507,
     not retryable, no export; the attempt's exit reason is ``oom``."""
     spec = tiny_spec(
-        model={"arch": "mlp", "config": {"hidden": [16384, 16384]}},
+        model=mlp_model(16384, 16384),
         compression={"method": "dense"},
         schedule=[{"kind": "early", "steps": 2}],
     )

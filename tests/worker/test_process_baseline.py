@@ -12,19 +12,20 @@ import pytest
 from service.store.db.session import make_engine, make_sessionmaker
 from service.store.settings import Settings
 from service.store.workers import process_baseline
+from tests.helpers.specs import early_stage, engine_job, mlp_model, synthetic_data
 from worker.plan import plan_job
 from worker.process_baseline import ENV, ProcessBaseline, host_baseline, known_baseline
 from worker.registration import Registration
 
-JOB = {
-    "name": "mlp",
-    "method": "comera",
-    "model": {"arch": "mlp", "config": {"hidden": [16]}},
-    "data": {"kind": "synthetic", "n_train": 64, "n_valid": 16, "params": {"shape": [4, 4]}},
-    "compression": {"max_rank": 2, "min_size": 16},
-    "schedule": [{"kind": "early", "steps": 2}],
-    "training": {"batch_size": 16},
-}
+JOB = engine_job(
+    name="mlp",
+    method="comera",
+    model=mlp_model(16),
+    data=synthetic_data(n_train=64, n_valid=16, params={"shape": [4, 4]}),
+    compression={"max_rank": 2, "min_size": 16},
+    schedule=[early_stage(steps=2)],
+    training={"batch_size": 16},
+)
 
 
 @pytest.mark.slow

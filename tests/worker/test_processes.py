@@ -21,6 +21,7 @@ from engine.train import ConfigError, JobConfig
 from service.store.db.crud.job_actions import cancel_job
 from service.store.db.crud.jobs import get_job
 from service.store.db.session import session_scope
+from tests.helpers.specs import early_stage, engine_job, mlp_model, synthetic_data
 from tests.worker.jobs import (
     checkpoints,
     factory_for,
@@ -35,12 +36,12 @@ from worker.pipeline import run_job
 from worker.processes import Outcome, _Events, descendants, prepare
 
 TWO = {"batch_size": 16, "log_every": 5, "devices": 2}
-ENGINE_JOB = {
-    "model": {"arch": "mlp", "config": {"hidden": [32]}},
-    "data": {"kind": "synthetic", "params": {"shape": [8, 8], "num_classes": 4}},
-    "schedule": [{"kind": "early", "steps": 2}],
-    "training": {"batch_size": 16},
-}
+ENGINE_JOB = engine_job(
+    model=mlp_model(32),
+    data=synthetic_data(params={"shape": [8, 8], "num_classes": 4}),
+    schedule=[early_stage(steps=2)],
+    training={"batch_size": 16},
+)
 pytestmark = pytest.mark.filterwarnings(  # kombu's SQLAlchemy transport, not our code
     "ignore:The ``noload`` loader strategy is deprecated"
 )
