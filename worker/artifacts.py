@@ -31,24 +31,30 @@ import os
 import shutil
 import tarfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.store.db.crud.checkpoints import complete_checkpoint, complete_checkpoints, path_shared
+from service.store.db.crud.jobs import append_event
 from service.store.db.models import Checkpoint, utcnow
 from service.store.ids import new_id
 from service.store.storage import sha256_file  # the API hashes downloads with the same function
+
+if TYPE_CHECKING:
+    from engine.export import ExportInfo
 
 __all__ = [
     "RESUMABLE_KINDS",
     "archive_dir",
     "checkpoint_row",
     "enforce_keep",
+    "export_rows",
     "find_checkpoint",
     "mark_deleted",
     "publish_dir",
     "relative",
+    "retain",
     "sha256_file",
     "workdir",
 ]
@@ -142,16 +148,57 @@ def checkpoint_row(
     )
 
 
+def export_rows(
+    info: ExportInfo,
+    *,
+    artifacts: Path,
+    job_id: str,
+    tenant_id: str,
+    attempt: int,
+    step: int,
+    stage: str | None,
+    metrics: dict[str, float],
+) -> list[Checkpoint]:
+    """The rows of a finished export: kind ``export`` for its weights (checked against the
+    manifest's sha256; ``manifest["files"]`` gives the sizes and hashes of the weights and of
+    ``manifest.json``), then kind ``hf`` and ``dense`` for the Hugging Face directories of an
+    ``hf`` export, each archived to one tar (:func:`archive_dir`, format ``tar``)."""
+    where = {"artifacts": artifacts, "job_id": job_id, "tenant_id": tenant_id, "attempt": attempt}
+    row = checkpoint_row(
+        path=info.weights_path, kind="export", step=step, stage=stage, metrics=metrics, **where
+    )
+    if row.sha256 != info.sha256:
+        raise RuntimeError(f"the exported weights do not match their manifest ({row.sha256})")
+    files = {
+        info.weights_path.name: {"bytes": row.size_bytes, "sha256": row.sha256},
+        info.manifest_path.name: {
+            "bytes": info.manifest_path.stat().st_size,
+            "sha256": sha256_file(info.manifest_path),
+        },
+    }
+    row.manifest = {**info.manifest, "files": files}
+    rows = [row]
+    for kind in ("hf", "dense"):
+        if not (info.path / kind).is_dir():
+            continue
+        extra = checkpoint_row(
+            path=archive_dir(info.path / kind),
+            kind=kind,
+            step=row.step,
+            stage=row.stage,
+            metrics=row.metrics,
+            **where,
+        )
+        extra.format = "tar"
+        rows.append(extra)
+    return rows
+
+
 def mark_deleted(session: Session, *, job_id: str, tenant_id: str, artifacts: Path) -> list[str]:
     """Mark the job's complete training checkpoints whose files are gone as ``deleted``."""
-    rows = session.scalars(
-        select(Checkpoint).where(
-            Checkpoint.job_id == job_id,
-            Checkpoint.tenant_id == tenant_id,
-            Checkpoint.state == "complete",
-            Checkpoint.kind.in_(RESUMABLE_KINDS),
-        )
-    ).all()
+    rows = complete_checkpoints(
+        session=session, tenant_id=tenant_id, job_id=job_id, kinds=RESUMABLE_KINDS
+    )
     gone = [r for r in rows if not (artifacts / r.path).is_file()]
     for r in gone:
         r.state = "deleted"
@@ -163,27 +210,14 @@ def drop_partial(
 ) -> list[str]:
     """``save_partial: false``: delete this attempt's partial checkpoints (files and rows
     marked ``deleted``); returns their ids."""
-    rows = session.scalars(
-        select(Checkpoint).where(
-            Checkpoint.job_id == job_id,
-            Checkpoint.tenant_id == tenant_id,
-            Checkpoint.attempt == attempt,
-            Checkpoint.kind == "partial",
-            Checkpoint.state == "complete",
-        )
-    ).all()
+    rows = complete_checkpoints(
+        session=session, tenant_id=tenant_id, job_id=job_id, kinds=("partial",), attempt=attempt
+    )
     for r in rows:
         r.state = "deleted"
-        shared = session.scalars(
-            select(Checkpoint.id).where(  # a stop right at a periodic
-                Checkpoint.job_id == job_id,
-                Checkpoint.path == r.path,  # checkpoint rewrote it
-                Checkpoint.tenant_id == tenant_id,
-                Checkpoint.state == "complete",
-                Checkpoint.id != r.id,
-            )
-        ).first()
-        if shared is None:
+        if not path_shared(  # a stop right at a periodic checkpoint rewrote its file
+            session=session, tenant_id=tenant_id, job_id=job_id, path=r.path, other_than=r.id
+        ):
             (artifacts / r.path).unlink(missing_ok=True)
     return [r.id for r in rows]
 
@@ -200,16 +234,13 @@ def enforce_keep(
     """Keep the ``keep`` newest complete resumable checkpoints of the job, of any attempt (and
     those in ``protect``); delete the files of the rest and mark their rows ``deleted``.
     Returns the ids deleted, oldest first. Final checkpoints and exports are not touched."""
-    rows = session.scalars(
-        select(Checkpoint)
-        .where(
-            Checkpoint.job_id == job_id,
-            Checkpoint.tenant_id == tenant_id,
-            Checkpoint.state == "complete",
-            Checkpoint.kind.in_(RESUMABLE_KINDS),
-        )
-        .order_by(Checkpoint.created_at.desc(), Checkpoint.id.desc())
-    ).all()
+    rows = complete_checkpoints(
+        session=session,
+        tenant_id=tenant_id,
+        job_id=job_id,
+        kinds=RESUMABLE_KINDS,
+        newest_first=True,
+    )
     old = [r for r in rows[keep:] if r.id not in protect]
     kept_paths = {r.path for r in rows if r not in old}
     for r in reversed(old):
@@ -217,6 +248,30 @@ def enforce_keep(
         if r.path not in kept_paths:  # a partial written at a periodic step shares its file
             (artifacts / r.path).unlink(missing_ok=True)
     return [r.id for r in reversed(old)]
+
+
+def retain(
+    session: Session,
+    *,
+    job_id: str,
+    tenant_id: str,
+    attempt: int,
+    artifacts: Path,
+    keep: int,
+    protect: tuple[str, ...] = (),
+) -> None:
+    """:func:`enforce_keep`, with a ``checkpoint`` event (state ``deleted``, reason
+    ``checkpointing.keep``) for each checkpoint it deleted."""
+    for cid in enforce_keep(
+        session,
+        job_id=job_id,
+        tenant_id=tenant_id,
+        artifacts=artifacts,
+        keep=keep,
+        protect=protect,
+    ):
+        data = {"id": cid, "state": "deleted", "reason": "checkpointing.keep"}
+        append_event(session=session, job_id=job_id, attempt=attempt, kind="checkpoint", data=data)
 
 
 def _usable(row: Checkpoint, artifacts: Path) -> bool:
@@ -237,20 +292,23 @@ def find_checkpoint(
     """The checkpoint to resume from: ``checkpoint_id`` (None if it is not a complete,
     resumable checkpoint of this job whose file is intact), or else the newest complete
     ``latest``/``partial`` checkpoint of any attempt whose file is intact."""
-    q = select(Checkpoint).where(
-        Checkpoint.job_id == job_id,
-        Checkpoint.tenant_id == tenant_id,
-        Checkpoint.state == "complete",
-    )
     if checkpoint_id is not None:
-        row = session.scalars(
-            q.where(
-                Checkpoint.id == checkpoint_id, Checkpoint.kind.in_((*RESUMABLE_KINDS, "final"))
-            )
-        ).first()
+        row = complete_checkpoint(
+            session=session,
+            tenant_id=tenant_id,
+            job_id=job_id,
+            checkpoint_id=checkpoint_id,
+            kinds=(*RESUMABLE_KINDS, "final"),
+        )
         return row if row is not None and _usable(row, artifacts) else None
-    q = q.where(Checkpoint.kind.in_(RESUMABLE_KINDS))
-    for row in session.scalars(q.order_by(Checkpoint.created_at.desc(), Checkpoint.id.desc())):
+    newest = complete_checkpoints(
+        session=session,
+        tenant_id=tenant_id,
+        job_id=job_id,
+        kinds=RESUMABLE_KINDS,
+        newest_first=True,
+    )
+    for row in newest:
         if _usable(row, artifacts):
             return row
     return None

@@ -26,33 +26,19 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from types import FrameType
 from typing import Any
 
-from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from api_schemas import JobState
+from service.store.db.crud.attempts import ACTIVE_STATES, extend_lease, stop_state
 from service.store.db.crud.jobs import append_event
-from service.store.db.models import Job, utcnow
 from service.store.db.session import session_scope
 
-__all__ = ["ACTIVE_STATES", "Heartbeat", "Preemption", "Stopper", "extend_lease"]
+__all__ = ["ACTIVE_STATES", "Heartbeat", "Preemption", "Stopper"]
 
 log = logging.getLogger(__name__)
-
-ACTIVE_STATES = (JobState.STARTING.value, JobState.RUNNING.value, JobState.CANCELLING.value)
-
-
-def extend_lease(session: Session, *, job_id: str, owner: str, lease_seconds: float) -> bool:
-    """Push the lease to now + ``lease_seconds`` if it is still ours; False if it is not."""
-    q = (
-        update(Job)
-        .where(Job.id == job_id, Job.lease_owner == owner, Job.state.in_(ACTIVE_STATES))
-        .values(lease_expires_at=utcnow() + timedelta(seconds=lease_seconds))
-    )
-    return session.execute(q).rowcount == 1
 
 
 class Heartbeat(threading.Thread):
@@ -77,7 +63,7 @@ class Heartbeat(threading.Thread):
     def beat(self) -> bool:
         with session_scope(self.factory) as s:
             if not extend_lease(
-                s, job_id=self.job_id, owner=self.owner, lease_seconds=self.lease_seconds
+                session=s, job_id=self.job_id, owner=self.owner, lease_seconds=self.lease_seconds
             ):
                 return False
             append_event(
@@ -169,11 +155,7 @@ class Stopper:
     def poll(self) -> str | None:
         try:
             with session_scope(self.factory) as s:
-                row = s.execute(
-                    select(Job.state, Job.cancel_requested_at, Job.lease_owner).where(
-                        Job.id == self.job_id
-                    )
-                ).first()
+                row = stop_state(session=s, job_id=self.job_id)
         except Exception:  # a database hiccup must not stop training
             log.exception("job %s: cancellation poll failed", self.job_id)
             return None

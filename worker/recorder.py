@@ -29,15 +29,14 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.store.db.crud.jobs import append_event
-from service.store.db.models import Job, LatestMetric, MetricPoint, RankPoint, utcnow
+from service.store.db.crud.points import set_attempt_summary, upsert
+from service.store.db.models import LatestMetric, MetricPoint, RankPoint, utcnow
 from service.store.db.session import session_scope
 
-__all__ = ["Recorder", "finite", "json_clean", "upsert"]
+__all__ = ["Recorder", "finite", "json_clean"]
 
 METRIC_COLUMNS = ["attempt", "stage", "epoch", "value", "t"]  # updated when a step is replayed
 RANK_COLUMNS = ["attempt", "stage", "kind", "ranks", "params", "dense", "ratio", "t"]
@@ -56,21 +55,6 @@ def json_clean(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [json_clean(v) for v in value]
     return value
-
-
-def upsert(
-    session: Session, table: Table, rows: list[dict[str, Any]], keys: list[str], columns: list[str]
-) -> None:
-    """``INSERT … ON CONFLICT (keys) DO UPDATE SET columns = excluded.columns`` for ``rows``."""
-    if not rows:
-        return
-    dialect = session.get_bind().dialect.name
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    stmt = insert(table)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=keys, set_={c: stmt.excluded[c] for c in columns}
-    )
-    session.execute(stmt, rows)
 
 
 class Recorder:
@@ -192,16 +176,29 @@ class Recorder:
             return
         metrics, ranks = list(self._metrics.values()), list(self._ranks.values())
         with session_scope(self.factory) as s:
-            upsert(s, MetricPoint.__table__, metrics, ["job_id", "key", "step"], METRIC_COLUMNS)
-            upsert(s, RankPoint.__table__, ranks, ["job_id", "tensor", "step"], RANK_COLUMNS)
+            metric_keys, rank_keys = ["job_id", "key", "step"], ["job_id", "tensor", "step"]
+            upsert(
+                session=s,
+                table=MetricPoint.__table__,
+                rows=metrics,
+                keys=metric_keys,
+                columns=METRIC_COLUMNS,
+            )
+            upsert(
+                session=s,
+                table=RankPoint.__table__,
+                rows=ranks,
+                keys=rank_keys,
+                columns=RANK_COLUMNS,
+            )
             newest: dict[str, dict[str, Any]] = {}
             for p in metrics:  # newest step per key in this batch
                 if p["key"] not in newest or p["step"] >= newest[p["key"]]["step"]:
                     newest[p["key"]] = p
             upsert(
-                s,
-                LatestMetric.__table__,
-                [
+                session=s,
+                table=LatestMetric.__table__,
+                rows=[
                     {
                         "job_id": self.job_id,
                         "tenant_id": self.tenant_id,
@@ -212,14 +209,12 @@ class Recorder:
                     }
                     for k, p in newest.items()
                 ],
-                ["job_id", "key"],
-                ["step", "value", "t"],
+                keys=["job_id", "key"],
+                columns=["step", "value", "t"],
             )
             if self._job_values:  # only while the job is still on our attempt
-                s.execute(
-                    update(Job)
-                    .where(Job.id == self.job_id, Job.attempt == self.attempt)
-                    .values(**self._job_values)
+                set_attempt_summary(
+                    session=s, job_id=self.job_id, attempt=self.attempt, values=self._job_values
                 )
             s.add_all(self._rows)
             s.flush()
