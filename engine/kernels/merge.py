@@ -127,30 +127,44 @@ def _backward(ctx, dz: Tensor):
 merge_pair.register_autograd(_backward, setup_context=_setup_context)
 
 
+def _pair_prefix_step(p: Tensor, g: Tensor) -> Tensor:
+    """:func:`engine.tt.chain.merge`'s ``ltr`` step as a :func:`merge_pair`: the prefix
+    ``(rows, a)`` is the core ``(1, rows, a)``."""
+    a, s, b = g.shape
+    z = merge_pair(p.reshape(1, 1, -1, a), g.reshape(1, a, s, b), True)  # (1, 1, ., b)
+    return z.view(-1, b)  # (a_0 s_1..s_k, a_k)
+
+
+def _pair_suffix_step(g: Tensor, q: Tensor) -> Tensor:
+    """The ``rtl`` step: the suffix ``(b, rest)`` is the core ``(b, rest, 1)``."""
+    a, s, b = g.shape
+    z = merge_pair(g.reshape(1, a, s, b), q.reshape(1, b, -1, 1), True)  # (1, a, ., 1)
+    return z.view(a, -1)  # (a_{k-1}, s_k..s_K a_K)
+
+
+def _pair_prefix_grads(d_p: Tensor, prev: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """Backward of :func:`_pair_prefix_step`: ``(dL/dg, dL/dprev)``."""
+    a, s, b = g.shape
+    dz = d_p.reshape(1, 1, -1, b)  # (1, 1, rows_{k-1} s_k, a_k)
+    dx, dy = merge_pair_backward(dz, prev.reshape(1, 1, -1, a), g.reshape(1, a, s, b), True)
+    return dy.view(a, s, b), dx.view(-1, a)  # (a_{k-1}, s_k, a_k), (rows_{k-1}, a_{k-1})
+
+
+def _pair_suffix_grads(d_q: Tensor, g: Tensor, q_next: Tensor) -> tuple[Tensor, Tensor]:
+    """Backward of :func:`_pair_suffix_step`: ``(dL/dg, dL/dq_next)``."""
+    a, s, b = g.shape
+    dz = d_q.reshape(1, a, -1, 1)  # (1, a_{k-1}, s_k rest_{k+1}, 1)
+    dx, dy = merge_pair_backward(dz, g.reshape(1, a, s, b), q_next.reshape(1, b, -1, 1), True)
+    return dx.view(a, s, b), dy.view(b, -1)  # (a_{k-1}, s_k, a_k), (a_k, rest_{k+1})
+
+
 def merge_chain(
     cores: Sequence[Tensor], direction: Direction, backend: Backend
 ) -> tuple[Tensor, list[Tensor]]:
     """:func:`engine.tt.chain.merge` with each step a :func:`merge_pair` (Triton backend)."""
     if backend == "torch":
         return merge(cores, direction)
-    if direction == "ltr":
-        p = cores[0].reshape(-1, cores[0].shape[-1])  # (a_0 s_1, a_1)
-        saved = [p]
-        for g in cores[1:]:
-            a, s, b = g.shape
-            z = merge_pair(p.reshape(1, 1, -1, a), g.reshape(1, a, s, b), True)  # (1, 1, ., b)
-            p = z.view(-1, b)  # (a_0 s_1..s_k, a_k)
-            saved.append(p)
-        return p, saved[:-1]
-    last = cores[-1]
-    q = last.reshape(last.shape[0], -1)  # (a_{K-1}, s_K a_K)
-    saved = [q]
-    for g in reversed(cores[:-1]):
-        a, s, b = g.shape
-        z = merge_pair(g.reshape(1, a, s, b), q.reshape(1, b, -1, 1), True)  # (1, a, ., 1)
-        q = z.view(a, -1)  # (a_{k-1}, s_k..s_K a_K)
-        saved.append(q)
-    return q.reshape(-1, cores[-1].shape[-1]), saved[:-1]
+    return merge(cores, direction, prefix_step=_pair_prefix_step, suffix_step=_pair_suffix_step)
 
 
 def merge_chain_backward(
@@ -163,30 +177,11 @@ def merge_chain_backward(
     """:func:`engine.tt.chain.merge_backward` with each step a :func:`merge_pair_backward`."""
     if backend == "torch":
         return merge_backward(cores, saved, grad, direction)
-    n = len(cores)
-    grads: list[Tensor] = [grad] * n
-    if direction == "ltr":
-        d_p = grad
-        for k in range(n - 1, 0, -1):
-            a, s, b = cores[k].shape
-            prev = saved[k - 1]  # (rows_{k-1}, a_{k-1})
-            dz = d_p.reshape(1, 1, -1, b)  # (1, 1, rows_{k-1} s_k, a_k)
-            dx, dy = merge_pair_backward(
-                dz, prev.reshape(1, 1, -1, a), cores[k].reshape(1, a, s, b), True
-            )
-            grads[k] = dy.view(a, s, b)  # (a_{k-1}, s_k, a_k)
-            d_p = dx.view(-1, a)  # (rows_{k-1}, a_{k-1})
-        grads[0] = d_p.reshape(cores[0].shape)
-        return grads
-    d_q = grad.reshape(cores[0].shape[0], -1)  # (a_0, rest)
-    for k in range(n - 1):
-        a, s, b = cores[k].shape
-        q_next = saved[n - 2 - k]  # (a_k, rest_{k+1})
-        dz = d_q.reshape(1, a, -1, 1)  # (1, a_{k-1}, s_k rest_{k+1}, 1)
-        dx, dy = merge_pair_backward(
-            dz, cores[k].reshape(1, a, s, b), q_next.reshape(1, b, -1, 1), True
-        )
-        grads[k] = dx.view(a, s, b)  # (a_{k-1}, s_k, a_k)
-        d_q = dy.view(b, -1)  # (a_k, rest_{k+1})
-    grads[n - 1] = d_q.reshape(cores[n - 1].shape)
-    return grads
+    return merge_backward(
+        cores,
+        saved,
+        grad,
+        direction,
+        prefix_grads=_pair_prefix_grads,
+        suffix_grads=_pair_suffix_grads,
+    )
