@@ -144,3 +144,25 @@ def test_params_are_validated_with_field_names():
     with pytest.raises(ValueError, match=r"data\.params\.branching"):
         MLMParams(n_words=10, branching=6)
     assert params_from_dict(CriteoParams, {"cardinality": [5, 7]}, "criteo").cardinality == (5, 7)
+
+
+def test_the_generator_registry_is_the_configs_choice_list():
+    from engine.data.config import GENERATORS as CHOICES
+    from engine.data.synthetic import GENERATOR_OF_ARCH, GENERATORS, get_generator
+
+    assert set(GENERATORS) == set(CHOICES)
+    assert GENERATOR_OF_ARCH == {a: g for g, a in ARCH.items()} | {"hf_bert": "stdlib_text"}
+    assert get_generator("nli").formats == ("jsonl", "csv")
+    with pytest.raises(ValueError, match=r"data.generator: must be one of \['criteo', "):
+        get_generator("nope")
+
+
+def test_a_name_registers_once():
+    from engine.data.synthetic import GENERATORS, register_generator
+
+    before = dict(GENERATORS)
+    with pytest.raises(ValueError, match="already registered"):
+        register_generator(
+            "mlp", arch="mlp", params=MLPParams, formats=("npz",), write=lambda *a: {}
+        )(lambda r: None)
+    assert GENERATORS == before
