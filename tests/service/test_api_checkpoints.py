@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import insert
 
 from service.store.db.models import Checkpoint, utcnow
+from tests.helpers.specs import model_spec
 from tests.service.api_helpers import Api, job_body, make_job
 
 BLOB = os.urandom(5000) + b"end"
@@ -200,7 +201,7 @@ def test_report_is_measured_on_the_export_and_names_a_dense_baseline(api: Api):
         compression={"method": "dense"}, schedule=[{"kind": "early", "steps": 10}]
     )
     base = make_job(api, state="SUCCEEDED", body=dense_body)
-    other = make_job(api, state="SUCCEEDED", body={**dense_body, "model": {"arch": "mlp"}})
+    other = make_job(api, state="SUCCEEDED", body={**dense_body, "model": model_spec("mlp")})
     for dense_job, accuracy in ((base, 0.93), (other, 0.5)):
         dense_manifest = {**_manifest(BLOB), "metrics": {"accuracy": accuracy}}
         _add(

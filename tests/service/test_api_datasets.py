@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.helpers.specs import mlp_model, upload_dataset
 from tests.service.api_helpers import Api, job_body
 
 OCTET = {"content-type": "application/octet-stream"}
@@ -123,8 +124,8 @@ def test_jobs_use_uploads_and_deletion_waits_for_them(api: Api):
     resp = api.client.post("/v1/jobs", json=mismatch)
     assert resp.status_code == 422 and resp.json()["errors"][0]["pointer"] == "/dataset/format"
     body = job_body(
-        dataset={"source": "upload", "dataset_id": ds["id"], "format": "npz"},
-        model={"arch": "mlp", "config": {"in_features": 6, "num_classes": 5, "hidden": [64, 64]}},
+        dataset=upload_dataset(ds["id"], "npz"),
+        model=mlp_model(64, 64, in_features=6, num_classes=5),
     )
     job = api.client.post("/v1/jobs", json=body)
     assert job.status_code == 202, job.text

@@ -15,27 +15,22 @@ from api_schemas import JobCreate
 from api_schemas.engine_spec import engine_pointer
 from api_schemas.hf_model import HF_MODEL_TYPES, HF_SIZE_BOUNDS, HF_TASKS
 from tests.helpers.hf_models import TEXT, make_model_dir, tiny_config, write_tokenizer
+from tests.helpers.specs import api_job, early_stage, hf_dir, late_stage, model_spec, path_dataset
 from tests.service.api_helpers import Api
 
-BODY: dict[str, Any] = {
-    "name": "tiny-llama",
-    "model": {
-        "arch": "hf",
-        "source": {"kind": "hf_dir", "path": "models/llama"},
-        "config": {"task": "causal_lm", "export_dense": True},
-        "distill": {"weight": 1.0, "temperature": 2.0},
-    },
-    "dataset": {
-        "source": "path",
-        "path": "text/train.txt",
-        "format": "text",
-        "valid_every": 4,
-        "max_len": 32,
-    },
-    "compression": {"max_rank": 4, "min_size": 256},
-    "schedule": [{"kind": "early", "steps": 3}, {"kind": "late", "steps": 3, "target_ratio": 0.9}],
-    "training": {"batch_size": 4, "seed": 0, "device": "cpu"},
-}
+BODY: dict[str, Any] = api_job(
+    name="tiny-llama",
+    model=model_spec(
+        "hf",
+        {"task": "causal_lm", "export_dense": True},
+        source=hf_dir("models/llama"),
+        distill={"weight": 1.0, "temperature": 2.0},
+    ),
+    dataset=path_dataset("text/train.txt", "text", valid_every=4, max_len=32),
+    compression={"max_rank": 4, "min_size": 256},
+    schedule=[early_stage(steps=3), late_stage(steps=3, target_ratio=0.9)],
+    training={"batch_size": 4, "seed": 0, "device": "cpu"},
+)
 SCRATCH = {"kind": "hf_config", "config": {"model_type": "gpt2"}, "tokenizer": "t.json"}
 
 

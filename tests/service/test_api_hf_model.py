@@ -13,6 +13,15 @@ from sqlalchemy import select
 
 from service.store.db.models import Job
 from tests.helpers.hf_dirs import write_bert_dir, write_bin_only_dir
+from tests.helpers.specs import (
+    api_job,
+    early_stage,
+    finetune_stage,
+    hf_dir,
+    late_stage,
+    model_spec,
+    path_dataset,
+)
 from tests.service.api_helpers import Api
 
 SENTENCES = [
@@ -21,29 +30,19 @@ SENTENCES = [
     "A held-out sentence tells us how faithful the student has stayed.",
     "Ranks shrink while the distillation loss keeps the embeddings close.",
 ]
-BODY: dict[str, Any] = {
-    "name": "tiny-bert",
-    "model": {
-        "arch": "hf_bert",
-        "source": {"kind": "hf_dir", "path": "models/tiny"},
-        "distill": {"kind": "mse_hidden", "weight": 2.0},
-        "config": {"init": "tt_svd"},
-    },
-    "dataset": {
-        "source": "path",
-        "path": "text/train.txt",
-        "valid_path": "text/valid.txt",
-        "format": "text",
-        "max_len": 24,
-    },
-    "compression": {"max_rank": 6, "d": 2, "shrink_every": 2},
-    "schedule": [
-        {"kind": "early", "steps": 4},
-        {"kind": "late", "steps": 2, "target_ratio": 0.8},
-        {"kind": "finetune", "steps": 2},
-    ],
-    "training": {"batch_size": 8, "log_every": 2},
-}
+BODY: dict[str, Any] = api_job(
+    name="tiny-bert",
+    model=model_spec(
+        "hf_bert",
+        {"init": "tt_svd"},
+        source=hf_dir("models/tiny"),
+        distill={"kind": "mse_hidden", "weight": 2.0},
+    ),
+    dataset=path_dataset("text/train.txt", "text", valid_path="text/valid.txt", max_len=24),
+    compression={"max_rank": 6, "d": 2, "shrink_every": 2},
+    schedule=[early_stage(steps=4), late_stage(steps=2, target_ratio=0.8), finetune_stage(steps=2)],
+    training={"batch_size": 8, "log_every": 2},
+)
 
 
 def hf_body(source: dict[str, Any] | None = None, **model: Any) -> dict[str, Any]:

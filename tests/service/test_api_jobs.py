@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import select
 
 from service.store.db.models import Job, JobAttempt, JobEvent
+from tests.helpers.specs import model_spec
 from tests.service.api_helpers import Api, job_body, make_job
 
 
@@ -239,7 +240,7 @@ UPPER_LIMITS = [  # (changes to job_body, pointer, code): one past each upper bo
     ({"labels": {f"k{i}": "v" for i in range(33)}}, "/labels", "too_long"),
     ({"name": "n" * 129}, "/name", "string_too_long"),
     (
-        {"model": {"arch": "mlp", "config": {f"k{i}": 1 for i in range(65)}}},
+        {"model": model_spec("mlp", {f"k{i}": 1 for i in range(65)})},
         "/model/config",
         "too_long",
     ),

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from tests.engine.data.test_npy_fortran import write_zeros_npz
+from tests.helpers.specs import early_stage, mlp_model, upload_dataset
 from tests.service.api_helpers import Api, job_body
 
 OCTET = {"content-type": "application/octet-stream"}
@@ -38,9 +39,9 @@ def _upload(api: Api, data: bytes) -> str:
 
 def _mlp_on(dataset_id: str, hidden: list[int]) -> dict:
     return job_body(
-        model={"arch": "mlp", "config": {"hidden": hidden}},
-        dataset={"source": "upload", "dataset_id": dataset_id, "format": "npz"},
-        schedule=[{"kind": "early", "steps": 2}],
+        model=mlp_model(*hidden),
+        dataset=upload_dataset(dataset_id, "npz"),
+        schedule=[early_stage(steps=2)],
     )
 
 

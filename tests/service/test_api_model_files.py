@@ -23,6 +23,15 @@ from engine.configs import ConfigError
 from service.errors import FieldProblem
 from service.store.model_files import DTYPE_BYTES, SPECIAL_TOKENS
 from tests.helpers.hf_dirs import write_bert_dir
+from tests.helpers.specs import (
+    engine_job,
+    finetune_stage,
+    hf_dir,
+    model_spec,
+    synthetic_data,
+    synthetic_dataset,
+    text_data,
+)
 from tests.service.api_helpers import Api, job_body
 from worker.plan import plan_job
 
@@ -31,8 +40,8 @@ POINTER = "/model/source/path"
 
 def _body(path: str, dataset: dict[str, Any] | None = None) -> dict[str, Any]:
     return job_body(
-        model={"arch": "hf_bert", "source": {"kind": "hf_dir", "path": path}},
-        dataset=dataset or {"source": "synthetic", "generator": "stdlib_text", "max_len": 16},
+        model=model_spec("hf_bert", source=hf_dir(path)),
+        dataset=dataset or synthetic_dataset("stdlib_text", max_len=16),
     )
 
 
@@ -147,16 +156,16 @@ def test_the_planner_loads_the_tokenizer_and_names_the_model(tmp_path: Path, kin
     (directory / "tokenizer.json").write_text(json.dumps({"model": {"type": "?", "vocab": vocab}}))
     (tmp_path / "train.txt").write_text("one sentence\nanother sentence\n" * 8)
     data = (
-        {"kind": "synthetic", "generator": "stdlib_text", "n_train": 16, "n_valid": 4}
+        synthetic_data("stdlib_text", n_train=16, n_valid=4)
         if kind == "synthetic"
-        else {"kind": "text", "train": str(tmp_path / "train.txt"), "valid_every": 4}
+        else text_data(tmp_path / "train.txt", valid_every=4)
     )
-    job = {
-        "model": {"arch": "hf_bert", "config": {"path": str(directory)}},
-        "data": {**data, "max_len": 16},
-        "schedule": [{"kind": "finetune", "steps": 2}],
-        "training": {"batch_size": 8},
-    }
+    job = engine_job(
+        model=model_spec("hf_bert", {"path": str(directory)}),
+        data={**data, "max_len": 16},
+        schedule=[finetune_stage(steps=2)],
+        training={"batch_size": 8},
+    )
     with pytest.raises(ConfigError) as caught:
         plan_job(job)
     assert caught.value.field == "model.config.path"

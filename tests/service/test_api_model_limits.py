@@ -27,6 +27,7 @@ from engine.models.registry import get_workload
 from engine.models.tensorize import TensorizeOptions
 from engine.models.transformer import TransformerConfig
 from service.store.db.models import Job
+from tests.helpers.specs import model_spec
 from tests.service.api_helpers import Api, job_body
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,7 +71,7 @@ ENGINE_CONFIGS = {
 
 def _body(arch: str, config: dict[str, Any]) -> dict[str, Any]:
     pretrained = arch in ("hf_bert", "hf")  # the shipped MiniLM as the model's source
-    return job_body(model={"arch": arch, "config": config, **(MINILM if pretrained else {})})
+    return job_body(model=model_spec(arch, config, **(MINILM if pretrained else {})))
 
 
 def _errors(resp) -> dict[str, dict[str, Any]]:

