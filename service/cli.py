@@ -99,7 +99,8 @@ def up(
 
     from service.main import create_app
     from service.store.db.migrate import upgrade
-    from service.store.reaper import LocalControl, ReaperThread
+    from service.store.reaper import ReaperThread
+    from service.store.task_control import LocalControl
 
     settings = load_settings(home)
     settings.ensure_dirs()

@@ -12,9 +12,10 @@ duplicate message is a no-op at the worker's claim check.
    ``retry_backoff_seconds`` x 2^(n-1) (at most ``retry_backoff_max_seconds``); else FAILED
    with a ``worker_lost`` problem.
 2. **Forced cancellation.** A CANCELLING job past ``cancel_grace_seconds`` (at once when
-   ``mode=immediate``): once the broker's ``inspect().active()`` confirms that its exact task
-   id runs in the lease owner's process, that process gets SIGTERM (the worker checkpoints at
-   the next step and stops), and SIGKILL ``cancel_kill_after_seconds`` later; then CANCELLED.
+   ``mode=immediate``): once the workers' remote control (:mod:`service.store.task_control`)
+   confirms that its exact task id runs in the lease owner's process, that process gets
+   SIGTERM (the worker checkpoints at the next step and stops), and SIGKILL
+   ``cancel_kill_after_seconds`` later; then CANCELLED.
 3. **Unsent messages.** QUEUED jobs flagged ``enqueue_pending`` are sent: a requeue at its
    ``enqueued_at``, a failed submission ``redrive_after_seconds`` after it was flagged.
 4. **Lost messages.** QUEUED jobs sent more than ``redeliver_after_seconds`` ago are sent
@@ -30,15 +31,12 @@ Nothing here imports torch or the worker package: the queue is reached by task n
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import socket
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -53,15 +51,13 @@ from service.store.db.session import make_engine, make_sessionmaker, session_sco
 from service.store.placement import placement, queue_name
 from service.store.queue import client_app, enqueue, task_id
 from service.store.settings import Settings
+from service.store.task_control import CeleryControl, TaskControl
 
 __all__ = [
     "PROBLEM_BASE",
     "PURGE_BATCH",
-    "CeleryControl",
-    "LocalControl",
     "ReapReport",
     "ReaperThread",
-    "TaskControl",
     "backoff_seconds",
     "queue_length",
     "reap_once",
@@ -76,16 +72,6 @@ SIGNAL_SCAN = 50  # recent log events of an attempt searched for the reaper's ow
 PURGE_BATCH = 1000  # expired idempotency keys deleted per pass (a short transaction)
 
 Send = Callable[..., bool]  # (job_id=, attempt=, max_wall_time_s=, devices=, nodes=) -> sent
-
-
-class TaskControl(Protocol):
-    """What forced cancellation needs from the workers."""
-
-    def running(self, task: str, owner: str) -> bool | None:
-        """Whether ``task`` runs in ``owner``'s process; None: no answer from its node."""
-
-    def terminate(self, task: str, owner: str, sig: str) -> bool:
-        """Send ``sig`` (``SIGTERM``/``SIGKILL``) to the process running ``task``."""
 
 
 @dataclass
@@ -112,80 +98,6 @@ def backoff_seconds(settings: Settings, attempt: int) -> float:
     """The wait before attempt ``attempt + 1`` runs after attempt ``attempt`` was lost."""
     base = settings.retry_backoff_seconds * 2 ** max(attempt - 1, 0)
     return float(min(base, settings.retry_backoff_max_seconds))
-
-
-def _owner_pid(owner: str) -> tuple[str, int | None]:
-    host, _, pid = owner.rpartition(":")
-    return host, int(pid) if pid.isdigit() else None
-
-
-class CeleryControl:
-    """Broker-wide remote control (Redis): ``inspect().active()`` and ``revoke(terminate)``."""
-
-    def __init__(self, settings: Settings, timeout: float = 2.0) -> None:
-        self.app, self.timeout = client_app(settings.broker), timeout
-
-    def running(self, task: str, owner: str) -> bool | None:
-        host, pid = _owner_pid(owner)
-        try:
-            replies = self.app.control.inspect(timeout=self.timeout).active() or {}
-        except Exception as exc:  # noqa: BLE001 (no broker: no answer)
-            log.warning("inspect failed: %s: %s", type(exc).__name__, exc)
-            return None
-        if any(
-            t.get("id") == task and t.get("worker_pid") == pid
-            for tasks in replies.values()
-            for t in tasks or []
-        ):
-            return True
-        short = host.split(".")[0]
-        if any(n.partition("@")[2].split(".")[0] == short for n in replies):
-            return False  # the owner's machine answered, and it does not run the task
-        return None  # the owner's machine did not answer: do not guess
-
-    def terminate(self, task: str, owner: str, sig: str) -> bool:
-        try:
-            self.app.control.revoke(task, terminate=True, signal=sig)
-        except Exception as exc:  # noqa: BLE001
-            log.warning("revoke of %s failed: %s: %s", task, type(exc).__name__, exc)
-            return False
-        return True
-
-
-class LocalControl:
-    """Embedded mode (a broker without broadcast): the worker processes are this machine's
-    children, so the lease owner's pid is checked to be a child of one of them. A live lease
-    names the process that claimed the attempt, and a worker child runs one task only."""
-
-    def __init__(self, worker_pids: Callable[[], Iterable[int]]) -> None:
-        self.worker_pids = worker_pids
-
-    @staticmethod
-    def _parent(pid: int) -> int | None:
-        """The parent of a live process (not a zombie), from ``/proc``; None if none."""
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
-        except (OSError, ValueError):
-            return None
-        return None if state in ("Z", "X") else int(ppid)
-
-    def running(self, task: str, owner: str) -> bool | None:
-        host, pid = _owner_pid(owner)
-        if host != socket.gethostname() or pid is None:
-            return None
-        parent = self._parent(pid)
-        return parent is not None and parent in set(self.worker_pids())
-
-    def terminate(self, task: str, owner: str, sig: str) -> bool:
-        _, pid = _owner_pid(owner)
-        if pid is None or not self.running(task, owner):
-            return False
-        try:
-            os.kill(pid, getattr(signal, sig))
-        except OSError:
-            return False
-        return True
 
 
 def queue_length(settings: Settings, queue: str | None = None) -> int | None:
@@ -395,7 +307,8 @@ def reap_once(
     """One pass of the five steps (see the module doc) as of ``now`` (default: the clock).
 
     ``send``: how a message goes out (default ``service.store.queue.enqueue``); ``control``: the
-    workers' remote control for forced cancellation (default :class:`CeleryControl`; None
+    workers' remote control for forced cancellation (default
+    :class:`service.store.task_control.CeleryControl`; None
     answers skip it); ``queue_size``: a broker queue's length, by name (default
     :func:`queue_length`); ``purge_batch``: expired idempotency keys deleted at most."""
     now = now or utcnow()

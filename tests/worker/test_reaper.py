@@ -28,8 +28,9 @@ from service.store.db.crud.pagination import as_utc
 from service.store.db.models import Checkpoint, IdempotencyKey, Job, JobEvent, Tenant, utcnow
 from service.store.db.session import session_scope
 from service.store.queue import enqueue
-from service.store.reaper import LocalControl, backoff_seconds, reap_once
+from service.store.reaper import backoff_seconds, reap_once
 from service.store.settings import Settings
+from service.store.task_control import LocalControl
 from tests.worker.jobs import factory_for, get, make_job, tiny_spec
 from worker.pipeline import claim
 from worker.problems import PROBLEM_BASE
