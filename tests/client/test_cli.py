@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from client.cli import app
 from tests.client.conftest import spec
+from tests.helpers.specs import model_spec
 
 pytestmark = pytest.mark.slow
 ENV = {"COLUMNS": "200", "NO_COLOR": "1"}
@@ -134,7 +135,7 @@ def test_run_trains_one_spec_in_process(tmp_path: Path):
 @pytest.mark.parametrize(
     ("changes", "pointer", "field"),
     [
-        ({"model": {"arch": "mlp", "config": {"hiddn": [8]}}}, "/model/config/hiddn", "hiddn"),
+        ({"model": model_spec("mlp", {"hiddn": [8]})}, "/model/config/hiddn", "hiddn"),
         ({"compression": {"layers": ["nothing.*"]}}, "/compression/layers", "compression.layers"),
     ],
 )
