@@ -30,7 +30,8 @@ and mask ids, its vocabulary size and, for classification, the number of labels.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,11 @@ __all__ = [
     "BatchSource",
     "StreamSource",
     "DataError",
+    "DataKind",
+    "DATA_KINDS",
+    "Load",
     "build_data",
+    "register_kind",
     "write_synthetic",
     "SyntheticFiles",
     "ARCHS",
@@ -61,16 +66,50 @@ __all__ = [
 ]
 
 ARCHS = ("transformer", "dlrm", "mlm", "mlp", "hf_bert", "hf")
-ARCH_OF_KIND = {
-    "jsonl": "transformer",
-    "csv": "transformer",
-    "criteo": "dlrm",
-    "text": "mlm",
-    "npz": "mlp",
-}
-# kinds that feed more than their main arch
-OTHER_ARCHS_OF_KIND = {"text": ("hf_bert", "hf"), "jsonl": ("hf",), "csv": ("hf",)}
 HF_ARCHS = ("hf_bert", "hf")  # the archs whose tokenizer is the model's own
+
+
+@dataclass(frozen=True)
+class Load:
+    """What a kind's builder gets besides the data config."""
+
+    arch: str
+    tokenizer: str | None  # the model's own tokenizer.json (``HF_ARCHS``), else None
+    workdir: str | Path | None
+    batch_size: int
+    seed: int
+
+    @property
+    def common(self) -> dict[str, Any]:
+        return {"batch_size": self.batch_size, "seed": self.seed}
+
+
+BuildKind = Callable[[DataConfig, Load], DataBundle]
+
+
+@dataclass(frozen=True)
+class DataKind:
+    """A registered ``data.kind``: the architectures it feeds and how its bundle is built."""
+
+    name: str
+    archs: tuple[str, ...]  # the architectures it feeds, its main one (named in errors) first
+    build: BuildKind
+
+
+DATA_KINDS: dict[str, DataKind] = {}
+
+
+def register_kind(name: str, *, archs: tuple[str, ...]) -> Callable[[BuildKind], BuildKind]:
+    """Register the decorated bundle builder as ``data.kind`` ``name`` (decorators stack: one
+    builder may serve several kinds)."""
+
+    def register(build: BuildKind) -> BuildKind:
+        if name in DATA_KINDS:
+            raise ValueError(f"data kind {name!r} is already registered")
+        DATA_KINDS[name] = DataKind(name, archs, build)
+        return build
+
+    return register
 
 
 def _check_files(config: DataConfig) -> None:
@@ -105,6 +144,81 @@ def hf_tokenizer(config: DataConfig, model_config: Mapping[str, Any] | None, arc
         raise err.under("model.config") from None
 
 
+def _names(config: DataConfig) -> tuple[str, str]:
+    return (config.train or "", config.valid or "")
+
+
+@register_kind("csv", archs=("transformer", "hf"))
+@register_kind("jsonl", archs=("transformer", "hf"))  # (the lower decorator registers first)
+def _pairs(config: DataConfig, load: Load) -> DataBundle:
+    names = _names(config)
+    return build_pair_data(
+        config,
+        workdir=load.workdir,
+        names=names,
+        in_memory=False,
+        train_rows=lambda: read_pairs(names[0], config.kind, config),
+        valid_rows=None
+        if config.valid is None
+        else (lambda: read_pairs(names[1], config.kind, config)),
+        **load.common,
+    )
+
+
+@register_kind("criteo", archs=("dlrm",))
+def _criteo(config: DataConfig, load: Load) -> DataBundle:
+    return build_criteo_data(config, **load.common)
+
+
+@register_kind("text", archs=("mlm", "hf_bert", "hf"))
+def _text(config: DataConfig, load: Load) -> DataBundle:
+    """One sentence a line, encoded by the model's own tokenizer (``hf_bert``, ``hf``);
+    without one, masked-LM lines (``mlm``: tokenizer given or trained in the workdir)."""
+    names = _names(config)
+
+    def train_lines() -> Any:
+        return read_text(names[0])
+
+    valid_lines = None if config.valid is None else (lambda: read_text(names[1]))
+    if load.tokenizer is not None:
+        return build_sentence_data(
+            config,
+            tokenizer=load.tokenizer,
+            in_memory=False,  # type: ignore[arg-type]
+            train_lines=train_lines,
+            valid_lines=valid_lines,
+            **load.common,
+        )
+    return build_mlm_data(
+        config,
+        workdir=load.workdir,
+        names=names,
+        in_memory=False,
+        train_lines=train_lines,
+        valid_lines=valid_lines,
+        **load.common,
+    )
+
+
+@register_kind("npz", archs=("mlp",))
+def _npz(config: DataConfig, load: Load) -> DataBundle:
+    return build_npz_data(config, **load.common)
+
+
+@register_kind("synthetic", archs=ARCHS)
+def _synthetic(config: DataConfig, load: Load) -> DataBundle:
+    return build_synthetic_data(
+        config, arch=load.arch, workdir=load.workdir, tokenizer=load.tokenizer, **load.common
+    )
+
+
+# views of the registry: the main architecture of each file kind, and the others it feeds
+ARCH_OF_KIND = {k.name: k.archs[0] for k in DATA_KINDS.values() if k.name != "synthetic"}
+OTHER_ARCHS_OF_KIND = {
+    k.name: k.archs[1:] for k in DATA_KINDS.values() if k.name != "synthetic" and k.archs[1:]
+}
+
+
 def build_data(
     config: DataConfig,
     *,
@@ -125,60 +239,18 @@ def build_data(
         raise ConfigError("model.arch", f"must be one of {list(ARCHS)} for data, got {arch!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    if config.kind != "synthetic" and arch not in (
-        ARCH_OF_KIND[config.kind],
-        *OTHER_ARCHS_OF_KIND.get(config.kind, ()),
-    ):
+    kind = DATA_KINDS.get(config.kind)
+    if kind is None:
+        raise ConfigError("data.kind", f"must be one of {list(DATA_KINDS)}, got {config.kind!r}")
+    if arch not in kind.archs:
         raise ConfigError(
-            "data.kind",
-            f"{config.kind!r} feeds model.arch {ARCH_OF_KIND[config.kind]!r}, not {arch!r}",
+            "data.kind", f"{config.kind!r} feeds model.arch {kind.archs[0]!r}, not {arch!r}"
         )
     _check_files(config)
-    common = {"batch_size": batch_size, "seed": seed}
-    train, valid = config.train, config.valid
-    names = (train or "", valid or "")
     tokenizer = hf_tokenizer(config, model_config, arch) if arch in HF_ARCHS else None
     if arch == "hf":
         config = config.replace(tokenizer=tokenizer)
-    if config.kind == "synthetic":
-        bundle = build_synthetic_data(
-            config, arch=arch, workdir=workdir, tokenizer=tokenizer, **common
-        )
-    elif arch in HF_ARCHS and config.kind == "text":
-        bundle = build_sentence_data(
-            config,
-            tokenizer=tokenizer,
-            in_memory=False,  # type: ignore[arg-type]
-            train_lines=lambda: read_text(names[0]),
-            valid_lines=None if valid is None else (lambda: read_text(names[1])),
-            **common,
-        )
-    elif config.kind in ("jsonl", "csv"):
-        bundle = build_pair_data(
-            config,
-            workdir=workdir,
-            names=names,
-            in_memory=False,
-            train_rows=lambda: read_pairs(names[0], config.kind, config),
-            valid_rows=None
-            if valid is None
-            else (lambda: read_pairs(names[1], config.kind, config)),
-            **common,
-        )
-    elif config.kind == "criteo":
-        bundle = build_criteo_data(config, **common)
-    elif config.kind == "text":
-        bundle = build_mlm_data(
-            config,
-            workdir=workdir,
-            names=names,
-            in_memory=False,
-            train_lines=lambda: read_text(names[0]),
-            valid_lines=None if valid is None else (lambda: read_text(names[1])),
-            **common,
-        )
-    else:
-        bundle = build_npz_data(config, **common)
+    bundle = kind.build(config, Load(arch, tokenizer, workdir, batch_size, seed))
     if arch == "hf":
         bundle.model_overrides = hf_overrides(tokenizer, bundle.info, config.max_len)
     bundle.info.update(

@@ -103,3 +103,22 @@ def test_argument_errors_name_the_field(cfg, arch, match):
 def test_batch_size_is_checked():
     with pytest.raises(ValueError, match="batch_size"):
         build_data(DataConfig(), arch="mlp", batch_size=0, seed=0)
+
+
+def test_the_kind_registry_is_the_configs_choice_list():
+    from engine.data import ARCH_OF_KIND, ARCHS, DATA_KINDS, OTHER_ARCHS_OF_KIND, register_kind
+    from engine.data.config import KINDS
+
+    assert list(DATA_KINDS) == [*KINDS[1:], "synthetic"] and set(KINDS) == set(DATA_KINDS)
+    assert DATA_KINDS["synthetic"].archs == ARCHS
+    assert ARCH_OF_KIND == {
+        "jsonl": "transformer",
+        "csv": "transformer",
+        "criteo": "dlrm",
+        "text": "mlm",
+        "npz": "mlp",
+    }
+    assert OTHER_ARCHS_OF_KIND == {"text": ("hf_bert", "hf"), "jsonl": ("hf",), "csv": ("hf",)}
+    with pytest.raises(ValueError, match="already registered"):
+        register_kind("npz", archs=("mlp",))(lambda config, load: None)
+    assert DATA_KINDS["npz"].archs == ("mlp",)
