@@ -58,7 +58,7 @@ from service.store.ids import new_id
 from service.store.model_source import PICKLED, REQUIRED_FILES, check_model_dir
 from service.store.settings import Settings
 from service.upload_limits import idle_stream, over_quota, quota_left
-from service.uploads import receive_to_file, record_upload, upload_slots
+from service.uploads import receive_to_file, record_upload, too_large, upload_slots
 
 __all__ = ["ALLOWED_SUFFIXES", "MAX_FILES", "MODELS_DIR", "receive_files", "store_model_upload"]
 
@@ -157,7 +157,7 @@ async def _limited(request: Request, limit: int, idle: float) -> AsyncGenerator[
     async for chunk in idle_stream(request, idle):
         size += len(chunk)
         if size > limit:
-            raise HTTPException(413, f"The upload exceeds {limit} bytes.")
+            raise too_large(limit)
         yield chunk
 
 
@@ -166,7 +166,7 @@ async def receive_files(
 ) -> dict[str, dict[str, Any]]:
     """A ``multipart/form-data`` body's files written into ``stage`` (module doc)."""
     if content_length_exceeds(request.headers.get("content-length", ""), limit):
-        raise HTTPException(413, f"The upload exceeds {limit} bytes.")
+        raise too_large(limit)
     parser = MultiPartParser(
         request.headers, _limited(request, limit, idle), max_files=MAX_FILES, max_fields=0
     )

@@ -39,13 +39,21 @@ from service.upload_limits import (
     stored_bytes,
 )
 
-__all__ = ["DATASETS_DIR", "receive_to_file", "record_upload", "store_upload", "upload_slots"]
+__all__ = [
+    "DATASETS_DIR",
+    "receive_to_file",
+    "record_upload",
+    "store_upload",
+    "too_large",
+    "upload_slots",
+]
 
 DATASETS_DIR = "datasets"
 T = TypeVar("T")
 
 
-def _too_large(limit: int) -> HTTPException:
+def too_large(limit: int) -> HTTPException:
+    """413: the upload is past ``limit`` bytes (declared or streamed)."""
     return HTTPException(413, f"The upload exceeds {limit} bytes.")
 
 
@@ -56,7 +64,7 @@ async def receive_to_file(
     when no data comes for ``idle_seconds``."""
     declared = request.headers.get("content-length", "")
     if content_length_exceeds(declared, max_bytes):
-        raise _too_large(max_bytes)
+        raise too_large(max_bytes)
     fd, name = tempfile.mkstemp(dir=folder, prefix=".upload-", suffix=".tmp")
     tmp, digest, size = Path(name), hashlib.sha256(), 0
     try:
@@ -67,7 +75,7 @@ async def receive_to_file(
             async for chunk in chunks:
                 size += len(chunk)
                 if size > max_bytes:
-                    raise _too_large(max_bytes)
+                    raise too_large(max_bytes)
                 digest.update(chunk)
                 f.write(chunk)
             f.flush()
