@@ -41,6 +41,7 @@ EXAMPLES = {
 }
 MODES = {"positive": GenerationMode.POSITIVE, "negative": GenerationMode.NEGATIVE}
 STATE: dict[str, Any] = {}
+# the counts of the parametrized cases that ran in this process, by mode
 CASES: dict[str, dict[str, Any]] = {m: {"run": 0, "by_status": {}, "by_label": {}} for m in MODES}
 
 
@@ -218,18 +219,18 @@ def _problem_document(case: schemathesis.Case, response: Any) -> None:
             assert response.json()["status"] == response.status_code
 
 
-# schemathesis' own pytest plugin does not run under pytest 9 here ('Function' object has no
-# attribute '_nodeid'), so each operation is one parametrized test driving hypothesis itself
-@pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("label", LABELS)
-def test_every_operation_conforms_and_never_5xx(fuzz_schema, label: str, mode: str) -> None:
-    ops = {op.label: op for op in (r.ok() for r in fuzz_schema.get_all_operations())}
-    operation = ops[label]
-    tally = CASES[mode]
+def _operations(schema: Any) -> dict[str, Any]:
+    """The document's operations by label, as schemathesis reads them."""
+    return {op.label: op for op in (r.ok() for r in schema.get_all_operations())}
+
+
+def _fuzz(operation: Any, label: str, mode: str, tally: dict[str, Any], examples: int) -> None:
+    """``examples`` generated cases of ``operation`` sent to the app and checked, each counted
+    in ``tally``; a mode with nothing to generate raises ``hypothesis.errors.Unsatisfiable``."""
 
     @hypothesis.given(case=operation.as_strategy(generation_mode=MODES[mode]))
     @hypothesis.settings(
-        max_examples=EXAMPLES[mode],
+        max_examples=examples,
         deadline=None,
         derandomize=True,
         database=None,
@@ -246,39 +247,75 @@ def test_every_operation_conforms_and_never_5xx(fuzz_schema, label: str, mode: s
         for by in (tally["by_status"], tally["by_label"].setdefault(label, {})):
             by[response.status_code] = by.get(response.status_code, 0) + 1
 
+    run()
+
+
+def _nothing_to_violate(operation: Any, mode: str) -> bool:
+    """Only a negative pass over an operation without parameters may generate nothing."""
+    return mode == "negative" and not operation.definition.raw.get("parameters")
+
+
+# schemathesis' own pytest plugin does not run under pytest 9 here ('Function' object has no
+# attribute '_nodeid'), so each operation is one parametrized test driving hypothesis itself
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("label", LABELS)
+def test_every_operation_conforms_and_never_5xx(fuzz_schema, label: str, mode: str) -> None:
+    operation = _operations(fuzz_schema)[label]
     try:
-        run()
+        _fuzz(operation, label, mode, CASES[mode], EXAMPLES[mode])
     except hypothesis.errors.Unsatisfiable:
-        if mode == "positive" or operation.definition.raw.get("parameters"):
+        if not _nothing_to_violate(operation, mode):
             raise
         pytest.skip(f"{label} takes no parameters: nothing to violate")
-    seen = tally["by_label"].get(label, {})
+    seen = CASES[mode]["by_label"].get(label, {})
     assert sum(seen.values()) > 0, f"no {mode} case of {label} reached the API"
     if mode == "positive" and any(part in label for part in DOWNLOADS):
         assert seen.get(200, 0) > 0, (label, seen)  # the real rows were served
 
 
-def test_fuzz_ran_every_operation(fuzz_schema, tmp_path: Path) -> None:
-    """Runs after the fuzz cases (file order) and sums them up: they ran, and they reached the
-    handlers (not only 401/422), so the figures of bench.fuzz_openapi are real. Under
-    pytest-xdist some cases may have run in another process: each case checked its own
-    operation then, and this sum has nothing whole to check."""
-    ops = LABELS
+TALLY_EXAMPLES = 2  # cases per operation and mode of the coverage check below
+
+
+def test_fuzz_covers_every_operation(fuzz_schema) -> None:
+    """The fuzz's coverage, checked in this one test whatever the scheduling (pytest-xdist
+    spreads the cases above over its processes, so no process sees all of their counts): the
+    cases above are parametrized over every operation of the document, and a short pass of
+    its own (``TALLY_EXAMPLES`` per operation and mode, the same strategies and checks) sends
+    cases of every operation to the API in both modes, reaches the handlers (not only 401 and
+    422) and never gets a 5xx for a violating request.
+
+    ``COMERA_FUZZ_REPORT`` (bench.fuzz_openapi) names a file for the counts of the cases
+    above; the bench runs this file in one process, so they are whole here then."""
+    ops = _operations(fuzz_schema)
     assert len(ops) >= 20
-    if set(CASES["positive"]["by_label"]) != set(ops):
-        pytest.skip("some fuzz cases ran in another test process: no whole tally here")
-    for mode, tally in CASES.items():
-        assert tally["run"] >= len(ops), mode
-        print(
-            f"fuzz {mode}: {tally['run']} cases over {len(ops)} operations, statuses "
-            f"{dict(sorted(tally['by_status'].items()))}"
-        )
-    report = os.environ.get("COMERA_FUZZ_REPORT")  # bench.fuzz_openapi reads the tally
-    if report:
-        Path(report).write_text(json.dumps({"operations": len(ops), **CASES}, indent=1))
-    positive, negative = CASES["positive"], CASES["negative"]
+    assert sorted(LABELS) == sorted(ops), "the parametrized cases must cover every operation"
+    tally: dict[str, dict[str, Any]] = {
+        m: {"run": 0, "by_status": {}, "by_label": {}} for m in MODES
+    }
+    for label, operation in ops.items():
+        for mode in MODES:
+            try:
+                _fuzz(operation, label, mode, tally[mode], TALLY_EXAMPLES)
+            except hypothesis.errors.Unsatisfiable:
+                if not _nothing_to_violate(operation, mode):
+                    raise
+                continue
+            seen = tally[mode]["by_label"].get(label, {})
+            assert sum(seen.values()) > 0, f"no {mode} case of {label} reached the API"
+    positive, negative = tally["positive"], tally["negative"]
+    assert set(positive["by_label"]) == set(ops), positive["by_label"]
     assert sum(n for code, n in positive["by_status"].items() if code < 400) > 0, positive
     assert not any(code >= 500 for code in negative["by_status"]), negative
-    for label in ops:
-        if any(part in label for part in DOWNLOADS):
-            print(f"fuzz positive {label}: {positive['by_label'][label]}")
+    for mode, counts in tally.items():
+        print(
+            f"fuzz coverage {mode}: {counts['run']} cases over {len(ops)} operations, "
+            f"statuses {dict(sorted(counts['by_status'].items()))}"
+        )
+    report = os.environ.get("COMERA_FUZZ_REPORT")
+    if report:
+        ran = set(CASES["positive"]["by_label"])
+        assert ran == set(ops), f"COMERA_FUZZ_REPORT needs every case in this process: {ran}"
+        Path(report).write_text(json.dumps({"operations": len(ops), **CASES}, indent=1))
+        for label in ops:
+            if any(part in label for part in DOWNLOADS):
+                print(f"fuzz positive {label}: {CASES['positive']['by_label'][label]}")
