@@ -1,7 +1,8 @@
 """The workloads the trainer knows: one entry per architecture.
 
 Each :class:`~engine.models.workload.Workload` (the contract, in its own module) ties a model
-family to the trainer; this module holds the built-in ones and ``WORKLOADS``.
+family to the trainer; this module holds the built-in ones, each registered in ``WORKLOADS`` by
+:func:`~engine.models.workload.register_workload`.
 
 Batches per architecture:
 
@@ -49,10 +50,12 @@ from engine.models.mlp import MLPConfig, build_mlp
 from engine.models.tensorize import TensorizeOptions
 from engine.models.transformer import TransformerConfig, _check_mnli, build_transformer
 from engine.models.workload import (
+    WORKLOADS,
     StepOutput,
     Workload,
     classification_output,
     example_lengths,
+    register_workload,
     seq_len_of,
 )
 
@@ -61,12 +64,14 @@ __all__ = [
     "StepOutput",
     "Workload",
     "WORKLOADS",
+    "register_workload",
     "get_workload",
     "build_model",
     "classification_output",
 ]
 
 
+@register_workload
 class TransformerWorkload(Workload):
     """Sentence(-pair) classification with the paper's encoder classifier."""
 
@@ -106,6 +111,7 @@ class TransformerWorkload(Workload):
         return classification_output(logits, batch["labels"])
 
 
+@register_workload
 class DLRMWorkload(Workload):
     """Click-through prediction: one logit per row, binary cross-entropy."""
 
@@ -138,6 +144,7 @@ class DLRMWorkload(Workload):
         return StepOutput(loss, {"count": n, "loss_sum": loss.detach() * n, "correct": correct})
 
 
+@register_workload
 class MLMWorkload(Workload):
     """Masked-language-model pre-training: CE over the positions whose label is not -100."""
 
@@ -182,6 +189,7 @@ class MLMWorkload(Workload):
         return out
 
 
+@register_workload
 class MLPWorkload(Workload):
     """Classification of flat feature vectors (tabular rows, flattened images)."""
 
@@ -201,6 +209,7 @@ class MLPWorkload(Workload):
         return classification_output(model(batch["x"]), batch["labels"])  # (B, C) logits
 
 
+@register_workload
 class HFBertWorkload(Workload):
     """A pretrained BERT encoder compressed from TT-SVD and distilled from the original."""
 
@@ -258,17 +267,7 @@ class HFBertWorkload(Workload):
         return {"loss": sums.get("loss_sum", 0.0) / n, "cosine": sums.get("cosine_sum", 0.0) / n}
 
 
-WORKLOADS: dict[str, Workload] = {
-    w.name: w
-    for w in (
-        TransformerWorkload(),
-        DLRMWorkload(),
-        MLMWorkload(),
-        MLPWorkload(),
-        HFBertWorkload(),
-        HFWorkload(),
-    )
-}
+register_workload(HFWorkload)  # defined in engine.models.hf.workload
 
 
 def get_workload(arch: str) -> Workload:

@@ -5,8 +5,9 @@ internals: it builds the model (dense or tensorized) from a config dict, and tur
 (a dict of tensors, keys in ``batch_keys``) into a task loss plus metric sums. Metric sums are
 additive over batches (``count``, ``loss_sum``, ``correct``, ...); :meth:`Workload.summarize`
 turns accumulated sums into the reported metrics (``loss``, ``accuracy``, ...).
-:meth:`Workload.example_batch` draws a random valid batch (tests, benchmarks). The workloads
-themselves and their registry are in :mod:`engine.models.registry`.
+:meth:`Workload.example_batch` draws a random valid batch (tests, benchmarks).
+:func:`register_workload` (a class decorator) puts one instance of a workload in ``WORKLOADS``
+under its ``name``; the built-in workloads are registered by :mod:`engine.models.registry`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +24,15 @@ from torch import Tensor, nn
 from engine.configs import ConfigError, parse
 from engine.models.tensorize import TensorizeOptions
 
-__all__ = ["StepOutput", "Workload", "classification_output", "example_lengths", "seq_len_of"]
+__all__ = [
+    "StepOutput",
+    "Workload",
+    "WORKLOADS",
+    "register_workload",
+    "classification_output",
+    "example_lengths",
+    "seq_len_of",
+]
 
 
 @dataclass
@@ -186,3 +195,19 @@ def seq_len_of(config: Any, seq_len: int | None) -> int:
     if isinstance(s, bool) or not isinstance(s, numbers.Integral) or not 1 <= s <= config.max_len:
         raise ValueError(f"seq_len must be an integer in [1, {config.max_len}], got {s!r}")
     return int(s)
+
+
+W = TypeVar("W", bound=type[Workload])
+WORKLOADS: dict[str, Workload] = {}  # name -> the workload (registration order)
+
+
+def register_workload(cls: W) -> W:
+    """Register one instance of the Workload subclass ``cls`` under ``cls.name`` (the shape of
+    torchao's ``register_quantize_module_handler``): a class decorator, or a plain call for a
+    class defined elsewhere. A name registers once."""
+    if not (isinstance(cls, type) and issubclass(cls, Workload)) or not cls.name:
+        raise TypeError(f"register_workload takes a Workload subclass with a name, got {cls!r}")
+    if cls.name in WORKLOADS:
+        raise ValueError(f"workload {cls.name!r} is already registered")
+    WORKLOADS[cls.name] = cls()
+    return cls

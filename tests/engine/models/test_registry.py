@@ -16,8 +16,10 @@ from engine.models.registry import (
     WORKLOADS,
     StepOutput,
     TensorizeOptions,
+    Workload,
     build_model,
     get_workload,
+    register_workload,
 )
 from engine.models.transformer import TransformerConfig
 from engine.nn.tt_linear import TTLinear
@@ -60,6 +62,16 @@ def test_registry_lists_the_architectures():
     assert get_workload("mlp").batch_keys == ("x", "labels")
     with pytest.raises(ValueError, match="model.arch"):
         get_workload("resnet")
+
+
+def test_a_workload_registers_once_by_its_name():
+    before = dict(WORKLOADS)
+    assert all(type(w).name == name for name, w in WORKLOADS.items())
+    with pytest.raises(ValueError, match="'mlp' is already registered"):
+        register_workload(type(WORKLOADS["mlp"]))
+    with pytest.raises(TypeError, match="with a name"):
+        register_workload(type("Nameless", (Workload,), {}))
+    assert WORKLOADS == before
 
 
 @pytest.mark.parametrize("arch", ARCHS)
