@@ -68,6 +68,7 @@ HF_PACKAGES: tuple[str, ...] = get_args(PackageName)
 HF_RESERVED = ("path", "architecture", "distill", "distill_weight")
 MAX_STEPS = 1_000_000
 MAX_EPOCHS = 1_000
+DEFAULT_GAMMA = 0.01  # a stage's gamma when none is given and it is not chosen automatically
 # explicit modes: the product of either side at most twice the largest size any layer may have
 # (a Criteo table), so no product overflows; the planner bounds it by the layer's own size
 MAX_MODES_PRODUCT = 2 * MAX_TABLE_ROWS
@@ -293,7 +294,10 @@ class CompressionSpec(StrictModel):
 
     method: Literal["comera", "dense", "galore"] = "comera"
     layers: list[Pattern] = Field(default_factory=lambda: ["*"], min_length=1, max_length=64)
-    max_rank: StrictInt = Field(default=30, ge=1, le=1024)
+    # "auto": each layer's starting rank chosen by a short dense calibration run (at most
+    # 64); the default for a comera job with a target_ratio that gives neither max_rank nor
+    # any stage's gamma (from-scratch architectures; hf and hf_bert start from TT-SVD)
+    max_rank: Annotated[StrictInt, Field(ge=1, le=1024)] | Literal["auto"] = 30
     embedding_max_rank: StrictInt | None = Field(default=None, ge=1, le=1024)
     # "auto": factorize every layer; "paper": the architecture's published shapes where it has
     # them; or explicit modes per layer-name pattern (first match wins, others auto)
@@ -332,8 +336,9 @@ class StageSpec(StrictModel):
     lr_schedule: Literal["constant", "cosine"] = "constant"
     warmup_steps: StrictInt = Field(default=0, ge=0, le=MAX_STEPS)
     # "auto" (early stages): the weight follows the gradients (the penalty's push on the gates
-    # a set share of the task's) and, with a target_ratio, the size is cut towards it
-    gamma: Annotated[float, Field(ge=0, le=1000)] | Literal["auto"] = 0.01
+    # a set share of the task's) and, with a target_ratio, the size is cut towards it.
+    # null (not given): "auto" for an early stage with a target_ratio, else 0.01
+    gamma: Annotated[float, Field(ge=0, le=1000)] | Literal["auto"] | None = None
     target_ratio: float | None = Field(default=None, gt=0, lt=1)
     loss_ref: float | None = Field(default=None, gt=0, le=1e6)
     loss_weight: float = Field(default=0.1, ge=0, le=1000)
@@ -350,6 +355,9 @@ class StageSpec(StrictModel):
             raise ValueError("give exactly one of epochs and steps")
         if self.kind == "early" and self.teacher_weight:
             raise ValueError("teacher_weight is for 'late' and 'finetune' stages")
+        if self.gamma is None:  # the default is filled here (fields_set still says not given)
+            auto = self.kind == "early" and self.target_ratio is not None
+            object.__setattr__(self, "gamma", "auto" if auto else DEFAULT_GAMMA)
         return self
 
     @field_validator("loss_ref")
@@ -372,7 +380,7 @@ class StageSpec(StrictModel):
         kind, gamma = info.data.get("kind"), info.data.get("gamma")
         if v is not None and kind == "finetune":
             raise ValueError("target_ratio is for 'late' stages and 'early' ones with gamma 'auto'")
-        if v is not None and kind == "early" and gamma != "auto":
+        if v is not None and kind == "early" and gamma not in ("auto", None):
             raise ValueError("an 'early' stage reaches a size target only with gamma 'auto'")
         return v
 
@@ -522,6 +530,31 @@ class JobCreate(StrictModel):
             errors = generator_errors(generator_of(self.model.arch, ds.generator), ds.params)
             if errors:
                 raise ValidationError.from_exception_data("JobCreate", errors)
+        return self
+
+    @model_validator(mode="after")
+    def _auto_rank(self) -> JobCreate:
+        """``compression.max_rank: "auto"`` by default for a comera job with a size target
+        (a stage's ``target_ratio``, or ``compression.target_ratio`` with a late stage) that
+        gives neither ``max_rank`` nor any stage's ``gamma``; refused for pretrained models."""
+        comp, arch = self.compression, self.model.arch
+        if comp.max_rank == "auto" and arch in PRETRAINED_ARCHS:
+            raise ValueError(
+                f"compression.max_rank: 'auto' chooses ranks for models trained from scratch; "
+                f"{arch!r} starts from its original's TT-SVD (give a number)"
+            )
+        target = any(s.target_ratio is not None for s in self.schedule) or (
+            comp.target_ratio is not None and any(s.kind == "late" for s in self.schedule)
+        )
+        leaves = (
+            comp.method == "comera"
+            and arch not in PRETRAINED_ARCHS
+            and "max_rank" not in comp.model_fields_set
+            and not any("gamma" in s.model_fields_set for s in self.schedule)
+            and target
+        )
+        if leaves:
+            object.__setattr__(self, "compression", comp.model_copy(update={"max_rank": "auto"}))
         return self
 
     @model_validator(mode="after")

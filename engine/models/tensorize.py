@@ -44,6 +44,10 @@ __all__ = [
 
 Specialize = Callable[[str, "Slot"], dict[str, Any]]  # (name, slot) -> extra TT/TTM kwargs
 MAX_RANK = 1024
+# max_rank "auto": the rank each layer starts at is chosen by a short calibration run before
+# the model is built (engine.train.auto_rank); this is its upper bound, and the rank a plan
+# (which runs no calibration) builds and counts at
+AUTO_RANK_CAP = 64
 
 
 def _patterns(layers: Any) -> tuple[str, ...]:
@@ -98,7 +102,8 @@ class TensorizeOptions(ConfigMethods):
     TT linear and the number of cores of a TTM embedding (embeddings need ``d >= 2``).
     """
 
-    max_rank: int = spec(30, ge=1, le=MAX_RANK)
+    # "auto": chosen per layer by a calibration run (engine.train.auto_rank), <= AUTO_RANK_CAP
+    max_rank: int | str = spec(30, ge=1, le=MAX_RANK, choices=("auto",))
     # None: max_rank (transformer paper shapes: 32)
     embedding_max_rank: int | None = spec(None, ge=1, le=MAX_RANK)
     gate_threshold: float = spec(1e-2, ge=0, lt=1)
@@ -114,8 +119,13 @@ class TensorizeOptions(ConfigMethods):
         validate(self)
 
     @property
+    def rank_bound(self) -> int:
+        """``max_rank`` as a number: ``AUTO_RANK_CAP`` for ``"auto"``."""
+        return AUTO_RANK_CAP if self.max_rank == "auto" else int(self.max_rank)
+
+    @property
     def embedding_rank(self) -> int:
-        return self.embedding_max_rank if self.embedding_max_rank is not None else self.max_rank
+        return self.embedding_max_rank if self.embedding_max_rank is not None else self.rank_bound
 
     def selects(self, name: str) -> bool:
         """Whether the module called ``name`` matches one of the ``layers`` patterns."""
@@ -180,7 +190,7 @@ def _build(slot: Slot, tt: bool, options: TensorizeOptions, extra: dict[str, Any
         if not tt:
             return nn.Linear(slot.n_in, slot.n_out, bias=bias)
         kw = {
-            "max_rank": options.max_rank,
+            "max_rank": options.rank_bound,
             "gate_threshold": options.gate_threshold,
             "d": options.d,
             **extra,

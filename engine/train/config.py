@@ -31,7 +31,7 @@ is about as a JSON path (``schedule[1].kind``).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -64,6 +64,7 @@ CUDA_GRAPH_MODES = ("auto", "on", "off")
 MAX_STEPS = 1_000_000
 MAX_EPOCHS = 1_000
 MAX_GAMMA = 1000.0
+DEFAULT_GAMMA = 0.01  # a stage's gamma when none is given and it is not chosen automatically
 MAX_TEACHER_WEIGHT = 1000.0
 MAX_TEMPERATURE = 100.0
 MAX_DEVICES = 64  # processes per node
@@ -96,7 +97,9 @@ class StageConfig(ConfigMethods):
     lr: LearningRates = spec(factory=LearningRates)
     lr_schedule: str = spec("constant", choices=LR_SCHEDULES)
     warmup_steps: int = spec(0, ge=0, le=MAX_STEPS)
-    gamma: float | str = spec(0.01, ge=0, le=MAX_GAMMA, choices=("auto",))  # "auto": early
+    # "auto": early stages. None (not given): "auto" for an early stage with a target_ratio
+    # (a fixed gamma cannot steer the size), else 0.01, the released code's constant
+    gamma: float | str | None = spec(None, ge=0, le=MAX_GAMMA, choices=("auto",))
     target_ratio: float | None = spec(None, gt=0, lt=1)
     loss_ref: float | None = spec(None, gt=0, le=1e6)
     loss_weight: float = spec(0.1, ge=0, le=1000)
@@ -108,6 +111,9 @@ class StageConfig(ConfigMethods):
     teacher_temperature: float = spec(2.0, gt=0, le=MAX_TEMPERATURE)
 
     def __post_init__(self) -> None:
+        if self.gamma is None:
+            auto = self.kind == "early" and self.target_ratio is not None
+            object.__setattr__(self, "gamma", "auto" if auto else DEFAULT_GAMMA)
         validate(self)
         kind = self.kind
         if (self.epochs is None) == (self.steps is None):
@@ -189,6 +195,42 @@ class CompressionConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.options.to_dict(), **{k: getattr(self, k) for k in _OWN_COMPRESSION}}
+
+
+# pretrained workloads start from the original's TT-SVD at ranks their model config decides
+# (hf_bert's rank_allocation); "auto" is for models trained from scratch
+NO_AUTO_RANK_ARCHS = ("hf", "hf_bert")
+
+
+def default_compression(
+    compression: CompressionConfig,
+    given: Mapping[str, Any],
+    stages: Sequence[Mapping[str, Any]],
+    *,
+    arch: str,
+    method: str,
+) -> CompressionConfig:
+    """``compression`` with ``max_rank: "auto"`` when the job leaves the ranks to the engine: a
+    CoMERA job of a from-scratch architecture with a ``target_ratio`` on some stage and
+    neither ``compression.max_rank`` (``given``) nor any stage's ``gamma`` (``stages``: the
+    stages as given). ``"auto"`` asked for on a pretrained architecture is refused."""
+    options = compression.options
+    if options.max_rank == "auto" and arch in NO_AUTO_RANK_ARCHS:
+        raise ConfigError(
+            "compression.max_rank",
+            f"'auto' chooses ranks for models trained from scratch; the {arch!r} workload "
+            "starts from its original's TT-SVD (give a number)",
+        )
+    leaves = (
+        method == "comera"
+        and arch not in NO_AUTO_RANK_ARCHS
+        and "max_rank" not in given
+        and not any(isinstance(s, Mapping) and "gamma" in s for s in stages)
+        and any(isinstance(s, Mapping) and s.get("target_ratio") is not None for s in stages)
+    )
+    if not leaves:
+        return compression
+    return compression.replace_options(options.replace(max_rank="auto"))
 
 
 @dataclass(frozen=True)

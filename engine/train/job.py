@@ -31,6 +31,7 @@ from engine.train.config import (
     StageConfig,
     TrainingConfig,
     as_config_error,
+    default_compression,
 )
 
 __all__ = ["JobConfig", "MAX_STAGES"]
@@ -92,13 +93,21 @@ class JobConfig:
                     f"a 'late' stage needs ranks to "
                     f"shrink: method {method!r} has none (use 'comera')",
                 )
+        given = d.get("compression", {})
+        compression = default_compression(
+            CompressionConfig.from_dict(given, "compression"),
+            given,
+            sched,
+            arch=model.arch,
+            method=method,
+        )
         job = cls(
             model=model,
             data=_data_from_dict(d["data"]),
             schedule=stages,
             method=method,
             name=name,
-            compression=CompressionConfig.from_dict(d.get("compression", {}), "compression"),
+            compression=compression,
             training=TrainingConfig.from_dict(d.get("training", {}), "training"),
             checkpoint=CheckpointConfig.from_dict(d.get("checkpoint", {}), "checkpoint"),
             galore=GaloreConfig.from_dict(d.get("galore", {}), "galore"),

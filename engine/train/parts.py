@@ -21,6 +21,7 @@ from torch import nn
 from engine.data import build_data
 from engine.models.registry import get_workload
 from engine.rank import tensorized_layers
+from engine.train.auto_rank import AutoRank, apply_ranks_, calibrate
 from engine.train.config import ConfigError, as_config_error
 from engine.train.distributed import DistContext
 from engine.train.job import JobConfig
@@ -83,10 +84,22 @@ def build_parts(
         torch_dist.barrier()
     model_config = job.model_config(data.model_overrides)
     opts = job.compression.options
+    # max_rank "auto": a fresh run chooses each layer's rank by a dense calibration run; a
+    # resumed one builds at the cap and takes the checkpoint's shapes and choice
+    auto = None
+    if job.tensorized and opts.max_rank == "auto" and fresh:
+        auto = calibrate(job, workload, data, model_config, device)
+        if dist is not None:  # every rank builds rank 0's choice
+            box = [auto.to_dict()]
+            torch_dist.broadcast_object_list(box, src=0)
+            auto = AutoRank.from_dict(box[0])
+        opts = opts.replace(max_rank=auto.build_rank)
     try:
         model = workload.build(model_config, tensorized=job.tensorized, options=opts).to(device)
     except ValueError as err:  # a stage or option that does not fit the model
         raise as_config_error(err, "compression") from None
+    if auto is not None:
+        apply_ranks_(model, auto)
     if job.tensorized and not tensorized_layers(model):
         raise ConfigError(
             "compression.layers",
@@ -119,4 +132,5 @@ def build_parts(
             metric=workload.guard_metric_of(model_config),
             bypassed=workload.bypassed,
         )
+        control.auto_rank = auto.to_dict() if auto is not None else None
     return Parts(workload, data, model_config, model, setup, names, optimizer, control)

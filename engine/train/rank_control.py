@@ -32,6 +32,7 @@ the checkpoint, so a resumed run continues bitwise.
 from __future__ import annotations
 
 import fnmatch
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,11 +54,18 @@ from engine.rank.prune import one_rank_cost, rank_floors
 from engine.rank.schedule import EARLY_BEGIN, EARLY_END, LATE_BEGIN, LATE_END, size_bound
 from engine.train.config import StageConfig
 from engine.train.guard import FidelityGuard
+from engine.train.report import early_stage_advice
 from engine.train.state import TrainState
+from engine.tt.shapes import bond_rank_bounds
 
 __all__ = ["RankControl", "EVENTS_PER_STAGE"]
 
 EVENTS_PER_STAGE = 20  # prune events of a late stage when the job never shrinks
+
+
+def _active_ranks(model: nn.Module) -> dict[str, list[int]]:
+    """Per tensorized layer, its internal active ranks."""
+    return {n: list(layer.active_ranks()[1:-1]) for n, layer in tensorized_layers(model)}
 
 
 class RankControl:
@@ -89,6 +97,10 @@ class RankControl:
         self.guard: FidelityGuard | None = None
         self.stage: StageConfig | None = None
         self.info: dict[str, Any] = {}  # the JSON state of the current stage
+        # max_rank "auto": the ranks the job started at and why (engine.train.auto_rank)
+        self.auto_rank: dict[str, Any] | None = None
+        # the dense twin's validation metrics, when the caller ran one (early-stage advice)
+        self.dense_reference: Mapping[str, float] | None = None
 
     # -- stage boundaries ---------------------------------------------------------------------
     def start_stage(self, stage: StageConfig, state: TrainState, total: int) -> None:
@@ -106,6 +118,7 @@ class RankControl:
             "stopped": None,
             "events": [],
             "floors": {k: list(v) for k, v in floors.items()},
+            "ranks0": _active_ranks(self.model),
         }
         self._setup(stage)
 
@@ -324,10 +337,16 @@ class RankControl:
             return {}
         return {f"importance/{k}": v for k, v in self.importance.state().items()}
 
-    def outcome(self, size_end: int | None) -> dict[str, Any]:
-        """What the stage reached: target, sizes, prune events, guard (stage report fields)."""
+    def outcome(
+        self, size_end: int | None, metrics: Mapping[str, float] | None = None
+    ) -> dict[str, Any]:
+        """What the stage reached: target, sizes, prune events, guard (stage report fields);
+        an early stage its ranks held back gets ``advice`` (:func:`early_advice`)."""
         target = self.info.get("target")
         out: dict[str, Any] = {}
+        advice = self.early_advice(metrics or {})
+        if advice is not None:
+            out["advice"] = advice
         if target is not None and size_end is not None:
             out["target_reached"] = size_end <= target
             out["ratio_reached"] = size_end / self.info["size0"] if self.info["size0"] else None
@@ -361,6 +380,30 @@ class RankControl:
             out["gamma"] = {"share": float(self.auto.share), "last": float(self.auto.gamma)}
         return out
 
+    def early_advice(self, metrics: Mapping[str, float]) -> dict[str, Any] | None:
+        """``raise max_rank`` when an early stage ended more than the tolerance under its
+        dense twin (``dense_reference``, when the caller ran one) or with every bond that
+        ``max_rank`` limited still at that rank (:func:`engine.train.report.early_stage_advice`)."""
+        if self.stage is None or self.stage.kind != "early" or "ranks0" not in self.info:
+            return None
+        ranks0 = self.info["ranks0"]
+        bounds = {
+            n: list(bond_rank_bounds([math.prod(c.shape[1:-1]) for c in layer.cores]))
+            for n, layer in tensorized_layers(self.model)
+            if n in ranks0
+        }
+        dense = (self.dense_reference or {}).get(self.metric)
+        tolerance = 1.0 if self.max_metric_drop is None else self.max_metric_drop
+        return early_stage_advice(
+            ranks_start={n: r for n, r in ranks0.items() if n in bounds},
+            ranks_end=_active_ranks(self.model),
+            bounds=bounds,
+            metric=self.metric,
+            value=metrics.get(self.metric),
+            dense=dense,
+            tolerance=tolerance,
+        )
+
     def end_stage(self) -> None:
         self.stage, self.importance, self.auto, self.guard, self.info = None, None, None, None, {}
         self.index.protect(None)
@@ -375,9 +418,10 @@ class RankControl:
         return out
 
     def to_dict(self) -> dict[str, Any]:
+        job = {"auto_rank": self.auto_rank} if self.auto_rank is not None else {}
         if self.stage is None:
-            return {}
-        out: dict[str, Any] = {"info": self.info}
+            return job
+        out: dict[str, Any] = {**job, "info": self.info}
         if self.auto is not None:
             out["auto"] = self.auto.state()
         if self.guard is not None:
@@ -389,7 +433,9 @@ class RankControl:
     ) -> None:
         """Restore a stage in progress from a checkpoint (after the model and optimizer)."""
         self.index.refresh()
-        if stage is None or not data:
+        if data.get("auto_rank") is not None:
+            self.auto_rank = dict(data["auto_rank"])
+        if stage is None or "info" not in data:
             return
         self._setup(stage)
         self.info = dict(data["info"])

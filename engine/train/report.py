@@ -10,6 +10,7 @@ accuracy (``chance``: :func:`engine.train.evaluation.chance_report`) and how the
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from engine.rank import compression_summary, rank_snapshot
@@ -18,7 +19,9 @@ from engine.train.evaluation import chance_report
 if TYPE_CHECKING:
     from engine.train.trainer import Trainer
 
-__all__ = ["job_report", "target_summary"]
+__all__ = ["RAISE_MAX_RANK", "early_stage_advice", "job_report", "target_summary"]
+
+RAISE_MAX_RANK = "raise_max_rank"  # the advice's code
 
 
 def job_report(trainer: Trainer, status: str) -> dict[str, Any]:
@@ -35,6 +38,11 @@ def job_report(trainer: Trainer, status: str) -> dict[str, Any]:
         "parameters": sum(p.numel() for p in model.parameters()),
     }
     if self.control is not None:
+        if self.control.auto_rank is not None:
+            out["auto_rank"] = self.control.auto_rank
+        advice = [st["advice"] for st in self.state.stages if st.get("advice")]
+        if advice:
+            out["advice"] = advice
         out["compression"] = compression_summary(model)
         out["ranks"] = rank_snapshot(model)
         out["target"] = target_summary(self.state.stages)
@@ -61,4 +69,61 @@ def target_summary(stages: list[dict[str, Any]]) -> dict[str, Any] | None:
         "size_end": last["size_end"],
         "ratio_reached": last.get("ratio_reached"),
         "reason": last.get("reason"),
+    }
+
+
+def early_stage_advice(
+    *,
+    ranks_start: Mapping[str, Sequence[int]],
+    ranks_end: Mapping[str, Sequence[int]],
+    bounds: Mapping[str, Sequence[int]],
+    metric: str,
+    value: float | None,
+    dense: float | None,
+    tolerance: float,
+) -> dict[str, Any] | None:
+    """The report entry of an early stage that its ranks held back, or None.
+
+    Two signs, either enough: the stage ended more than ``tolerance`` points (1.0 = one
+    accuracy point) under its dense twin (``dense``: the twin's ``metric`` when one ran), or
+    its ranks saturated: every bond that started below its full TT rank (``bounds``), so at a
+    rank the job's ``max_rank`` set, ended at that rank (nothing was given up there: the cap,
+    not the data, set the rank), and at least one bond did. The fix in both cases is a larger
+    ``max_rank`` (or ``"auto"``). ``ranks_*``: per layer, the internal active ranks."""
+    capped = [
+        (name, k)
+        for name, start in ranks_start.items()
+        for k, r in enumerate(start)
+        if r < bounds[name][k]
+    ]
+    saturated = bool(capped) and all(
+        ranks_end.get(name, ranks_start[name])[k] >= ranks_start[name][k] for name, k in capped
+    )
+    gap = None if dense is None or value is None else 100.0 * (dense - value)
+    below = gap is not None and gap > tolerance
+    if not (saturated or below):
+        return None
+    reasons = []
+    if below:
+        reasons.append(
+            f"the early stage ended {gap:.2f} points of {metric} under its dense twin "
+            f"({100 * value:.2f} vs {100 * dense:.2f}; tolerance {tolerance:g})"
+        )
+    if saturated:
+        reasons.append(
+            f"every bond that max_rank limited ({len(capped)} in "
+            f"{len({n for n, _ in capped})} layer(s)) ended at its starting rank: the rank cap, "
+            "not the data, set the ranks"
+        )
+    return {
+        "code": RAISE_MAX_RANK,
+        "fix": "raise max_rank (or set it to 'auto')",
+        "reason": "; ".join(reasons),
+        "metric": metric,
+        "value": value,
+        "dense": dense,
+        "gap_points": gap,
+        "tolerance": tolerance,
+        "saturated": saturated,
+        "below_dense": below,
     }

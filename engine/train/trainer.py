@@ -206,9 +206,11 @@ class Trainer:
             "pruned": final_cut,
         }
         if control is not None:
-            report.update(control.outcome(size_end))
+            report.update(control.outcome(size_end, metrics))
             control.end_stage()
         s.stages.append(report)
+        if report.get("advice"):  # the ranks held an early stage back: raise max_rank
+            self.events.emit({"event": "advice", "step": s.global_step, **report["advice"]})
         self.events.emit({"event": "stage_end", "step": s.global_step, **report})
         self._emit_ranks(index, force=True)
         s.stage, s.stage_step, s.stage_started, s.stage_seconds = index + 1, 0, False, 0.0
