@@ -105,9 +105,7 @@ def tiny(**changes) -> TransformerConfig:
 @pytest.mark.parametrize("tensorized", [False, True])
 def test_tiny_forward_shape_and_backward(tensorized):
     cfg = tiny(num_classes=4)
-    model = build_transformer(
-        cfg, tensorized=tensorized, options=TensorizeOptions(max_rank=4, shapes="auto")
-    )
+    model = build_transformer(cfg, tensorized=tensorized, options=TensorizeOptions(max_rank=4))
     if tensorized:
         kinds = {type(m) for m in model.modules()}
         assert TTLinear in kinds and TTMEmbedding in kinds
@@ -129,7 +127,7 @@ def test_tiny_forward_shape_and_backward(tensorized):
 def test_padding_is_masked(tensorized):
     cfg = tiny()
     model = build_transformer(
-        cfg, tensorized=tensorized, options=TensorizeOptions(max_rank=4, shapes="auto")
+        cfg, tensorized=tensorized, options=TensorizeOptions(max_rank=4)
     ).double()
     model.eval()
     ids = torch.randint(1, 100, (2, 7))
@@ -151,17 +149,13 @@ def test_deterministic_with_seed():
     outs, states = [], []
     for _ in range(2):
         torch.manual_seed(123)
-        model = build_transformer(
-            cfg, tensorized=True, options=TensorizeOptions(max_rank=4, shapes="auto")
-        ).eval()
+        model = build_transformer(cfg, tensorized=True, options=TensorizeOptions(max_rank=4)).eval()
         outs.append(model(ids))
         states.append(model.state_dict())
     assert torch.equal(outs[0], outs[1])
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
     torch.manual_seed(124)
-    other = build_transformer(
-        cfg, tensorized=True, options=TensorizeOptions(max_rank=4, shapes="auto")
-    ).eval()
+    other = build_transformer(cfg, tensorized=True, options=TensorizeOptions(max_rank=4)).eval()
     assert not torch.equal(other(ids), outs[0])
 
 
@@ -258,7 +252,7 @@ def test_layer_patterns_select_exactly():
     model = build_transformer(
         tiny(),
         tensorized=True,
-        options=TensorizeOptions(max_rank=4, shapes="auto", layers=["encoder.0.*"]),
+        options=TensorizeOptions(max_rank=4, layers=["encoder.0.*"]),
     )
     assert tt_names(model) == {f"encoder.0.{n}" for n in ENCODER_LINEARS}
     assert type(model.embeddings.word) is nn.Embedding
@@ -271,24 +265,20 @@ def test_layer_patterns_select_exactly():
     only = build_transformer(
         tiny(),
         tensorized=True,
-        options=TensorizeOptions(
-            max_rank=4, shapes="auto", layers=["*.ffn.fc2", "embeddings.word"]
-        ),
+        options=TensorizeOptions(max_rank=4, layers=["*.ffn.fc2", "embeddings.word"]),
     )
     assert tt_names(only) == {"encoder.0.ffn.fc2", "encoder.1.ffn.fc2", "embeddings.word"}
     with pytest.raises(ValueError, match="layers"):
         build_transformer(
             tiny(),
             tensorized=True,
-            options=TensorizeOptions(shapes="auto", layers=["classifier.fc2"]),
+            options=TensorizeOptions(layers=["classifier.fc2"]),
         )
 
 
 def test_min_size_keeps_small_linears_dense():
     cfg = tiny(d_model=16, d_ff=32)  # attn 256, ffn 512, cls1 256 entries; word 100x16 = 1600
-    model = build_transformer(
-        cfg, tensorized=True, options=TensorizeOptions(max_rank=4, shapes="auto")
-    )
+    model = build_transformer(cfg, tensorized=True, options=TensorizeOptions(max_rank=4))
     assert tt_names(model) == {"embeddings.word"}
     reasons = {s.name: s.reason for s in model.tensorize_report.skipped}
     assert "min_size=1024" in reasons["encoder.0.ffn.fc1"]
@@ -298,7 +288,7 @@ def test_min_size_keeps_small_linears_dense():
                 build_transformer(
                     cfg,
                     tensorized=True,
-                    options=TensorizeOptions(max_rank=4, shapes="auto", min_size=256),
+                    options=TensorizeOptions(max_rank=4, min_size=256),
                 )
             )
         )
@@ -310,9 +300,7 @@ def test_auto_shapes_take_every_option():
     model = build_transformer(
         tiny(),
         tensorized=True,
-        options=TensorizeOptions(
-            max_rank=3, shapes="auto", embedding_max_rank=6, gate_threshold=0.25, d=2
-        ),
+        options=TensorizeOptions(max_rank=3, embedding_max_rank=6, gate_threshold=0.25, d=2),
     )
     q, word = model.encoder[0].attn.q, model.embeddings.word
     assert len(q.in_modes) == 2 and max(q.ranks) == 3 and q.gate_threshold == 0.25

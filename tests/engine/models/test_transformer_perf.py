@@ -17,6 +17,7 @@ import torch.nn.functional as F
 import engine.contract.ffn as ffn
 from engine.contract.lowrank_saved import recompute_tt_outputs
 from engine.contract.plan import candidate_plans
+from engine.models.tensorize import TensorizeOptions
 from engine.models.transformer import TransformerConfig, build_transformer
 from engine.nn.attention import AttentionFunction, scaled_dot_product_attention
 from engine.nn.dropout import CHUNK, dropout, dropout_mask, keep_threshold16
@@ -195,7 +196,9 @@ def test_fused_gelu_keeps_the_pre_activation_not_a_second_tensor():
 # -- recomputation and the model --------------------------------------------------------------
 def run_step(cfg, tensorized, seed=0):
     torch.manual_seed(0)
-    model = build_transformer(cfg, tensorized=tensorized, max_rank=4, shapes="auto").train()
+    model = build_transformer(
+        cfg, tensorized=tensorized, options=TensorizeOptions(max_rank=4)
+    ).train()
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, cfg.vocab_size, (3, 12), generator=g)
     mask = torch.ones(3, 12, dtype=torch.bool)
@@ -226,7 +229,7 @@ def test_recompute_keeps_only_block_inputs():
 
     def saved_bytes(recompute):
         model = build_transformer(
-            cfg.replace(recompute=recompute), tensorized=True, max_rank=4, shapes="auto"
+            cfg.replace(recompute=recompute), tensorized=True, options=TensorizeOptions(max_rank=4)
         ).train()
         kept, _ = saved_tensors(lambda: model(ids))
         return sum(t.numel() * t.element_size() for t in kept)
@@ -251,7 +254,9 @@ def test_flat_buffers_train_exactly_like_separate_parameters(fused):
     models, opts, flats = [], [], []
     for flat in (False, True):
         torch.manual_seed(0)
-        model = build_transformer(cfg, tensorized=True, max_rank=4, shapes="auto").train()
+        model = build_transformer(
+            cfg, tensorized=True, options=TensorizeOptions(max_rank=4)
+        ).train()
         params = list(model.parameters())
         if flat:
             flats = [flatten_(params[:7]), flatten_(params[7:])]
