@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.orm import Session
 
 from api_schemas import JobState
-from service.store.db.crud.attempts import cancel_saves_partial
-from service.store.db.crud.job_actions import end_attempt, mark_sent, requeue_job
+from service.store.db.crud.attempts import cancel_saves_partial, requeue_preempted
+from service.store.db.crud.job_actions import end_attempt, mark_sent
 from service.store.db.crud.jobs import append_event, get_job, transition
 from service.store.db.models import Job, utcnow
 from service.store.db.session import session_scope
@@ -232,14 +232,7 @@ def preempted(run: Attempt, job: Job) -> str:
     def finish(s: Session) -> None:
         current = get_job(session=s, job_id=run.job_id)
         if current is not None and current.attempt == run.attempt:
-            back = requeue_job(
-                session=s,
-                job=current,
-                from_states=[S.STARTING, S.RUNNING],
-                reason="preempted",
-                send_at=utcnow(),
-                where=[Job.lease_owner == run.owner],
-            )
+            back = requeue_preempted(session=s, job=current, owner=run.owner)
             if back is not None:
                 moved.append(back.attempt)
                 return

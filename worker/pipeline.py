@@ -34,17 +34,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func
 from sqlalchemy.orm import Session, sessionmaker
 
-from api_schemas import JobCreate, JobState
-from service.store.db.crud.attempts import open_attempt
-from service.store.db.crud.jobs import transition
-from service.store.db.models import Checkpoint, Job, utcnow
+from api_schemas import JobCreate
+from service.store.db.crud.attempts import claim_attempt
+from service.store.db.models import Checkpoint, Job
 from service.store.db.session import session_scope
 from service.store.model_source import resolve_model_source
 from service.store.settings import Settings
@@ -65,40 +62,16 @@ if TYPE_CHECKING:
 __all__ = ["claim", "close_attempt", "deadline_for", "run_job", "worker_name"]
 
 log = logging.getLogger(__name__)
-S = JobState
 
 
 def claim(
     factory: sessionmaker[Session], *, job_id: str, attempt: int, owner: str, lease_seconds: float
 ) -> Job | None:
     """QUEUED -> STARTING for ``attempt`` with our lease, and the attempt row; None: lost."""
-    now = utcnow()
     with session_scope(factory) as s:
-        job = transition(
-            session=s,
-            job_id=job_id,
-            from_states=[S.QUEUED],
-            to_state=S.STARTING,
-            attempt=attempt,
-            lease_owner=owner,
-            lease_expires_at=now + timedelta(seconds=lease_seconds),
-            started_at=func.coalesce(Job.started_at, now),
-            finished_at=None,
-            error=None,
-            enqueue_pending=False,
-            message="preparing data and model",
+        return claim_attempt(
+            session=s, job_id=job_id, attempt=attempt, owner=owner, lease_seconds=lease_seconds
         )
-        if job is None:
-            return None
-        open_attempt(
-            session=s,
-            job_id=job_id,
-            tenant_id=job.tenant_id,
-            attempt=attempt,
-            worker=owner,
-            now=now,
-        )
-        return job
 
 
 def run_job(

@@ -38,15 +38,21 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
-from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api_schemas import JobState
 from service.store.db.crud.idempotency import purge_expired
 from service.store.db.crud.job_actions import end_attempt, mark_sent, requeue_job
 from service.store.db.crud.jobs import append_event, transition
-from service.store.db.crud.pagination import as_utc
-from service.store.db.models import Job, JobEvent, utcnow
+from service.store.db.crud.reaping import (
+    cancels_due,
+    expired_job_ids,
+    queued_sent_before,
+    queued_unsent,
+    sigterm_sent_at,
+    waiting_by_placement,
+)
+from service.store.db.models import Job, utcnow
 from service.store.db.session import make_engine, make_sessionmaker, session_scope
 from service.store.placement import placement, queue_name
 from service.store.queue import client_app, enqueue, task_id
@@ -65,10 +71,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 S = JobState
-ACTIVE = (S.STARTING, S.RUNNING, S.CANCELLING)
 PROBLEM_BASE = "https://comera.dev/problems/"  # the same base as worker.problems
 DEFAULT_WALL_TIME_S = 6 * 3600
-SIGNAL_SCAN = 50  # recent log events of an attempt searched for the reaper's own SIGTERM
 PURGE_BATCH = 1000  # expired idempotency keys deleted per pass (a short transaction)
 
 Send = Callable[..., bool]  # (job_id=, attempt=, max_wall_time_s=, devices=, nodes=) -> sent
@@ -183,25 +187,6 @@ def _recover(s: Session, job: Job, now: datetime, settings: Settings, report: Re
             report.failed.append(job_id)
 
 
-def _signal_sent(s: Session, job: Job) -> datetime | None:
-    """When this reaper sent SIGTERM to the job's current attempt, if it did."""
-    q = (
-        select(JobEvent)
-        .where(
-            JobEvent.job_id == job.id,
-            JobEvent.tenant_id == job.tenant_id,
-            JobEvent.attempt == job.attempt,
-            JobEvent.kind == "log",
-        )
-        .order_by(JobEvent.seq.desc())
-        .limit(SIGNAL_SCAN)
-    )
-    for e in s.scalars(q):
-        if (e.data or {}).get("signal") == "SIGTERM":
-            return as_utc(e.t)
-    return None
-
-
 def _force_cancel(
     factory: sessionmaker[Session],
     job: Job,
@@ -213,7 +198,7 @@ def _force_cancel(
     """Step 2 for one CANCELLING job past its grace period (or ``mode=immediate``)."""
     task, owner = task_id(job.id, job.attempt), job.lease_owner or ""
     with session_scope(factory) as s:
-        sent_at = _signal_sent(s, job)
+        sent_at = sigterm_sent_at(session=s, job=job)
     running = control.running(task, owner)
     if sent_at is None:
         if running and control.terminate(task, owner, "SIGTERM"):
@@ -287,13 +272,6 @@ def _send(
     return True
 
 
-def _queued(s: Session, *conditions: Any) -> list[Job]:
-    q = select(Job).where(Job.state == S.QUEUED.value, *conditions).order_by(Job.created_at)
-    jobs = list(s.scalars(q))
-    s.expunge_all()
-    return jobs
-
-
 def reap_once(
     *,
     factory: sessionmaker[Session],
@@ -317,14 +295,7 @@ def reap_once(
     with session_scope(factory) as s:
         report.purged_keys = purge_expired(session=s, now=now, limit=purge_batch)
     with session_scope(factory) as s:
-        expired = [
-            j.id
-            for j in s.scalars(
-                select(Job).where(
-                    Job.state.in_([a.value for a in ACTIVE]), Job.lease_expires_at < now
-                )
-            )
-        ]
+        expired = expired_job_ids(session=s, now=now)
     for job_id in expired:
         with session_scope(factory) as s:
             job = s.get(Job, job_id)
@@ -333,16 +304,7 @@ def reap_once(
 
     grace = now - timedelta(seconds=settings.cancel_grace_seconds)
     with session_scope(factory) as s:
-        due = list(
-            s.scalars(
-                select(Job).where(
-                    Job.state == S.CANCELLING.value,
-                    Job.lease_expires_at >= now,
-                    or_(Job.cancel_mode == "immediate", Job.cancel_requested_at <= grace),
-                )
-            )
-        )
-        s.expunge_all()
+        due = cancels_due(session=s, now=now, grace=grace)
     if due:
         control = control or CeleryControl(settings)
         for job in due:
@@ -350,10 +312,7 @@ def reap_once(
 
     flagged = now - timedelta(seconds=settings.redrive_after_seconds)
     with session_scope(factory) as s:
-        due_at = or_(
-            Job.enqueued_at <= now, Job.enqueued_at.is_(None) & (Job.updated_at <= flagged)
-        )
-        pending = _queued(s, Job.enqueue_pending.is_(True), due_at)
+        pending = queued_unsent(session=s, now=now, flagged=flagged)
     for job in pending:
         outcome = _send(factory, job, now, send, "message sent")
         if outcome is None:
@@ -363,7 +322,7 @@ def reap_once(
 
     old = now - timedelta(seconds=settings.redeliver_after_seconds)
     with session_scope(factory) as s:
-        stale = _queued(s, Job.enqueue_pending.is_(False), Job.enqueued_at <= old)
+        stale = queued_sent_before(session=s, before=old)
         waiting = _waiting(s, settings) if stale else {}
     size = queue_size or partial(queue_length, settings)
     sizes: dict[str, int | None] = {}
@@ -384,17 +343,10 @@ def reap_once(
 
 def _waiting(s: Session, settings: Settings) -> dict[str, int]:
     """QUEUED jobs with a message sent, counted by the queue of their placement."""
-    training = Job.spec["training"]
-    devices, nodes = training["devices"].as_integer(), training["nodes"].as_integer()
-    rows = s.execute(
-        select(devices, nodes, func.count())
-        .where(Job.state == S.QUEUED.value, Job.enqueue_pending.is_(False))
-        .group_by(devices, nodes)
-    )
     out: dict[str, int] = {}
-    for d, n, count in rows:
+    for d, n, count in waiting_by_placement(session=s):
         queue = queue_name(settings.queue, devices=int(d or 1), nodes=int(n or 1))
-        out[queue] = out.get(queue, 0) + int(count)
+        out[queue] = out.get(queue, 0) + count
     return out
 
 

@@ -1,20 +1,22 @@
 """A worker's hold on the attempt it claimed: the attempt row, the lease, and what it polls.
 
 The worker (``worker.pipeline``, ``worker.lease``, ``worker.endings``) writes through these:
-the attempt row opened at the claim (the claim itself is a ``transition``), the checkpoint it
-resumed from, the lease extended by its heartbeat, the job's state read by its stop poll, and
-the ``save_partial`` of the cancel that stopped it. Closing the row is
-:func:`service.store.db.crud.job_actions.end_attempt`. The caller commits.
+the claim (QUEUED -> STARTING with the lease, and the attempt row opened), the checkpoint it
+resumed from, the lease extended by its heartbeat, the job's state read by its stop poll, the
+``save_partial`` of the cancel that stopped it, and the requeue after a preemption. Closing
+the row is :func:`service.store.db.crud.job_actions.end_attempt`. The caller commits.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from api_schemas import JobState
+from service.store.db.crud.job_actions import requeue_job
+from service.store.db.crud.jobs import transition
 from service.store.db.models import Job, JobAttempt, JobEvent, utcnow
 
 __all__ = [
@@ -22,8 +24,10 @@ __all__ = [
     "CANCEL_SCAN",
     "StopState",
     "cancel_saves_partial",
+    "claim_attempt",
     "extend_lease",
     "open_attempt",
+    "requeue_preempted",
     "set_resume_from",
     "stop_state",
 ]
@@ -32,6 +36,40 @@ ACTIVE_STATES = (JobState.STARTING.value, JobState.RUNNING.value, JobState.CANCE
 CANCEL_SCAN = 50  # recent events of a job searched for its latest cancel request
 
 StopState = tuple[str, datetime | None, str | None]  # (state, cancel_requested_at, lease_owner)
+
+
+def claim_attempt(
+    *, session: Session, job_id: str, attempt: int, owner: str, lease_seconds: float
+) -> Job | None:
+    """QUEUED -> STARTING for exactly ``attempt``, with ``owner``'s lease for
+    ``lease_seconds`` (``started_at`` kept from an earlier attempt), and the attempt row opened
+    (:func:`open_attempt`); None when the job is not QUEUED on that attempt."""
+    now = utcnow()
+    job = transition(
+        session=session,
+        job_id=job_id,
+        from_states=[JobState.QUEUED],
+        to_state=JobState.STARTING,
+        attempt=attempt,
+        lease_owner=owner,
+        lease_expires_at=now + timedelta(seconds=lease_seconds),
+        started_at=func.coalesce(Job.started_at, now),
+        finished_at=None,
+        error=None,
+        enqueue_pending=False,
+        message="preparing data and model",
+    )
+    if job is None:
+        return None
+    open_attempt(
+        session=session,
+        job_id=job_id,
+        tenant_id=job.tenant_id,
+        attempt=attempt,
+        worker=owner,
+        now=now,
+    )
+    return job
 
 
 def open_attempt(
@@ -97,3 +135,17 @@ def cancel_saves_partial(*, session: Session, job_id: str, tenant_id: str) -> bo
         if isinstance(data, dict) and data.get("reason") == "cancel requested":
             return bool(data.get("save_partial", True))
     return True
+
+
+def requeue_preempted(*, session: Session, job: Job, owner: str) -> Job | None:
+    """A preempted attempt (STARTING or RUNNING, still ``owner``'s lease) back to QUEUED as
+    attempt n+1, its message due now (:func:`service.store.db.crud.job_actions.requeue_job`);
+    None when it moved on."""
+    return requeue_job(
+        session=session,
+        job=job,
+        from_states=[JobState.STARTING, JobState.RUNNING],
+        reason="preempted",
+        send_at=utcnow(),
+        where=[Job.lease_owner == owner],
+    )
