@@ -35,31 +35,13 @@ from service.store.db.crud.tenants import one_at_a_time
 from service.store.db.models import Job
 from service.store.placement import placement
 from service.store.prepare import PreparedJob, PrepareError, Roots, prepare_job
-from service.store.prepare import resolve_dataset as store_resolve_dataset
 from service.store.settings import Settings
 from service.store.spec import spec_hash
 
-__all__ = ["Enqueue", "dispatch", "dry_run", "plan", "prepare", "resolve_dataset", "submit"]
+__all__ = ["Enqueue", "dispatch", "dry_run", "plan", "prepare", "submit"]
 
 log = logging.getLogger(__name__)
 Enqueue = Callable[..., bool]  # (job_id=, attempt=, max_wall_time_s=, devices=, nodes=) -> sent
-
-
-def _roots(*, session: Session, settings: Settings, tenant_id: str) -> Roots:
-    return Roots(
-        data=settings.data, artifacts=settings.artifacts, session=session, tenant_id=tenant_id
-    )
-
-
-def resolve_dataset(
-    *, session: Session, settings: Settings, tenant_id: str, spec: JobCreate
-) -> tuple[str | None, str | None]:
-    """(train, valid) file paths of an uploaded or server-side dataset; 422 naming the field."""
-    roots = _roots(session=session, settings=settings, tenant_id=tenant_id)
-    try:
-        return store_resolve_dataset(spec.dataset, roots)
-    except PrepareError as err:
-        raise FieldProblem.one(err.pointer, err.message, err.code) from None
 
 
 def prepare(
@@ -68,7 +50,7 @@ def prepare(
     """The prepared job of ``spec`` (:func:`service.store.prepare.prepare_job`: the dataset
     and the model source resolved, the spec translated once, planned as ``cpu`` unless it asks
     for ``cuda``); 422 naming the field."""
-    roots = _roots(session=session, settings=settings, tenant_id=tenant_id)
+    roots = Roots.server(settings=settings, session=session, tenant_id=tenant_id)
     device = "cuda" if spec.training.device == "cuda" else "cpu"
     try:
         return prepare_job(spec, roots, device=device)

@@ -22,9 +22,7 @@ __all__ = ["resolve_dataset", "roots"]
 
 def roots(*, session: Session, settings: Settings, tenant_id: str) -> Roots:
     """This worker's roots for a job of ``tenant_id`` (its data root, its artifact store)."""
-    return Roots(
-        data=settings.data, artifacts=settings.artifacts, session=session, tenant_id=tenant_id
-    )
+    return Roots.server(settings=settings, session=session, tenant_id=tenant_id)
 
 
 def resolve_dataset(

@@ -80,12 +80,7 @@ def load_config(*, session: Session, settings: Settings, job: Job) -> tuple[JobC
     worker's (:func:`service.store.prepare.worker_engine_config`). A job stored without a
     config of this version is prepared here from its spec (then ``True``: the pipeline stores
     the config it ran)."""
-    roots = Roots(
-        data=settings.data,
-        artifacts=settings.artifacts,
-        session=session,
-        tenant_id=job.tenant_id,
-    )
+    roots = Roots.server(settings=settings, session=session, tenant_id=job.tenant_id)
     spec = job.spec or {}
     data, fresh = worker_engine_config(spec, job.engine_config, roots)
     device = worker_device(spec.get("training", {}).get("device", "auto"))

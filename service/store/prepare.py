@@ -48,6 +48,7 @@ from api_schemas.jobs import ModelSpec
 from service.store import paths
 from service.store.db.crud.datasets import get_dataset
 from service.store.model_source import Uploaded, resolve_model_source
+from service.store.settings import Settings
 
 __all__ = [
     "SERVER_DATA_ROOT",
@@ -91,6 +92,11 @@ class Roots:
     session: Session | None = None
     tenant_id: str | None = None
     data_name: str = SERVER_DATA_ROOT
+
+    @classmethod
+    def server(cls, *, settings: Settings, session: Session, tenant_id: str) -> Roots:
+        """The roots of a server process (the API's or a worker's) for a job of ``tenant_id``."""
+        return cls(settings.data, settings.artifacts, session, tenant_id)
 
     @property
     def uploaded(self) -> Uploaded | None:
