@@ -64,7 +64,7 @@ def test_round_trip():
         ("method", "lte", "method"),
         ("schedule.1.target_ratio", _DELETE, "schedule[1].target_ratio"),
         ("schedule.1.target_ratio", 1.5, "schedule[1].target_ratio"),
-        ("schedule.0.target_ratio", 0.5, "schedule[0].target_ratio"),
+        ("schedule.0.target_ratio", 1.0, "schedule[0].target_ratio"),
         ("schedule.0.steps", 0, "schedule[0].steps"),
         ("schedule.0.epochs", 2, "schedule[0]"),  # both epochs and steps
         ("schedule.0.gamma", -1.0, "schedule[0].gamma"),
@@ -90,6 +90,16 @@ def test_bad_fields_are_named(path, value, field):
         JobConfig.from_dict(_with(path, value))
     assert info.value.field == field, str(info.value)
     assert str(info.value).startswith(field)
+
+
+def test_an_early_target_takes_auto_gamma_unless_a_fixed_one_is_given():
+    job = JobConfig.from_dict(_with("schedule.0.target_ratio", 0.5))
+    assert job.schedule[0].gamma == "auto" and job.schedule[2].gamma == 0.01
+    cfg = _with("schedule.0.target_ratio", 0.5)
+    cfg["schedule"][0]["gamma"] = 0.01
+    with pytest.raises(ConfigError) as info:
+        JobConfig.from_dict(cfg)
+    assert info.value.field == "schedule[0].target_ratio"
 
 
 def test_late_stage_needs_comera():
