@@ -7,8 +7,11 @@ warmed (``worker.plan`` imported) before its first plan, killed when a plan runs
 deadline or the pool breaks, and started afresh afterwards. Every child exits as soon as the
 API process does, however that ends (a SIGKILL runs no clean-up).
 
-This is the one place ``service`` imports ``worker``: inside the functions the child runs,
-never when this module loads (``tests/test_layering.py`` allows exactly this import).
+A request carries the job as :func:`service.store.prepare.prepare_job` prepared it (its engine
+config, the dataset reference of its spec): the child plans it and neither resolves nor
+translates anything. This is the one place ``service`` imports ``worker``: inside the
+functions the child runs, never when this module loads (``tests/test_layering.py`` allows
+exactly this import).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The plan of a job: what the worker would build for it and what that costs, without training.
 
-``plan_job(job)`` takes the engine job dict (:func:`api_schemas.engine_spec.to_engine`),
+``plan_job(job)`` takes the engine job dict as prepared once
+(:func:`service.store.prepare.prepare_job`; :func:`api_schemas.engine_spec.to_engine`),
 validates it as the worker will (``JobConfig.from_dict``, then building the model, so a stage
 or an option that does not fit the model fails here with the engine's ``ConfigError`` naming
 the field), and returns per-layer shapes, modes and initial ranks, parameter counts before

@@ -2,7 +2,9 @@
 
 The API checks a source when a job is submitted (a 422 naming ``/model/source/...``) and the
 worker checks it again, against its own data root, before it builds the model: the roots of
-the two processes may differ, and the directory may have changed in between.
+the two processes may differ, and the directory may have changed in between. Both go through
+:mod:`service.store.prepare` (``prepare_job`` at submission; ``worker_engine_config``, which
+resolves only this root-relative path again in the stored engine config).
 
 * ``hf_dir``: ``path`` relative to the data root (``settings.data``). The directory is
   resolved (symlinks followed) and must stay inside the resolved root; so must each file read
