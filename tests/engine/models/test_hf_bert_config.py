@@ -13,14 +13,15 @@ from engine.models.registry import TensorizeOptions, get_workload
 from engine.train import JobConfig
 from engine.train.config import ConfigError
 from tests.helpers.hf_bert import MINILM, edit_config, minilm_dir, write_tiny_bert
+from tests.helpers.specs import early_stage, engine_job, model_spec, synthetic_data
 
 
 def job(config: dict) -> dict:
-    return {
-        "model": {"arch": "hf_bert", "config": config},
-        "data": {"kind": "synthetic", "generator": "stdlib_text"},
-        "schedule": [{"kind": "early", "steps": 1}],
-    }
+    return engine_job(
+        model=model_spec("hf_bert", config),
+        data=synthetic_data("stdlib_text"),
+        schedule=[early_stage(steps=1)],
+    )
 
 
 def test_minilm_config_is_read_from_the_package_directory():

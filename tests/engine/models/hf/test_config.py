@@ -10,6 +10,7 @@ from engine.configs import ConfigError
 from engine.models.hf import HFConfig
 from engine.train.job import JobConfig
 from tests.helpers.hf_models import tiny_config
+from tests.helpers.specs import early_stage, engine_job, model_spec, synthetic_data
 
 
 def _refused(match: str, **kw) -> None:
@@ -83,11 +84,11 @@ def test_a_tokenizer_larger_than_the_vocabulary_is_refused():
 
 
 def test_the_job_validates_the_model_config_up_front():
-    job = {
-        "model": {"arch": "hf", "config": {"task": "causal_lm", "hf_config": {"model_type": "x"}}},
-        "data": {"kind": "synthetic"},
-        "schedule": [{"kind": "early", "steps": 1}],
-    }
+    job = engine_job(
+        model=model_spec("hf", {"task": "causal_lm", "hf_config": {"model_type": "x"}}),
+        data=synthetic_data(),
+        schedule=[early_stage(steps=1)],
+    )
     with pytest.raises(ConfigError, match=r"model.config.hf_config.model_type"):
         JobConfig.from_dict(job)
 
