@@ -1,7 +1,7 @@
 """A screenshot of the dashboard showing a finished job (the README's picture).
 
     .venv/bin/python scripts/screenshot_dashboard.py [--home runs/service] [--job ID]
-                                                     [--url URL] [--out docs/dashboard.png]
+                                                     [--url URL] [--out bench/results/dashboard.png]
 
 Run ``bash scripts/demo.sh`` first: this starts ``comera up`` on the demo's home (its SQLite
 store, its API key) on a free port, or uses a service already running at ``--url`` (the key
@@ -92,7 +92,7 @@ def main() -> int:
     ap.add_argument("--home", type=Path, default=ROOT / "runs/service")
     ap.add_argument("--job", help="the job to show (default: the newest SUCCEEDED compressed)")
     ap.add_argument("--url", help="a service already running on HOME (default: start one)")
-    ap.add_argument("--out", type=Path, default=ROOT / "docs/dashboard.png")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench/results/dashboard.png")
     args = ap.parse_args()
     key_file = args.home / "api_key"
     if not key_file.exists():
