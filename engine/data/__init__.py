@@ -10,6 +10,9 @@ Public API::
     BatchSource.count() -> int               one counting pass, so num_batches() is known
     DataError                      a malformed input row: file, line, what was expected
     write_synthetic(generator, directory, *, n_train, n_valid, seed, params, fmt)
+    register_kind(name, *, archs)  decorator: a bundle builder (config, Load) -> DataBundle
+                                   becomes data.kind ``name`` (DATA_KINDS); generators register
+                                   likewise (engine.data.synthetic.register_generator)
 
 Kinds per architecture (batch keys in :mod:`engine.models.registry`):
 

@@ -1,6 +1,7 @@
 """Synthetic data for every workload: in memory (``kind="synthetic"``) or written as files.
 
-One generator per architecture (``data.generator``, default the architecture's own):
+One generator per architecture (``data.generator``, default the architecture's own), each
+registered by :func:`register_generator` on its in-memory builder, with its file writer:
 
     nli     transformer   sentence pairs, label = relation of hypothesis to premise
     criteo  dlrm          Criteo-format clicks from a logistic model over hidden effects
