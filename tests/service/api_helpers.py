@@ -9,6 +9,7 @@ by the worker's and the end-to-end tests); the planner is the real spawned child
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from typing import Any
 
 import httpx
 from fastapi.testclient import TestClient
-from sqlalchemy import update
+from sqlalchemy import insert, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from api_schemas import JobCreate
@@ -28,22 +29,26 @@ from service.store.auth import ALL_SCOPES
 from service.store.db.crud.api_keys import create_key
 from service.store.db.crud.jobs import create_job
 from service.store.db.crud.tenants import get_or_create_tenant
-from service.store.db.models import Job
+from service.store.db.models import Checkpoint, Job, utcnow
 from service.store.settings import Settings
 from service.store.spec import spec_hash
 from tests.helpers.specs import api_job, early_stage, late_stage, mlp_model, synthetic_dataset
 
 __all__ = [
+    "BLOB",
     "NO_KEY",
     "Api",
+    "add_checkpoint",
     "issue_key",
     "job_body",
     "make_job",
     "parse_sse",
     "serve_api",
     "set_state",
+    "write_artifact",
 ]
 
+BLOB = os.urandom(5000) + b"end"  # a checkpoint file's content (the download tests)
 NO_KEY = "X-Test-No-Idempotency-Key"  # a request header: submit without an Idempotency-Key
 
 
@@ -162,3 +167,48 @@ def parse_sse(text: str) -> list[dict[str, Any]]:
             fields["data"] = json.loads(fields["data"])
             out.append(fields)
     return out
+
+
+def add_checkpoint(
+    api: Api,
+    job_id: str,
+    ckpt_id: str,
+    rel: str,
+    *,
+    kind: str = "latest",
+    state: str = "complete",
+    sha: str | None = None,
+    manifest: dict | None = None,
+) -> None:
+    """A checkpoint row of ``job_id`` (attempt 1, step 42) for the file ``rel`` of ``BLOB``'s
+    size under the artifacts directory."""
+    with api.sessions() as s, s.begin():
+        s.execute(
+            insert(Checkpoint),
+            [
+                {
+                    "id": ckpt_id,
+                    "job_id": job_id,
+                    "tenant_id": api.tenant_id(),
+                    "attempt": 1,
+                    "kind": kind,
+                    "step": 42,
+                    "stage": "late",
+                    "metrics": {"loss": 0.5},
+                    "path": rel,
+                    "size_bytes": len(BLOB),
+                    "sha256": sha,
+                    "state": state,
+                    "manifest": manifest,
+                    "created_at": utcnow(),
+                }
+            ],
+        )
+
+
+def write_artifact(api: Api, rel: str, data: bytes = BLOB) -> Path:
+    """``data`` written at ``rel`` under the artifacts directory."""
+    path = Path(api.settings.artifacts) / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path

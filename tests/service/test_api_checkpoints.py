@@ -5,68 +5,14 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import pytest
-from sqlalchemy import insert
 
-from service.store.db.models import Checkpoint, utcnow
 from tests.helpers.specs import model_spec
-from tests.service.api_helpers import Api, job_body, make_job
-
-BLOB = os.urandom(5000) + b"end"
-
-
-def _add(
-    api: Api,
-    job_id: str,
-    ckpt_id: str,
-    rel: str,
-    *,
-    kind: str = "latest",
-    state: str = "complete",
-    sha: str | None = None,
-    manifest: dict | None = None,
-) -> None:
-    with api.sessions() as s, s.begin():
-        s.execute(
-            insert(Checkpoint),
-            [
-                {
-                    "id": ckpt_id,
-                    "job_id": job_id,
-                    "tenant_id": api.tenant_id(),
-                    "attempt": 1,
-                    "kind": kind,
-                    "step": 42,
-                    "stage": "late",
-                    "metrics": {"loss": 0.5},
-                    "path": rel,
-                    "size_bytes": len(BLOB),
-                    "sha256": sha,
-                    "state": state,
-                    "manifest": manifest,
-                    "created_at": utcnow(),
-                }
-            ],
-        )
-
-
-def _file(api: Api, rel: str, data: bytes = BLOB) -> Path:
-    path = Path(api.settings.artifacts) / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    return path
-
-
-@pytest.fixture
-def ckpt(api: Api) -> tuple[Api, str]:
-    job_id = make_job(api, state="RUNNING")
-    rel = f"jobs/{job_id}/ckpt_a.safetensors"
-    _file(api, rel)
-    _add(api, job_id, "ckpt_a", rel, sha=hashlib.sha256(BLOB).hexdigest())
-    return api, f"/v1/jobs/{job_id}/checkpoints/ckpt_a/content"
+from tests.service.api_helpers import BLOB, Api, job_body, make_job
+from tests.service.api_helpers import add_checkpoint as _add
+from tests.service.api_helpers import write_artifact as _file
 
 
 def test_full_download_with_etag_and_repr_digest(ckpt):

@@ -18,8 +18,7 @@ from service.middleware import BodyLimitMiddleware, content_length_exceeds
 from tests.helpers.hf_dirs import write_bert_dir
 from tests.helpers.hostile_files import nested_json
 from tests.helpers.specs import hf_dir, mlp_model, model_spec, synthetic_dataset
-from tests.service.api_helpers import Api, job_body
-from tests.service.test_api_checkpoints import BLOB, ckpt  # noqa: F401 (fixture)
+from tests.service.api_helpers import BLOB, Api, job_body
 
 LONG = "a" * 300  # one component past NAME_MAX (255): ENAMETOOLONG
 
@@ -99,7 +98,7 @@ def test_deeply_nested_model_files_are_a_422_naming_the_source(api_lite: Api, br
         assert broken in error["message"] and "deeper than 64 levels" in error["message"]
 
 
-def test_ranges_of_any_number_of_digits(ckpt):  # noqa: F811 (the fixture)
+def test_ranges_of_any_number_of_digits(ckpt):
     huge = "9" * 5000  # past Python's int-digit limit: int() raised, a 500
     for header in (f"bytes={huge}-", f"bytes={huge}-{huge}"):
         with pytest.raises(Unsatisfiable):

@@ -46,7 +46,7 @@ def test_claim_and_heartbeat_events_do_not_name_the_worker(sqlite_url):
     assert heartbeat == {"step": 3, "stage": "early"}
 
 
-def test_attempts_name_the_worker_to_admin_keys_only(api_lite: Api):  # noqa: F811
+def test_attempts_name_the_worker_to_admin_keys_only(api_lite: Api):
     job_id = make_job(api_lite, state="RUNNING")
     with api_lite.sessions() as s, s.begin():
         s.execute(update(JobAttempt).where(JobAttempt.job_id == job_id).values(worker=OWNER))
