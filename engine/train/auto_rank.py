@@ -23,6 +23,11 @@ rank decomposed), the test's oracle.
 
 A layer the rule puts at ``cap`` while the tolerance needs more is ``capped``; the job's
 choice says so (``raise max_rank`` by hand if that layer matters).
+
+The job starts every layer at the largest layer's choice (``build_rank``): a rank a layer does
+not need costs compute until the early stage's gates cut it, one it lacks costs accuracy, and
+starting each layer at its own smaller rank (a fresh draw of its cores) did not help on the
+real-data benchmark (docs/method.md#automatic-rank).
 """
 
 from __future__ import annotations
@@ -42,7 +47,6 @@ from engine.tt.shapes import bond_rank_bounds
 __all__ = [
     "AUTO_RANK_CAP",
     "PROBE_STEPS",
-    "apply_ranks_",
     "calibrate",
     "choose_layer_ranks",
     "probe_steps",
@@ -161,7 +165,7 @@ def brute_force_rank(tensor: Tensor, tol: float, cap: int) -> int:
 @dataclass
 class AutoRank:
     """The job's choice: per TT layer its :class:`RankChoice`, how the probe ran, and the
-    rank the model is built at (the largest layer's; smaller layers are rebuilt)."""
+    rank the model is built at: the largest layer's, every layer starts there (module doc)."""
 
     layers: dict[str, RankChoice] = field(default_factory=dict)
     probe: dict[str, Any] = field(default_factory=dict)
@@ -176,7 +180,7 @@ class AutoRank:
             "rule": (
                 f"smallest TT rank whose TT-SVD of the dense layer after {self.probe.get('steps')} "
                 f"calibration steps keeps a relative error <= {self.probe.get('tolerance')}, "
-                f"at most {self.probe.get('cap')}"
+                f"at most {self.probe.get('cap')}; every layer starts at the largest choice"
             ),
             "probe": dict(self.probe),
             "layers": {n: c.to_dict() for n, c in self.layers.items()},
@@ -274,30 +278,3 @@ def calibrate(
         "loss_last": losses[-1] if losses else None,
     }
     return AutoRank(choices, probe)
-
-
-def apply_ranks_(model: nn.Module, auto: AutoRank) -> None:
-    """Give every TT-linear of ``model`` (built at ``auto.build_rank``) its chosen rank: the
-    cores and gates of a fresh layer at that rank replace its own (before any optimizer)."""
-    from engine.nn.tt_linear import TTLinear
-
-    for name, choice in auto.layers.items():
-        layer = model.get_submodule(name)
-        if not isinstance(layer, TTLinear) or max(layer.ranks) <= choice.rank:
-            continue
-        first = layer.cores[0]
-        fresh = TTLinear(
-            layer.in_features,
-            layer.out_features,
-            layer.bias is not None,
-            max_rank=choice.rank,
-            in_modes=layer.in_modes,
-            out_modes=layer.out_modes,
-            gate_threshold=layer.gate_threshold,
-            device=first.device,
-            dtype=first.dtype,
-        )
-        for own, new in zip(
-            [*layer.cores, *layer.gates], [*fresh.cores, *fresh.gates], strict=True
-        ):
-            own.data = new.data

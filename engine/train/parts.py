@@ -21,7 +21,7 @@ from torch import nn
 from engine.data import build_data
 from engine.models.registry import get_workload
 from engine.rank import tensorized_layers
-from engine.train.auto_rank import AutoRank, apply_ranks_, calibrate
+from engine.train.auto_rank import AutoRank, calibrate
 from engine.train.config import ConfigError, as_config_error
 from engine.train.distributed import DistContext
 from engine.train.job import JobConfig
@@ -84,8 +84,9 @@ def build_parts(
         torch_dist.barrier()
     model_config = job.model_config(data.model_overrides)
     opts = job.compression.options
-    # max_rank "auto": a fresh run chooses each layer's rank by a dense calibration run; a
-    # resumed one builds at the cap and takes the checkpoint's shapes and choice
+    # max_rank "auto": a fresh run chooses the rank by a dense calibration run (every layer
+    # starts at the largest layer's choice); a resumed one builds at the cap and takes the
+    # checkpoint's shapes and choice
     auto = None
     if job.tensorized and opts.max_rank == "auto" and fresh:
         auto = calibrate(job, workload, data, model_config, device)
@@ -98,8 +99,6 @@ def build_parts(
         model = workload.build(model_config, tensorized=job.tensorized, options=opts).to(device)
     except ValueError as err:  # a stage or option that does not fit the model
         raise as_config_error(err, "compression") from None
-    if auto is not None:
-        apply_ranks_(model, auto)
     if job.tensorized and not tensorized_layers(model):
         raise ConfigError(
             "compression.layers",

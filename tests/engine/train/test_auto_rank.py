@@ -152,7 +152,7 @@ def _run(cfg: dict[str, Any], path, **kw):
     return trainer, trainer.run(), events
 
 
-def test_the_job_starts_each_layer_at_its_chosen_rank_and_reports_it(tmp_path):
+def test_the_job_starts_at_the_largest_layer_choice_and_reports_each(tmp_path):
     cfg = _job({"kind": "early", "steps": 30, "target_ratio": 0.5, "lr": LR})
     trainer, result, _ = _run(cfg, tmp_path / "a")
     auto = result.report["auto_rank"]
@@ -160,17 +160,27 @@ def test_the_job_starts_each_layer_at_its_chosen_rank_and_reports_it(tmp_path):
     assert auto["probe"]["steps"] == 30  # at most the first stage's steps
     start = result.report["stages"][0]
     assert start["size_start"] is not None
-    # a fresh model at the chosen ranks: the stage began there
+    # every layer starts at the largest layer's choice (capped by its bond bounds)
     choice = AutoRank.from_dict(auto)
+    assert (
+        auto["build_rank"] == choice.build_rank == max(c["rank"] for c in auto["layers"].values())
+    )
     again = Trainer(JobConfig.from_dict(cfg), workdir=tmp_path / "b")
-    for name, c in choice.layers.items():
+    for name in choice.layers:
         layer = again.model.get_submodule(name)
         assert isinstance(layer, TTLinear)
+        sizes = layer.mode_sizes
         bounds = [
-            min(math.prod(layer.mode_sizes[: k + 1]), math.prod(layer.mode_sizes[k + 1 :]))
-            for k in range(len(layer.mode_sizes) - 1)
+            min(math.prod(sizes[: k + 1]), math.prod(sizes[k + 1 :])) for k in range(len(sizes) - 1)
         ]
-        assert list(layer.ranks[1:-1]) == [min(c.rank, b) for b in bounds]
+        assert list(layer.ranks[1:-1]) == [min(choice.build_rank, b) for b in bounds]
+    # the calibration leaves the run's random draws alone: the same start as a fixed rank
+    fixed = Trainer(
+        JobConfig.from_dict(_job(*cfg["schedule"], max_rank=choice.build_rank)),
+        workdir=tmp_path / "c",
+    )
+    a, b = again.model.state_dict(), fixed.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # the same seed chooses the same ranks
     assert again.control.auto_rank == auto
 
