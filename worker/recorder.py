@@ -32,14 +32,11 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.store.db.crud.jobs import append_event
-from service.store.db.crud.points import set_attempt_summary, upsert
-from service.store.db.models import LatestMetric, MetricPoint, RankPoint, utcnow
+from service.store.db.crud.points import set_attempt_summary, write_points
+from service.store.db.models import utcnow
 from service.store.db.session import session_scope
 
 __all__ = ["Recorder", "finite", "json_clean"]
-
-METRIC_COLUMNS = ["attempt", "stage", "epoch", "value", "t"]  # updated when a step is replayed
-RANK_COLUMNS = ["attempt", "stage", "kind", "ranks", "params", "dense", "ratio", "t"]
 
 
 def finite(value: Any) -> bool:
@@ -176,42 +173,22 @@ class Recorder:
             return
         metrics, ranks = list(self._metrics.values()), list(self._ranks.values())
         with session_scope(self.factory) as s:
-            metric_keys, rank_keys = ["job_id", "key", "step"], ["job_id", "tensor", "step"]
-            upsert(
-                session=s,
-                table=MetricPoint.__table__,
-                rows=metrics,
-                keys=metric_keys,
-                columns=METRIC_COLUMNS,
-            )
-            upsert(
-                session=s,
-                table=RankPoint.__table__,
-                rows=ranks,
-                keys=rank_keys,
-                columns=RANK_COLUMNS,
-            )
             newest: dict[str, dict[str, Any]] = {}
             for p in metrics:  # newest step per key in this batch
                 if p["key"] not in newest or p["step"] >= newest[p["key"]]["step"]:
                     newest[p["key"]] = p
-            upsert(
-                session=s,
-                table=LatestMetric.__table__,
-                rows=[
-                    {
-                        "job_id": self.job_id,
-                        "tenant_id": self.tenant_id,
-                        "key": k,
-                        "step": p["step"],
-                        "value": p["value"],
-                        "t": p["t"],
-                    }
-                    for k, p in newest.items()
-                ],
-                keys=["job_id", "key"],
-                columns=["step", "value", "t"],
-            )
+            latest = [
+                {
+                    "job_id": self.job_id,
+                    "tenant_id": self.tenant_id,
+                    "key": k,
+                    "step": p["step"],
+                    "value": p["value"],
+                    "t": p["t"],
+                }
+                for k, p in newest.items()
+            ]
+            write_points(session=s, metrics=metrics, ranks=ranks, latest=latest)
             if self._job_values:  # only while the job is still on our attempt
                 set_attempt_summary(
                     session=s, job_id=self.job_id, attempt=self.attempt, values=self._job_values

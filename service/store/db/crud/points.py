@@ -14,9 +14,20 @@ from sqlalchemy import Table, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from service.store.db.models import Job
+from service.store.db.models import Job, LatestMetric, MetricPoint, RankPoint
 
-__all__ = ["set_attempt_summary", "upsert"]
+__all__ = [
+    "LATEST_COLUMNS",
+    "METRIC_COLUMNS",
+    "RANK_COLUMNS",
+    "set_attempt_summary",
+    "upsert",
+    "write_points",
+]
+
+METRIC_COLUMNS = ["attempt", "stage", "epoch", "value", "t"]  # updated when a step is replayed
+RANK_COLUMNS = ["attempt", "stage", "kind", "ranks", "params", "dense", "ratio", "t"]
+LATEST_COLUMNS = ["step", "value", "t"]
 
 
 def upsert(
@@ -37,6 +48,23 @@ def upsert(
         index_elements=keys, set_={c: stmt.excluded[c] for c in columns}
     )
     session.execute(stmt, rows)
+
+
+def write_points(
+    *,
+    session: Session,
+    metrics: list[dict[str, Any]],
+    ranks: list[dict[str, Any]],
+    latest: list[dict[str, Any]],
+) -> None:
+    """Upsert metric points on ``(job, key, step)``, rank points on ``(job, tensor, step)`` and
+    the latest metrics on ``(job, key)``, in that order (rows: the tables' columns)."""
+    for table, rows, keys, columns in (
+        (MetricPoint.__table__, metrics, ["job_id", "key", "step"], METRIC_COLUMNS),
+        (RankPoint.__table__, ranks, ["job_id", "tensor", "step"], RANK_COLUMNS),
+        (LatestMetric.__table__, latest, ["job_id", "key"], LATEST_COLUMNS),
+    ):
+        upsert(session=session, table=table, rows=rows, keys=keys, columns=columns)
 
 
 def set_attempt_summary(
