@@ -153,13 +153,21 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
 
 
 @pytest.fixture(scope="module")
-def browser(service: Service) -> Iterator[Any]:
+def chromium() -> Iterator[Any]:
+    """Debian's chromium under Playwright, one per module (one sync Playwright at a time)."""
+    if not CHROMIUM.exists():
+        pytest.skip("/usr/bin/chromium is absent (scripts/test.sh installs Debian's chromium)")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
+        launched = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture(scope="module")
+def browser(service: Service, chromium: Any) -> Any:
+    return chromium
 
 
 def _assert_linear(pixels: list[float], values: list[float], what: str) -> None:
@@ -466,14 +474,10 @@ def _table(page, selector: str) -> dict[str, Any]:
     )
 
 
-def test_dashboard_shows_the_deployment_table_and_the_dense_baseline_of_a_report():
+def test_dashboard_shows_the_deployment_table_and_the_dense_baseline_of_a_report(chromium: Any):
     """The columns of ``comera report``: the exported model/hf/ beside the original (task
     metric, parameters, file bytes, latency and peak memory at batch 1 and at the throughput
     batch, the sequence length), and this job's metrics beside its dense baseline's."""
-    if not CHROMIUM.exists():
-        pytest.skip("/usr/bin/chromium is absent (scripts/test.sh installs Debian's chromium)")
-    from playwright.sync_api import sync_playwright
-
     base = f"/v1/jobs/{HF_JOB}"
     job = _served_job()
     answers = {
@@ -485,21 +489,20 @@ def test_dashboard_shows_the_deployment_table_and_the_dense_baseline_of_a_report
         f"{base}/checkpoints": {"items": []},
         f"{base}/report": _served_report(),
     }
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            errors: list[str] = []
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
-            page.route("http://dashboard.test/**", lambda route: _serve(route, answers))
-            page.goto(f"http://dashboard.test/#key=k&job={HF_JOB}")
-            page.wait_for_selector("#deploy-table")
-            deploy = _table(page, "#deploy-table")
-            baseline = _table(page, "#baseline-table")
-            cards = page.inner_text(".cards")
-        finally:
-            browser.close()
+    context = chromium.new_context(viewport={"width": 1400, "height": 1000})
+    try:
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+        page.route("http://dashboard.test/**", lambda route: _serve(route, answers))
+        page.goto(f"http://dashboard.test/#key=k&job={HF_JOB}")
+        page.wait_for_selector("#deploy-table")
+        deploy = _table(page, "#deploy-table")
+        baseline = _table(page, "#baseline-table")
+        cards = page.inner_text(".cards")
+    finally:
+        context.close()
 
     assert deploy["caption"] == "Deployment on cpu, 2 threads, 128 tokens a sequence"
     assert deploy["head"] == [
