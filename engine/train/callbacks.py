@@ -11,7 +11,9 @@ file, a database or a queue unchanged:
 * ``checkpoint``: path, step, bytes, whether the job was interrupted (``partial``);
 * ``progress``: cheap, every step (global step, stage step, stage length when known);
 * ``guard``: a verdict of the fidelity guard on a cut (step, sizes before and after, metric,
-  decision: ``accept``, ``back_off``, ``stop`` or ``restore``; :mod:`engine.train.prune_events`).
+  decision: ``accept``, ``back_off``, ``stop`` or ``restore``; :mod:`engine.train.prune_events`);
+* ``advice``: an early stage its ranks held back (``code: "raise_max_rank"``, the fix, the
+  reason; :func:`engine.train.report.early_stage_advice`), also in the stage's report.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Callback:
     def on_checkpoint(self, event: Event) -> None: ...
     def on_progress(self, event: Event) -> None: ...
     def on_guard(self, event: Event) -> None: ...
+    def on_advice(self, event: Event) -> None: ...
 
 
 class CallbackList(Callback):
