@@ -12,7 +12,8 @@ for the engine synthetic data); every keyword is a top-level field, replaced who
 keyword given as ``None`` leaves that field out. The parts are built by the functions below
 (``mlp_model(64, 64)``, ``transformer_model(max_len=32)``, ``synthetic_data("nli", n_train=96)``,
 ``early_stage(steps=5)``, ``late_stage(steps=5, target_ratio=0.5)``...), so a test writes only
-what it is about. Every call returns new dicts: a test may change what it gets.
+what it is about. What a factory fills in is new on every call (what a test passes in is
+used as given, not copied).
 """
 
 from __future__ import annotations
