@@ -193,7 +193,7 @@ def prepare_job(spec: JobCreate, roots: Roots, *, device: str) -> PreparedJob:
 
 def is_prepared(engine_config: Mapping[str, Any] | None) -> bool:
     """Whether a stored ``engine_config`` is one this code prepared (its ``version``)."""
-    return bool(engine_config) and engine_config.get("version") == ENGINE_CONFIG_VERSION  # type: ignore[union-attr]
+    return engine_config is not None and engine_config.get("version") == ENGINE_CONFIG_VERSION
 
 
 def _model_key(model: ModelSpec) -> str | None:
