@@ -1,0 +1,779 @@
+"""Are the example jobs' exports bitwise the same at two revisions?
+
+    python -m bench.export_identity --before REV [--after REV] [--jobs a,b] [--parallel N]
+                                    [--bisect] [--workdir DIR] [--out PATH] [--keep]
+
+For each revision a throwaway checkout (``git worktree add --detach`` under ``--workdir``, /tmp
+by default) runs the engine's example jobs (``examples/engine/*.json`` of that revision) the
+way examples/engine/README.md says, ``python -m engine.train --config JOB --out DIR``, with this
+interpreter (no install: ``PYTHONPATH`` and the working directory are the checkout, and each
+revision's ``import engine`` is checked to resolve inside its checkout). Both revisions run in
+the same environment: one intra-op thread (``OMP_NUM_THREADS=1``, ``MKL_NUM_THREADS=1``),
+``PYTHONHASHSEED=0``, ``nice -n 10``.
+
+Then every file of the two output directories is compared byte for byte:
+
+* the export (``model/``: the compact checkpoint ``model.safetensors`` and ``manifest.json``,
+  ``model/hf/`` and ``model/dense/`` where the job writes them) and a trained tokenizer;
+* the run's records (``report.json``, ``metrics.jsonl``, ``ranks.jsonl``) and the training
+  checkpoints (``checkpoints/``).
+
+Where bytes differ, a safetensors file is compared tensor by tensor (the raw bytes of each
+entry; where they differ, the maximum absolute difference, so a numeric change is told from a
+layout change: same tensors in another header order or with other metadata), and a JSON file
+(or a safetensors file's JSON metadata) field by field. Fields that legitimately differ between
+two runs (wall times, paths of the run, load) are excluded by the explicit rules of
+:data:`EXCLUDED`, which the JSON lists, together with every excluded field that was met and
+whether its value differed; nothing else is ignored.
+
+A job whose export differs is run a second time at ``--before`` (``--determinism on-diff``, the
+default): if the two runs of one revision differ too, the job is not deterministic and the
+difference is not the change's. With ``--bisect``, a job that differs while ``--before`` is
+deterministic is run at the commits of ``git rev-list --first-parent before..after`` (binary
+search) to name the first commit whose export differs from ``--before``'s.
+
+Jobs skipped by default (:data:`SKIPPED`) take more than about two minutes on the shared 2-core
+host; ``--jobs`` names the jobs to run (a skipped one included). ``--shorten`` applies
+:data:`SHORTENED` (fewer steps and sentences for those jobs), identically at both revisions.
+
+Runs are kept under ``--workdir`` keyed by commit, job and config digest, and reused: a fixed
+``--before`` runs once. Checkouts are removed at the end (``--keep`` keeps them). Writes
+``bench/results/export_identity.json`` (``COMERA_BENCH_RESULTS`` or ``--out`` redirect it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import copy
+import functools
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = "examples/engine"
+DONE = ".export_identity.json"  # written into a run's directory when it completed
+
+# (file pattern, field pattern, why it may differ). In a pattern "*" matches any run of
+# characters and everything else only itself; a field is its dotted path in the JSON document
+# ("[i]" for the i-th element of a list or of a JSONL file; "metadata.<key>." before the JSON
+# held in a safetensors metadata entry).
+EXCLUDED: list[tuple[str, str, str]] = [
+    ("report.json", "wall_seconds", "wall time of the whole run"),
+    ("report.json", "stages[*].wall_seconds", "wall time of a stage"),
+    ("report.json", "stages[*].seconds", "wall time of a stage"),
+    ("report.json", "checkpoint.path", "path of the run's output directory"),
+    ("report.json", "export.path", "path of the run's output directory"),
+    ("report.json", "*time*", "a duration or a clock reading"),
+    ("report.json", "hf_export.*.path", "path of the run's output directory"),
+    ("report.json", "hf_export.deploy.*.latency_ms", "measured inference latency"),
+    ("report.json", "hf_export.deploy.*.tokens_per_second", "measured inference throughput"),
+    ("report.json", "hf_export.deploy.ratios.speedup_*", "ratio of measured latencies"),
+    ("report.json", "hf_export.deploy.*.peak_bytes", "measured peak memory of an inference"),
+    ("report.json", "hf_export.deploy.ratios.memory_*", "ratio of measured peak memories"),
+    ("metrics.jsonl", "[*].*time*", "a duration or a clock reading"),
+    ("metrics.jsonl", "[*].*seconds*", "a duration"),
+    ("metrics.jsonl", "[*].*per_s*", "a throughput (a duration)"),
+    ("metrics.jsonl", "[*].seconds", "wall time of a stage"),
+    ("metrics.jsonl", "[*].path", "path of the run's output directory"),
+    ("ranks.jsonl", "[*].*time*", "a duration or a clock reading"),
+    ("checkpoints/*.safetensors", "metadata.comera.*seconds*", "a duration"),
+    ("checkpoints/*.safetensors", "metadata.comera.*time*", "a duration or a clock reading"),
+]
+
+SKIPPED: dict[str, str] = {
+    "minilm_hf": (
+        "hf_bert recipe: sequential fit on 7,750 sentences + 2,400 distillation steps on 32,000 "
+        "sentences, 627 s on an idle 2-core host (examples/engine/README.md), far over 2 min"
+    ),
+    "minilm_transformers": (
+        "1 min 42 s on an idle 2-core host (examples/engine/README.md): over 2 min on this "
+        "shared host; run it with --jobs minilm_transformers --shorten"
+    ),
+}
+
+# Shortened configs (--shorten), the same at both revisions: dotted path -> value.
+SHORTENED: dict[str, dict[str, Any]] = {
+    "minilm_transformers": {
+        "data.n_train": 640,
+        "data.n_valid": 64,
+        "model.config.calibration_sentences": 64,
+        "schedule[0].steps": 12,
+        "schedule[0].warmup_steps": 2,
+    },
+    "minilm_hf": {
+        "data.n_train": 640,
+        "data.n_valid": 64,
+        "data.params.packages": [],
+        "model.config.calibration_sentences": 64,
+        "model.config.probe_sentences": 8,
+        "schedule[0].steps": 12,
+        "schedule[0].warmup_steps": 2,
+    },
+}
+
+ENV = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "PYTHONHASHSEED": "0",
+    "TOKENIZERS_PARALLELISM": "false",
+    "CUDA_VISIBLE_DEVICES": "",
+}
+
+
+# -- comparison -------------------------------------------------------------------------------
+@functools.cache
+def _pattern(text: str) -> re.Pattern[str]:
+    return re.compile(".*".join(re.escape(part) for part in text.split("*")), re.DOTALL)
+
+
+def matches(text: str, pattern: str) -> bool:
+    """``pattern`` covers all of ``text``; "*" is the only wildcard."""
+    return _pattern(pattern).fullmatch(text) is not None
+
+
+def excluded_rule(rel: str, path: str) -> tuple[str, str, str] | None:
+    """The rule of :data:`EXCLUDED` that covers field ``path`` of file ``rel``, if any."""
+    for file_pat, field_pat, why in EXCLUDED:
+        if matches(rel, file_pat) and matches(path, field_pat):
+            return file_pat, field_pat, why
+    return None
+
+
+def _short(value: Any, limit: int = 120) -> Any:
+    text = json.dumps(value, sort_keys=True, default=str)
+    return value if len(text) <= limit else text[:limit] + "..."
+
+
+def json_diff(a: Any, b: Any, path: str = "") -> Iterator[tuple[str, Any, Any]]:
+    """Every leaf where ``a`` and ``b`` differ: (dotted path, value in a, value in b)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b), key=str):
+            sub = f"{path}.{key}" if path else str(key)
+            if key not in a:
+                yield sub, "<absent>", _short(b[key])
+            elif key not in b:
+                yield sub, _short(a[key]), "<absent>"
+            else:
+                yield from json_diff(a[key], b[key], sub)
+    elif isinstance(a, list) and isinstance(b, list):
+        for i in range(max(len(a), len(b))):
+            sub = f"{path}[{i}]"
+            if i >= len(a):
+                yield sub, "<absent>", _short(b[i])
+            elif i >= len(b):
+                yield sub, _short(a[i]), "<absent>"
+            else:
+                yield from json_diff(a[i], b[i], sub)
+    elif type(a) is not type(b) or a != b:
+        if not (isinstance(a, float) and isinstance(b, float) and a != a and b != b):  # NaN
+            yield path, _short(a), _short(b)
+
+
+def split_fields(
+    rel: str, diffs: Iterator[tuple[str, Any, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The differing fields, split into (not excluded, excluded by a rule)."""
+    kept, excluded = [], []
+    for path, va, vb in diffs:
+        rule = excluded_rule(rel, path)
+        entry = {"field": path, "before": va, "after": vb}
+        if rule is None:
+            kept.append(entry)
+        else:
+            excluded.append({**entry, "rule": f"{rule[0]}: {rule[1]}"})
+    return kept, excluded
+
+
+def excluded_fields_present(rel: str, doc: Any, path: str = "") -> Iterator[str]:
+    """Paths of ``doc`` (leaves or subtrees) that a rule excludes, equal or not."""
+    if path and excluded_rule(rel, path) is not None:
+        yield path
+        return
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            yield from excluded_fields_present(rel, value, f"{path}.{key}" if path else str(key))
+    elif isinstance(doc, list):
+        for i, value in enumerate(doc):
+            yield from excluded_fields_present(rel, value, f"{path}[{i}]")
+
+
+def read_json_doc(path: Path) -> Any:
+    """A JSON file, or a JSONL file as a list of its lines' documents."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return json.loads(text)
+
+
+def safetensors_parts(path: Path) -> tuple[dict[str, Any], dict[str, Any], bytes]:
+    """(tensor entries: name -> {dtype, shape, data_offsets}, metadata, data bytes)."""
+    blob = path.read_bytes()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8 : 8 + n])
+    metadata = header.pop("__metadata__", None) or {}
+    return header, metadata, blob[8 + n :]
+
+
+def _metadata_doc(metadata: dict[str, Any]) -> dict[str, Any]:
+    """Metadata values that hold JSON, parsed (so their fields can be compared and excluded)."""
+    out: dict[str, Any] = {}
+    for key, value in metadata.items():
+        try:
+            out[key] = json.loads(value) if isinstance(value, str) else value
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _max_abs_diff(entry_a: dict, data_a: bytes, entry_b: dict, data_b: bytes) -> float | None:
+    import torch
+    from safetensors.torch import load
+
+    def tensor(entry: dict, data: bytes) -> torch.Tensor:
+        lo, hi = entry["data_offsets"]
+        header = json.dumps({"t": {**entry, "data_offsets": [0, hi - lo]}}).encode()
+        return load(struct.pack("<Q", len(header)) + header + data[lo:hi])["t"]
+
+    a, b = tensor(entry_a, data_a), tensor(entry_b, data_b)
+    if a.shape != b.shape:
+        return None
+    if a.numel() == 0:
+        return 0.0
+    diff = (a.double() - b.double()).abs()
+    return float(diff.nan_to_num(nan=float("inf")).max())
+
+
+def compare_safetensors(rel: str, a: Path, b: Path) -> dict[str, Any]:
+    """Tensor by tensor (raw bytes; max abs diff where they differ) and the metadata."""
+    ha, ma, da = safetensors_parts(a)
+    hb, mb, db = safetensors_parts(b)
+    tensors: dict[str, Any] = {}
+    for name in sorted(set(ha) | set(hb)):
+        if name not in ha or name not in hb:
+            tensors[name] = {"status": "only_after" if name not in ha else "only_before"}
+            continue
+        ea, eb = ha[name], hb[name]
+        if ea["dtype"] != eb["dtype"] or ea["shape"] != eb["shape"]:
+            tensors[name] = {
+                "status": "dtype_or_shape",
+                "before": [ea["dtype"], ea["shape"]],
+                "after": [eb["dtype"], eb["shape"]],
+            }
+            continue
+        sa = da[ea["data_offsets"][0] : ea["data_offsets"][1]]
+        sb = db[eb["data_offsets"][0] : eb["data_offsets"][1]]
+        if sa != sb:
+            tensors[name] = {
+                "status": "values",
+                "max_abs_diff": _max_abs_diff(ea, da, eb, db),
+                "dtype": ea["dtype"],
+                "shape": ea["shape"],
+            }
+    kept, excluded = split_fields(rel, json_diff(_metadata_doc(ma), _metadata_doc(mb), "metadata"))
+    order_same = list(ha) == list(hb) and [ha[k]["data_offsets"] for k in ha] == [
+        hb[k]["data_offsets"] for k in hb
+    ]
+    out: dict[str, Any] = {
+        "tensors_compared": len(set(ha) & set(hb)),
+        "tensors_differing": tensors,
+        "metadata_differing": kept,
+        "excluded_differing": excluded,
+    }
+    if not tensors and not kept:
+        out["status"] = "same_tensors_excluded_metadata" if excluded else "layout"
+        out["layout_note"] = (
+            "every tensor bitwise equal; "
+            + ("header order or offsets differ" if not order_same else "header bytes differ")
+            if not excluded
+            else "every tensor bitwise equal; only excluded metadata fields differ"
+        )
+    else:
+        out["status"] = "differs"
+    return out
+
+
+def compare_file(rel: str, a: Path, b: Path) -> dict[str, Any]:
+    """One file present on both sides."""
+    ba, bb = a.read_bytes(), b.read_bytes()
+    if ba == bb:
+        return {"status": "identical", "bytes": len(ba)}
+    out: dict[str, Any] = {
+        "bytes": [len(ba), len(bb)],
+        "sha256": [hashlib.sha256(ba).hexdigest(), hashlib.sha256(bb).hexdigest()],
+    }
+    if rel.endswith(".safetensors"):
+        return {**out, **compare_safetensors(rel, a, b)}
+    if rel.endswith((".json", ".jsonl")):
+        try:
+            kept, excluded = split_fields(rel, json_diff(read_json_doc(a), read_json_doc(b)))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            return {**out, "status": "differs", "note": f"not JSON: {err}"}
+        out["fields_differing"] = kept[:50]
+        out["fields_differing_count"] = len(kept)
+        out["excluded_differing"] = excluded
+        if kept:
+            out["status"] = "differs"
+        else:
+            out["status"] = "excluded_fields_only" if excluded else "json_layout"
+        return out
+    return {**out, "status": "differs"}
+
+
+def is_export(rel: str) -> bool:
+    """Files of the export proper (the rest are the run's records and training checkpoints)."""
+    return rel.startswith("model/") or rel == "tokenizer.json"
+
+
+# statuses that mean "no behaviour change" for a file
+EQUIVALENT = {"identical", "excluded_fields_only", "same_tensors_excluded_metadata"}
+
+
+def compare_dirs(a: Path, b: Path, ignore: tuple[str, ...] = (DONE,)) -> dict[str, Any]:
+    """Every file under ``a`` and ``b`` (relative paths), compared; the verdict and the list of
+    excluded fields present in the compared JSON documents."""
+    files_a = {p.relative_to(a).as_posix() for p in a.rglob("*") if p.is_file()}
+    files_b = {p.relative_to(b).as_posix() for p in b.rglob("*") if p.is_file()}
+    files: dict[str, Any] = {}
+    excluded_present: dict[str, list[str]] = {}
+    for rel in sorted(files_a | files_b):
+        if rel in ignore or any(part.startswith(".") for part in rel.split("/")):
+            continue
+        if rel not in files_a or rel not in files_b:
+            files[rel] = {"status": "only_after" if rel not in files_a else "only_before"}
+            continue
+        files[rel] = compare_file(rel, a / rel, b / rel)
+        if rel.endswith((".json", ".jsonl")):
+            try:
+                present = sorted(set(excluded_fields_present(rel, read_json_doc(a / rel))))
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                present = []
+            if present:
+                excluded_present[rel] = present
+        elif rel.endswith(".safetensors"):
+            present = sorted(
+                set(
+                    excluded_fields_present(
+                        rel, _metadata_doc(safetensors_parts(a / rel)[1]), "metadata"
+                    )
+                )
+            )
+            if present:
+                excluded_present[rel] = present
+    export = {k: v for k, v in files.items() if is_export(k)}
+    records = {k: v for k, v in files.items() if not is_export(k)}
+
+    def verdict(group: dict[str, Any]) -> str:
+        if not group:
+            return "no_files"
+        if all(v["status"] == "identical" for v in group.values()):
+            return "identical"
+        if all(v["status"] in EQUIVALENT for v in group.values()):
+            return "identical_except_excluded_fields"
+        return "differs"
+
+    return {
+        "export": verdict(export),
+        "records": verdict(records),
+        "differing_files": sorted(k for k, v in files.items() if v["status"] not in EQUIVALENT),
+        "files": files,
+        "excluded_fields_present": excluded_present,
+    }
+
+
+# -- checkouts and runs -----------------------------------------------------------------------
+def git(*args: str, cwd: Path = REPO) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=cwd, capture_output=True, text=True, check=True, timeout=120
+    ).stdout.strip()
+
+
+def resolve(rev: str) -> str:
+    return git("rev-parse", "--verify", f"{rev}^{{commit}}")
+
+
+@dataclass
+class Checkout:
+    sha: str
+    path: Path
+    created: bool = False
+
+
+@dataclass
+class Workspace:
+    root: Path
+    keep: bool = False
+    checkouts: dict[str, Checkout] = field(default_factory=dict)
+
+    def checkout(self, sha: str) -> Checkout:
+        if sha in self.checkouts:
+            return self.checkouts[sha]
+        path = self.root / "src" / sha[:12]
+        created = False
+        if not (path / ".git").exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            git("worktree", "add", "--detach", str(path), sha)
+            created = True
+        if git("rev-parse", "HEAD", cwd=path) != sha:
+            raise RuntimeError(f"{path} is not at {sha}")
+        self.checkouts[sha] = Checkout(sha, path, created)
+        return self.checkouts[sha]
+
+    def close(self) -> None:
+        if self.keep:
+            return
+        for co in self.checkouts.values():
+            if co.created:
+                git("worktree", "remove", "--force", str(co.path))
+        git("worktree", "prune")
+
+
+def set_path(doc: dict[str, Any], dotted: str, value: Any) -> None:
+    """``doc[a][b][i] = value`` for ``dotted`` = "a.b[i]"."""
+    keys: list[Any] = []
+    for part in dotted.split("."):
+        name, _, rest = part.partition("[")
+        if name:
+            keys.append(name)
+        while rest:
+            idx, _, rest = rest.partition("]")
+            keys.append(int(idx))
+            rest = rest.lstrip("[")
+    target: Any = doc
+    for key in keys[:-1]:
+        target = target[key]
+    target[keys[-1]] = value
+
+
+def job_config(co: Checkout, job: str, shorten: bool) -> dict[str, Any]:
+    config = json.loads((co.path / EXAMPLES / f"{job}.json").read_text())
+    if shorten and job in SHORTENED:
+        config = copy.deepcopy(config)
+        for dotted, value in SHORTENED[job].items():
+            set_path(config, dotted, value)
+    return config
+
+
+def child_env(co: Checkout) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMERA_")}
+    env.update(ENV)
+    env["PYTHONPATH"] = str(co.path)
+    return env
+
+
+def check_import(co: Checkout) -> str:
+    """Where ``import engine`` resolves in the child's environment (must be the checkout)."""
+    where = subprocess.run(
+        [sys.executable, "-c", "import engine; print(engine.__file__)"],
+        cwd=co.path,
+        env=child_env(co),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout.strip()
+    if not Path(where).resolve().is_relative_to(co.path.resolve()):
+        raise RuntimeError(f"engine imported from {where}, not from the checkout {co.path}")
+    return where
+
+
+def run_job(
+    ws: Workspace, co: Checkout, job: str, shorten: bool, timeout: float, tag: str = "run1"
+) -> dict[str, Any]:
+    """One run of ``job`` at ``co`` (reused when a completed run of the same config exists)."""
+    config = job_config(co, job, shorten)
+    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    digest = hashlib.sha256((text + json.dumps(ENV, sort_keys=True)).encode()).hexdigest()[:12]
+    out = ws.root / "runs" / co.sha[:12] / f"{job}-{digest}-{tag}"
+    done = out / DONE
+    if done.exists():
+        return {**json.loads(done.read_text()), "reused": True}
+    if out.exists():
+        shutil.rmtree(out)
+    cfg_path = ws.root / "configs" / f"{job}-{digest}.json"
+    cfg_path.parent.mkdir(parents=True, exist_ok=True)
+    cfg_path.write_text(text)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = ["nice", "-n", "10", sys.executable, "-m", "engine.train"]
+    cmd += ["--config", str(cfg_path), "--out", str(out), "--no-progress"]
+    log = ws.root / "logs" / f"{co.sha[:12]}-{job}-{digest}-{tag}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    print(f"  {co.sha[:12]} {job} ({tag}) ...", flush=True)
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(
+            cmd, cwd=co.path, env=child_env(co), stdout=fh, stderr=fh, start_new_session=True
+        )
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc = None
+    seconds = round(time.perf_counter() - t0, 1)
+    info = {
+        "sha": co.sha,
+        "job": job,
+        "config_sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "out": str(out),
+        "log": str(log),
+        "returncode": rc,
+        "seconds": seconds,
+        "timed_out": rc is None,
+    }
+    print(f"  {co.sha[:12]} {job} ({tag}): rc {rc}, {seconds} s", flush=True)
+    if rc == 0:
+        done.write_text(json.dumps(info, indent=2) + "\n")
+    return {**info, "reused": False}
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+# -- the comparison of one job, determinism and bisection ------------------------------------
+def bisect_job(
+    ws: Workspace,
+    job: str,
+    before: str,
+    after: str,
+    reference: Path,
+    shorten: bool,
+    timeout: float,
+) -> dict[str, Any]:
+    """First commit of ``before..after`` (first parent) whose export of ``job`` differs."""
+    commits = git("rev-list", "--first-parent", "--reverse", f"{before}..{after}").split()
+    lo, hi = 0, len(commits) - 1  # commits[hi] differs (it is ``after``)
+    probes: list[dict[str, Any]] = []
+    while lo < hi:
+        mid = (lo + hi) // 2
+        co = ws.checkout(commits[mid])
+        run = run_job(ws, co, job, shorten, timeout)
+        if run["returncode"] != 0:
+            probes.append({"sha": commits[mid], "error": f"run failed, see {run['log']}"})
+            return {"probes": probes, "first_differing": None, "note": "a probe failed"}
+        cmp = compare_dirs(reference, Path(run["out"]))
+        same = cmp["export"] != "differs"
+        probes.append({"sha": commits[mid], "export": cmp["export"]})
+        if same:
+            lo = mid + 1
+        else:
+            hi = mid
+    first = commits[lo]
+    co = ws.checkout(first)
+    run = run_job(ws, co, job, shorten, timeout)
+    cmp = compare_dirs(reference, Path(run["out"]))
+    return {
+        "probes": probes,
+        "first_differing": first,
+        "subject": git("log", "-1", "--format=%s", first)[:300],
+        "files_changed": git("show", "--format=", "--name-only", first).splitlines(),
+        "differing_files": cmp["differing_files"],
+        "files": {k: cmp["files"][k] for k in cmp["differing_files"]},
+    }
+
+
+def compare_job(
+    ws: Workspace,
+    job: str,
+    before: Checkout,
+    after: Checkout,
+    args: argparse.Namespace,
+    runs: dict[tuple[str, str], dict[str, Any]],
+) -> dict[str, Any]:
+    rb, ra = runs[(before.sha, job)], runs[(after.sha, job)]
+    cfg_b = job_config(before, job, args.shorten)
+    cfg_a = job_config(after, job, args.shorten)
+    entry: dict[str, Any] = {
+        "config_same_at_both": cfg_b == cfg_a,
+        "shortened": SHORTENED.get(job) if args.shorten and job in SHORTENED else None,
+        "seconds": {"before": rb["seconds"], "after": ra["seconds"]},
+        "reused": {"before": rb["reused"], "after": ra["reused"]},
+    }
+    for side, run in (("before", rb), ("after", ra)):
+        if run["returncode"] != 0:
+            tail = Path(run["log"]).read_text(errors="replace")[-2000:]
+            return {**entry, "result": "error", "error": {side: tail, "log": run["log"]}}
+    cmp = compare_dirs(Path(rb["out"]), Path(ra["out"]))
+    entry["export"] = cmp["export"]
+    entry["records"] = cmp["records"]
+    entry["result"] = cmp["export"]
+    entry["differing_files"] = cmp["differing_files"]
+    entry["files"] = cmp["files"]
+    entry["excluded_fields_present"] = cmp["excluded_fields_present"]
+    entry["new_or_dropped_fields"] = field_origins(cmp["files"], before.sha, after.sha)
+    if (cmp["export"] == "differs" and args.determinism == "on-diff") or (
+        args.determinism == "always"
+    ):
+        again = run_job(ws, before, job, args.shorten, args.timeout, tag="run2")
+        if again["returncode"] == 0:
+            self_cmp = compare_dirs(Path(rb["out"]), Path(again["out"]))
+            entry["determinism_before"] = {
+                "export": self_cmp["export"],
+                "records": self_cmp["records"],
+                "differing_files": self_cmp["differing_files"],
+                "seconds": again["seconds"],
+            }
+            if cmp["export"] == "differs" and self_cmp["export"] == "differs":
+                entry["result"] = "differs_but_nondeterministic_at_before"
+        else:
+            entry["determinism_before"] = {"error": f"second run failed, see {again['log']}"}
+    if entry["result"] == "differs" and args.bisect:
+        entry["bisect"] = bisect_job(
+            ws, job, before.sha, after.sha, Path(rb["out"]), args.shorten, args.timeout
+        )
+    return entry
+
+
+def _last_key(path: str) -> str:
+    return re.split(r"[.\[]", path.rstrip("]"))[-1] if path else path
+
+
+def field_origins(files: dict[str, Any], before: str, after: str) -> dict[str, Any]:
+    """For each field present at one revision only (any file): the commits of
+    ``before..after`` whose diff of ``engine/`` adds or removes its key's name (``git log -S``),
+    a pointer to where the field came from or went, not a proof."""
+    keys: dict[str, list[str]] = {}
+    for rel, info in files.items():
+        entries = info.get("fields_differing", []) + info.get("metadata_differing", [])
+        for entry in entries:
+            if "<absent>" in (entry["before"], entry["after"]):
+                key = _last_key(entry["field"])
+                if key and not key.isdigit():
+                    keys.setdefault(key, []).append(f"{rel}: {entry['field']}")
+    out = {}
+    for key, where in sorted(keys.items()):
+        found = git("log", "--format=%h %s", f"-S{key}", f"{before}..{after}", "--", "engine")
+        out[key] = {
+            "fields": sorted(set(where))[:10],
+            "commits": [line[:160] for line in found.splitlines()],
+        }
+    return out
+
+
+def list_jobs(before: Checkout, after: Checkout) -> list[str]:
+    names = [{p.stem for p in (co.path / EXAMPLES).glob("*.json")} for co in (before, after)]
+    return sorted(names[0] | names[1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.export_identity",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--before", required=True, help="the revision before the change")
+    ap.add_argument("--after", default="HEAD", help="the revision after (default HEAD)")
+    ap.add_argument(
+        "--jobs",
+        default=None,
+        help="comma-separated example names (default: all but the skipped ones)",
+    )
+    ap.add_argument("--shorten", action="store_true", help="apply SHORTENED to its jobs")
+    ap.add_argument("--parallel", type=int, default=1, help="runs at once (default 1)")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
+    ap.add_argument(
+        "--determinism",
+        choices=("on-diff", "always", "never"),
+        default="on-diff",
+        help="run --before again to tell a change from run-to-run noise (default on-diff)",
+    )
+    ap.add_argument("--bisect", action="store_true", help="find the first differing commit")
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/export_identity"))
+    ap.add_argument("--out", type=Path, default=None, help="JSON path")
+    ap.add_argument("--keep", action="store_true", help="keep the checkouts")
+    args = ap.parse_args(argv)
+
+    before_sha, after_sha = resolve(args.before), resolve(args.after)
+    ws = Workspace(args.workdir.resolve(), keep=args.keep)
+    started = time.time()
+    load_start = _load()
+    try:
+        before, after = ws.checkout(before_sha), ws.checkout(after_sha)
+        imports = {"before": check_import(before), "after": check_import(after)}
+        available = list_jobs(before, after)
+        if args.jobs:
+            jobs = [j.strip() for j in args.jobs.split(",") if j.strip()]
+            unknown = sorted(set(jobs) - set(available))
+            if unknown:
+                ap.error(f"unknown jobs {unknown}; examples: {available}")
+        else:
+            jobs = [j for j in available if j not in SKIPPED]
+        skipped = {j: SKIPPED.get(j, "not asked for (--jobs)") for j in available if j not in jobs}
+        print(f"before {before_sha[:12]}, after {after_sha[:12]}; jobs {jobs}", flush=True)
+        tasks = [(co, job) for job in jobs for co in (before, after)]
+        runs: dict[tuple[str, str], dict[str, Any]] = {}
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
+            futures = {
+                pool.submit(run_job, ws, co, job, args.shorten, args.timeout): (co.sha, job)
+                for co, job in tasks
+            }
+            for fut in concurrent.futures.as_completed(futures):
+                runs[futures[fut]] = fut.result()
+        results = {job: compare_job(ws, job, before, after, args, runs) for job in jobs}
+    finally:
+        ws.close()
+
+    payload = {
+        "benchmark": "export_identity",
+        "before": {
+            "rev": args.before,
+            "sha": before_sha,
+            "subject": git("log", "-1", "--format=%s", before_sha)[:200],
+        },
+        "after": {
+            "rev": args.after,
+            "sha": after_sha,
+            "subject": git("log", "-1", "--format=%s", after_sha)[:200],
+        },
+        "commits_between": len(git("rev-list", f"{before_sha}..{after_sha}").split()),
+        "command": "python -m engine.train --config JOB --out DIR --no-progress",
+        "environment": {
+            **ENV,
+            "nice": 10,
+            "python": sys.executable,
+            "python_version": platform.python_version(),
+            "engine_imported_from": imports,
+        },
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "seconds": round(time.time() - started, 1),
+        "load": {"start": load_start, "end": _load()},
+        "excluded_fields": [{"file": f, "field": p, "reason": why} for f, p, why in EXCLUDED],
+        "skipped": skipped,
+        "shortened": {j: SHORTENED[j] for j in jobs if args.shorten and j in SHORTENED},
+        "summary": {job: r["result"] for job, r in results.items()},
+        "jobs": results,
+    }
+    if args.out is not None:
+        path = args.out
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(payload, indent=2) + "\n")
+    else:
+        from bench.common import write_json
+
+        path = write_json("export_identity", payload)
+    print(json.dumps(payload["summary"], indent=1))
+    print(f"wrote {path}")
+    bad = [
+        j
+        for j, r in results.items()
+        if r["result"] not in ("identical", "identical_except_excluded_fields")
+    ]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
