@@ -188,8 +188,11 @@ def test_config_refuses_auto_outside_early_and_targets_without_auto():
     base = copy.deepcopy(LR)
     with pytest.raises(ValueError, match=r"schedule\[0\].gamma"):
         mlp_job({"kind": "late", "steps": 5, "gamma": "auto", "target_ratio": 0.5, "lr": base})
-    with pytest.raises(ValueError, match=r"schedule\[0\].target_ratio"):
-        mlp_job({"kind": "early", "steps": 5, "target_ratio": 0.5, "lr": base})
+    with pytest.raises(ValueError, match=r"schedule\[0\].target_ratio"):  # a fixed gamma
+        mlp_job({"kind": "early", "steps": 5, "target_ratio": 0.5, "gamma": 0.01, "lr": base})
+    # no gamma given: a targeted early stage takes "auto"
+    job = mlp_job({"kind": "early", "steps": 5, "target_ratio": 0.5, "lr": base})
+    assert job.schedule[0].gamma == "auto"
     with pytest.raises(ValueError, match=r"compression.max_metric_drop"):
         mlp_job(compression={"max_metric_drop": -1.0})
     with pytest.raises(ValueError, match=r"target_ratio"):
