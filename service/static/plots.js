@@ -12,7 +12,8 @@ export const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "
                         "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
 const W = 560;
 const H = 250;
-const M = {top: 24, right: 16, bottom: 34, left: 56};
+const M = {top: 30, right: 16, bottom: 34, left: 56};
+const LABEL_CHAR_PX = 6.6; // about the width of a character of a stage label (11px, bold)
 const DOTS_UP_TO = 40; // series this short also get a dot per point
 
 /** Round tick values covering [lo, hi]: steps of 1, 2, 2.5 or 5 times a power of ten. */
@@ -134,10 +135,17 @@ export function lineChart({name, title, series, markers = [], yDomain = null, yL
   if (yLabel) svg.append(s("text", {class: "axis-label y", x: 4, y: M.top - 9, text: yLabel}));
 
   const stageLayer = s("g", {class: "stages"});
+  const rowEnds = [-Infinity, -Infinity]; // right edge of the last label in each row
   for (const m of markers) {
+    // a label right of its line, pulled left to stay inside the chart, on the first row
+    // where it does not run into the label before it (e.g. "late" and "finetune" close by)
+    const width = m.label.length * LABEL_CHAR_PX;
+    const x = Math.max(0, Math.min(sx(m.x) + 4, W - width - 2));
+    const row = x >= rowEnds[0] + 4 || x < rowEnds[1] + 4 ? 0 : 1;
+    rowEnds[row] = x + width;
     stageLayer.append(s("g", {class: "stage-boundary", "data-step": m.x, "data-stage": m.label},
       m.x > xt.lo ? s("line", {x1: sx(m.x), x2: sx(m.x), y1: M.top, y2: H - M.bottom}) : null,
-      s("text", {x: sx(m.x) + 4, y: M.top - 7, text: m.label})));
+      s("text", {x, y: M.top - 7 - row * 11, text: m.label})));
   }
   svg.append(stageLayer);
 
