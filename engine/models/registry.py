@@ -217,7 +217,7 @@ class HFBertWorkload(Workload):
     config_cls = HFBertConfig
     batch_keys = ("input_ids", "attention_mask", "token_type_ids")
     guard_metric = "cosine"
-    bypassed = ("encoder.*.ffn.*",)
+    bypassed = ("encoder.layer.*.intermediate.dense", "encoder.layer.*[0-9].output.dense")
 
     def _build(self, config: Any, tensorized: bool, options: TensorizeOptions) -> nn.Module:
         return build_hf_bert(config, tensorized=tensorized, options=options)

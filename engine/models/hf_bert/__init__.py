@@ -7,8 +7,8 @@ Leaf modules first; each imports only the ones above it (no import cycles):
 * :mod:`~engine.models.hf_bert.pooling`: the mean-pooled sentence embedding;
 * :mod:`~engine.models.hf_bert.batches`: calibration sentences as batches, regrouped by length;
 * :mod:`~engine.models.hf_bert.cache`: the teacher's embeddings of the training split;
-* :mod:`~engine.models.hf_bert.encoder`: the encoder modules and the weights of
-  ``model.safetensors``;
+* :mod:`~engine.models.hf_bert.model`: the encoder on transformers' ``BertModel``, the
+  weights of ``model.safetensors``;
 * :mod:`~engine.models.hf_bert.whiten`: the activation-aware TT-SVD;
 * :mod:`~engine.models.hf_bert.convert`: the linears as TT layers, the student built;
 * :mod:`~engine.models.hf_bert.distill`: the distillation loss;
@@ -23,13 +23,17 @@ from __future__ import annotations
 
 from engine.models.hf_bert.cache import attach_teacher_embeddings_
 from engine.models.hf_bert.config import BertArchitecture, HFBertConfig
-from engine.models.hf_bert.convert import build_hf_bert, layer_row, tensorize_encoder_
+from engine.models.hf_bert.convert import (
+    build_hf_bert,
+    layer_row,
+    legacy_name,
+    tensorize_encoder_,
+)
 from engine.models.hf_bert.distill import distill_loss
-from engine.models.hf_bert.encoder import (
+from engine.models.hf_bert.model import (
     ENCODER_LINEARS,
     BertEncoder,
     SentenceEncoder,
-    hf_to_engine_name,
     load_pretrained,
 )
 from engine.models.hf_bert.pooling import mean_pool
@@ -41,7 +45,7 @@ __all__ = [
     "BertEncoder",
     "SentenceEncoder",
     "mean_pool",
-    "hf_to_engine_name",
+    "legacy_name",
     "load_pretrained",
     "tensorize_encoder_",
     "build_hf_bert",

@@ -19,10 +19,10 @@ centred whitened truncation, which :mod:`engine.models.hf_bert.ranks` profiles.
 Two options of :func:`fit_sequential_` (:mod:`engine.models.hf_bert.prepare` sets
 ``residual``):
 
-* ``residual``: ``attn.out`` and ``ffn.fc2`` add their output to a residual stream before a
-  LayerNorm (``LN(r + y)``). Their target becomes ``y_t + (r_t - r_s)``, so the layer also
-  cancels the part of the residual stream's drift that its input can explain: the student's
-  pre-LN sum then fits the teacher's ``r_t + y_t``.
+* ``residual``: ``attention.output.dense`` and ``output.dense`` add their output to a
+  residual stream before a LayerNorm (``LN(r + y)``). Their target becomes
+  ``y_t + (r_t - r_s)``, so the layer also cancels the part of the residual stream's drift
+  that its input can explain: the student's pre-LN sum then fits the teacher's ``r_t + y_t``.
 * ``anchor = a``: the teacher's own rows ``(X_t, X_t W^T + b)`` are added with weight ``a``
   (a weighted least squares). The original layer fits them exactly, so they pull the fit
   towards it where the calibration rows alone would overfit (a prior; it pays with few
@@ -43,7 +43,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.models.hf_bert.batches import Batch
@@ -62,6 +61,9 @@ __all__ = [
     "solve",
     "tt_from_factors",
     "block_stages",
+    "run_block",
+    "embed",
+    "encoder_layers",
     "teacher_stage_stats",
     "fit_sequential_",
 ]
@@ -71,8 +73,14 @@ RIDGE_SEQUENTIAL = 1e-2  # what prepare uses: measured best on MiniLM (bench/min
 # what prepare uses: no anchor. On MiniLM (held-out cosine at 5x) a = 0.25 helps with 1024
 # calibration sentences (0.826 -> 0.831) but hurts with 4000 (0.855 -> 0.848)
 ANCHOR_SEQUENTIAL = 0.0
-# the linears of an encoder block, grouped by the tensor they read, in data-flow order
-STAGES = (("attn.q", "attn.k", "attn.v"), ("attn.out",), ("ffn.fc1",), ("ffn.fc2",))
+# the linears of a BertLayer, grouped by the tensor they read, in data-flow order
+STAGES = (
+    ("attention.self.query", "attention.self.key", "attention.self.value"),
+    ("attention.output.dense",),
+    ("intermediate.dense",),
+    ("output.dense",),
+)
+LAYERS = "encoder.layer"  # the layers' parent, below the model root
 
 
 class Whitened(NamedTuple):
@@ -191,39 +199,47 @@ def tt_from_factors(old: TTLinear, left: Tensor, right: Tensor, bias: Tensor) ->
 
 def _heads(attn: nn.Module, t: Tensor) -> Tensor:
     b, s, d = t.shape
-    return t.view(b, s, attn.n_heads, d // attn.n_heads).transpose(1, 2)  # (B, H, S, D/H)
+    h = attn.num_attention_heads
+    return t.view(b, s, h, d // h).transpose(1, 2)  # (B, H, S, D/H)
 
 
 def block_stages(
     block: nn.Module, x: Tensor, keep: Tensor, *, teacher: bool
 ) -> Generator[tuple[Tensor, Tensor | None], None, Tensor]:
-    """Yield ``(input, outputs)`` of each of :data:`STAGES` of ``block`` (eval mode, no grad),
-    return the block's output ``(B, S, D)``.
+    """Yield ``(input, outputs)`` of each of :data:`STAGES` of the ``BertLayer`` ``block``
+    (eval mode, no grad; ``x (B, S, D)``, ``keep (B, 1, 1, S)`` True where attended), return
+    the layer's output ``(B, S, D)``.
 
     ``teacher=True``: ``outputs`` are the stage's linears' outputs (concatenated, ``(B, S,
     out)``), computed before the yield and reused. ``teacher=False``: ``outputs`` is ``None``
     and the modules are looked up after each resume, so a layer replaced between two ``next``
     calls is the one the later stages run through.
     """
-    attn, ffn = block.attn, block.ffn
-    qkv = (attn.q(x), attn.k(x), attn.v(x)) if teacher else None  # (B, S, D) each
+    attn = block.attention.self
+
+    def qkv_of() -> tuple[Tensor, Tensor, Tensor]:
+        return attn.query(x), attn.key(x), attn.value(x)  # (B, S, D) each
+
+    qkv = qkv_of() if teacher else None
     yield x, None if qkv is None else torch.cat(qkv, -1)
-    q, k, v = qkv if qkv is not None else (attn.q(x), attn.k(x), attn.v(x))
+    q, k, v = qkv if qkv is not None else qkv_of()
     b, s, d = x.shape
     y = scaled_dot_product_attention(_heads(attn, q), _heads(attn, k), _heads(attn, v), keep, 0.0)
     ctx = y.transpose(1, 2).reshape(b, s, d)  # (B, S, D)
     del q, k, v, qkv, y
-    out = attn.out(ctx) if teacher else None  # (B, S, D)
+    att_out = block.attention.output
+    out = att_out.dense(ctx) if teacher else None  # (B, S, D)
     yield ctx, out
-    h = block.norm1(x + (out if out is not None else attn.out(ctx)))  # (B, S, D)
+    h = att_out.LayerNorm(x + (out if out is not None else att_out.dense(ctx)))  # (B, S, D)
     del ctx, out
-    f = ffn.fc1(h) if teacher else None  # (B, S, F)
+    mid = block.intermediate
+    f = mid.dense(h) if teacher else None  # (B, S, F)
     yield h, f
-    g = F.gelu(f if f is not None else ffn.fc1(h))  # (B, S, F)
+    g = mid.intermediate_act_fn(f if f is not None else mid.dense(h))  # (B, S, F)
     del f
-    y2 = ffn.fc2(g) if teacher else None  # (B, S, D)
+    y2 = block.output.dense(g) if teacher else None  # (B, S, D)
     yield g, y2
-    return block.norm2(h + (y2 if y2 is not None else ffn.fc2(g)))  # (B, S, D)
+    return block.output.LayerNorm(h + (y2 if y2 is not None else block.output.dense(g)))
 
 
 def _finish(gen: Generator[tuple[Tensor, Tensor | None], None, Tensor]) -> Tensor:
@@ -234,11 +250,22 @@ def _finish(gen: Generator[tuple[Tensor, Tensor | None], None, Tensor]) -> Tenso
     raise RuntimeError("block_stages yielded more stages than STAGES")
 
 
-def _embed(model: nn.Module, batches: Sequence[Batch]) -> list[Tensor]:
-    return [
-        model.embeddings(ids, torch.zeros_like(ids) if t is None else t)  # (B, S, D)
-        for ids, _, t in batches
-    ]
+def run_block(block: nn.Module, x: Tensor, keep: Tensor) -> Tensor:
+    """The ``BertLayer`` ``block`` on ``x (B, S, D)`` by :func:`block_stages`: ``(B, S, D)``."""
+    gen = block_stages(block, x, keep, teacher=False)
+    for _ in STAGES:
+        next(gen)
+    return _finish(gen)
+
+
+def encoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The ``BertLayer`` list of ``model`` (a BERT encoder or transformers' ``BertModel``)."""
+    return model.get_submodule(LAYERS)
+
+
+def embed(model: nn.Module, batches: Sequence[Batch]) -> list[Tensor]:
+    """The embedding layer's output ``(B, S, D)`` of every batch."""
+    return [model.embeddings(input_ids=ids, token_type_ids=t) for ids, _, t in batches]
 
 
 def _columns(block: nn.Module, stage: Sequence[str]) -> dict[str, slice]:
@@ -252,14 +279,14 @@ def _columns(block: nn.Module, stage: Sequence[str]) -> dict[str, slice]:
 
 @torch.no_grad()
 def teacher_stage_stats(teacher: nn.Module, batches: Sequence[Batch]) -> dict[str, Whitened]:
-    """Per linear ``encoder.<i>.<name>``: the whitened sums of the teacher's own input and
+    """Per linear ``encoder.layer.<i>.<name>``: the whitened sums of the teacher's own input and
     output rows (attended tokens), keyed by layer; the stage's linears share ``S``."""
     teacher.eval()
-    xt = _embed(teacher, batches)
+    xt = embed(teacher, batches)
     masks = [m.bool() for _, m, _ in batches]
     keeps = [m[:, None, None, :] for m in masks]  # (B, 1, 1, S)
     out: dict[str, Whitened] = {}
-    for i, block in enumerate(teacher.encoder):
+    for i, block in enumerate(encoder_layers(teacher)):
         gens = [block_stages(block, x, k, teacher=True) for x, k in zip(xt, keeps, strict=True)]
         for stage in STAGES:
             stats = AffineStats()
@@ -269,7 +296,7 @@ def teacher_stage_stats(teacher: nn.Module, batches: Sequence[Batch]) -> dict[st
                 stats.add(x[m], y[m])  # (N, in), (N, out)
             w = stats.whitened()
             for n, cols in _columns(block, stage).items():
-                out[f"encoder.{i}.{n}"] = Whitened(w.s, w.m[:, cols], w.mean_x, w.mean_y[cols])
+                out[f"{LAYERS}.{i}.{n}"] = Whitened(w.s, w.m[:, cols], w.mean_x, w.mean_y[cols])
         xt = [_finish(g) for g in gens]
     return out
 
@@ -285,18 +312,19 @@ def fit_sequential_(
     residual: bool = False,
     anchor: float = 0.0,
 ) -> list[dict]:
-    """Refit every ``TTLinear`` of ``student`` named in ``ranks`` (``encoder.<i>.<linear>``)
+    """Refit every ``TTLinear`` of ``student`` named in ``ranks`` (``encoder.layer.<i>.<n>``)
     at that rank, block by block (module docstring; ``residual`` and ``anchor`` there); both
     models in eval mode. Returns per
     layer ``name``, ``rank`` and ``fit_error`` ``||M - [M]_r|| / ||M||``: the relative error
     on what the student's inputs can explain of the teacher's outputs (calibration rows)."""
     student.eval()
     teacher.eval()
-    xs, xt = _embed(student, batches), _embed(teacher, batches)
+    xs, xt = embed(student, batches), embed(teacher, batches)
     masks = [m.bool() for _, m, _ in batches]
     keeps = [m[:, None, None, :] for m in masks]  # (B, 1, 1, S)
     rows: list[dict] = []
-    for i, (s_block, t_block) in enumerate(zip(student.encoder, teacher.encoder, strict=True)):
+    pairs = zip(encoder_layers(student), encoder_layers(teacher), strict=True)
+    for i, (s_block, t_block) in enumerate(pairs):
         s_gens = [
             block_stages(s_block, x, k, teacher=False) for x, k in zip(xs, keeps, strict=True)
         ]
@@ -309,14 +337,14 @@ def fit_sequential_(
                 x_t, y_t = next(t_gen)
                 assert y_t is not None
                 stats.add(x_t[m], y_t[m], anchor)  # the teacher's own rows (exact for W)
-                if k == 2:  # fc1 reads h = LN1(x + out): the residual that fc2 joins
+                if k == 2:  # intermediate reads h = LN1(x + out): the residual output joins
                     res_s[j], res_t[j] = x_s, x_t
-                if residual and k in (1, 3):  # out / fc2: also absorb the residual's drift
+                if residual and k in (1, 3):  # the two output denses: absorb the residual drift
                     y_t = y_t + (res_t[j] - res_s[j])  # (B, S, out)
                 stats.add(x_s[m], y_t[m])  # (N, in), (N, out) attended tokens
             w = stats.whitened(ridge)
             for n, cols in _columns(t_block, stage).items():
-                full = f"encoder.{i}.{n}"
+                full = f"{LAYERS}.{i}.{n}"
                 old = s_block.get_submodule(n)
                 if full not in ranks:
                     continue

@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from engine.configs import ConfigError, ConfigMethods, parse, spec, validate
-from engine.models.transformer import TransformerConfig
 
 __all__ = [
     "BertArchitecture",
@@ -142,20 +141,24 @@ class BertArchitecture(ConfigMethods):
     def from_dict(cls, data: object, path: str = "architecture") -> BertArchitecture:
         return parse(cls, data, path)
 
-    def encoder_config(self, dropout: float = 0.0) -> TransformerConfig:
-        """The config of the engine's post-LN encoder classes (``num_classes`` unused)."""
-        return TransformerConfig(
+    def transformers_config(self, dropout: float = 0.0) -> Any:
+        """``transformers.BertConfig`` of these sizes (erf GELU, absolute positions, eager
+        construction: no remote code)."""
+        from transformers import BertConfig
+
+        return BertConfig(
             vocab_size=self.vocab_size,
-            d_model=self.hidden_size,
-            n_heads=self.num_attention_heads,
-            d_ff=self.intermediate_size,
-            n_layers=self.num_hidden_layers,
-            max_len=self.max_position_embeddings,
-            type_vocab=self.type_vocab_size,
-            num_classes=1,
-            dropout=dropout,
-            attn_dropout=dropout,
-            ln_eps=float(self.layer_norm_eps),
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            intermediate_size=self.intermediate_size,
+            max_position_embeddings=self.max_position_embeddings,
+            type_vocab_size=self.type_vocab_size,
+            layer_norm_eps=float(self.layer_norm_eps),
+            pad_token_id=self.pad_token_id,
+            hidden_act="gelu",
+            hidden_dropout_prob=dropout,
+            attention_probs_dropout_prob=dropout,
         )
 
 

@@ -4,17 +4,24 @@
 ``TTLinear.from_linear`` (TT-SVD at ``max_rank``, cores balanced) and, optionally, the word
 embedding for ``TTMEmbedding.from_embedding``; :func:`build_hf_bert` builds the student with
 the frozen original as its teacher.
+
+Layers carry transformers' names (``encoder.layer.<i>.attention.self.query``). A
+``compression.layers`` pattern may also name them as the engine's earlier hand-written encoder
+did (``encoder.<i>.attn.q`` / ``attn.k`` / ``attn.v`` / ``attn.out``, ``encoder.<i>.ffn.fc1`` /
+``fc2``, ``embeddings.word``; :func:`legacy_name`), so jobs written for it select the same
+layers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from engine.models.hf_bert.config import HFBertConfig
-from engine.models.hf_bert.encoder import (
+from engine.models.hf_bert.model import (
     ENCODER_LINEARS,
     BertEncoder,
     SentenceEncoder,
@@ -26,13 +33,28 @@ from engine.nn.tt_linear import TTLinear
 from engine.nn.ttm_embedding import TTMEmbedding
 from engine.summary import SkippedLayer
 
-__all__ = ["tensorize_encoder_", "swap_to_tt_", "build_hf_bert", "layer_row"]
+__all__ = ["tensorize_encoder_", "swap_to_tt_", "build_hf_bert", "layer_row", "legacy_name"]
+
+WORD_EMBEDDING = "embeddings.word_embeddings"
+_OLD = ("attn.q", "attn.k", "attn.v", "attn.out", "ffn.fc1", "ffn.fc2")
+_LEGACY = dict(zip(ENCODER_LINEARS, _OLD, strict=True))
+
+
+def legacy_name(name: str) -> str | None:
+    """The earlier hand-written encoder's name of layer ``name`` (``None``: it had none)."""
+    if name == WORD_EMBEDDING:
+        return "embeddings.word"
+    head, _, rest = name.removeprefix("encoder.layer.").partition(".")
+    if name.startswith("encoder.layer.") and head.isdigit() and rest in _LEGACY:
+        return f"encoder.{head}.{_LEGACY[rest]}"
+    return None
 
 
 def _candidates(model: BertEncoder, embeddings: bool) -> list[tuple[str, nn.Module]]:
-    names = [f"encoder.{i}.{s}" for i in range(len(model.encoder)) for s in ENCODER_LINEARS]
+    layers = len(model.encoder.layer)
+    names = [f"encoder.layer.{i}.{s}" for i in range(layers) for s in ENCODER_LINEARS]
     if embeddings:
-        names.insert(0, "embeddings.word")
+        names.insert(0, WORD_EMBEDDING)
     return [(n, model.get_submodule(n)) for n in names]
 
 
@@ -65,6 +87,7 @@ def swap_to_tt_(
     *,
     where: str,
     from_weights: bool,
+    aliases: Mapping[str, str] | None = None,
 ) -> tuple[TensorizeReport, list[dict[str, Any]]]:
     """Replace the selected ``candidates`` (``(name, nn.Linear | nn.Embedding)`` below
     ``root``) by TT / TTM layers in place; the report and the per-layer rows.
@@ -73,14 +96,17 @@ def swap_to_tt_(
     least ``options.min_size`` entries. ``from_weights``: TT-SVD of the current weights (rows:
     the per-layer modes, ranks, sizes and relative weight error); otherwise fresh layers of the
     same shapes (trained from scratch, or about to receive a checkpoint's weights).
+    ``aliases``: a second name per candidate that the ``layers`` patterns may select it by.
     """
-    require_matches(options.layers, [n for n, _ in candidates], where)
+    aliases = aliases or {}
+    require_matches(options.layers, [*(n for n, _ in candidates), *aliases.values()], where)
     done, skipped, rows = [], [], []
     common = {"gate_threshold": options.gate_threshold, "d": options.d}
     for name, dense in candidates:
         kind = "embedding" if isinstance(dense, nn.Embedding) else "linear"
         size = dense.weight.numel()
-        if not options.selects(name):
+        alias = aliases.get(name)
+        if not (options.selects(name) or (alias is not None and options.selects(alias))):
             skipped.append(
                 SkippedLayer(name, kind, f"not selected by layers={list(options.layers)}")
             )
@@ -115,12 +141,14 @@ def tensorize_encoder_(
 ) -> TensorizeReport:
     """Replace the selected layers by TT / TTM ones in place (:func:`swap_to_tt_`); attach
     the report and the per-layer rows (``model.conversion``) and return the report."""
+    found = _candidates(model, embeddings)
     report, rows = swap_to_tt_(
         model,
-        _candidates(model, embeddings),
+        found,
         options,
         where="the BERT encoder",
         from_weights=from_weights,
+        aliases={n: a for n, _ in found if (a := legacy_name(n)) is not None},
     )
     model.tensorize_report = report
     model.conversion = rows
@@ -168,7 +196,7 @@ def build_hf_bert(
         model.load_state_dict(teacher.state_dict(), strict=True)  # copies: nothing shared
         model.set_teacher(teacher)
     if not config.train_embeddings:
-        model.embeddings.requires_grad_(False)
+        model.embeddings.requires_grad_(False)  # word, position, token-type tables, LayerNorm
     if not tensorized:
         model.tensorize_report = TensorizeReport()
         model.conversion = []

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from engine.configs import ConfigError
-from engine.models.hf_bert.encoder import SentenceEncoder
+from engine.models.hf_bert.model import SentenceEncoder
 from engine.models.hf_bert.pooling import mean_pool
 
 __all__ = ["distill_loss"]

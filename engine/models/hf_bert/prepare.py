@@ -34,7 +34,7 @@ from engine.configs import ConfigError
 from engine.models.hf_bert.batches import as_dicts, by_length, take_sentences
 from engine.models.hf_bert.calib import ANCHOR_SEQUENTIAL, RIDGE_SEQUENTIAL, fit_sequential_
 from engine.models.hf_bert.convert import layer_row
-from engine.models.hf_bert.encoder import SentenceEncoder
+from engine.models.hf_bert.model import SentenceEncoder
 from engine.models.hf_bert.ranks import PROFILE_SENTENCES, plan_ranks
 from engine.models.hf_bert.whiten import input_gram, replace_module_, whiten_tt_linears_
 from engine.nn.tt_linear import TTLinear

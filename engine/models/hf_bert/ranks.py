@@ -43,7 +43,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.models.hf_bert.batches import Batch
-from engine.models.hf_bert.calib import Whitened, solve, teacher_stage_stats
+from engine.models.hf_bert.calib import (
+    Whitened,
+    embed,
+    encoder_layers,
+    run_block,
+    solve,
+    teacher_stage_stats,
+)
 from engine.models.hf_bert.config import ALLOCATIONS
 from engine.nn.tt_linear import TTLinear
 from engine.tt.cores import chain_numel
@@ -144,25 +151,24 @@ def probe_sensitivity(
     inputs: list[list[Tensor]] = []  # inputs[i][j]: block i's input, batch j (B, S, D)
     masks = [m.bool() for _, m, _ in batches]
     keeps = [m[:, None, None, :] for m in masks]  # (B, 1, 1, S)
-    x = [
-        scratch.embeddings(ids, torch.zeros_like(ids) if t is None else t) for ids, _, t in batches
-    ]
-    for block in scratch.encoder:
+    x = embed(scratch, batches)
+    blocks = encoder_layers(scratch)
+    for block in blocks:
         inputs.append(x)
-        x = [block(h, k) for h, k in zip(x, keeps, strict=True)]
+        x = [run_block(block, h, k) for h, k in zip(x, keeps, strict=True)]
     ref = [_pooled(h, m) for h, m in zip(x, masks, strict=True)]  # (B, D) each
     out: dict[str, float] = {}
     for name, (a, b) in fits.items():
         layer = scratch.get_submodule(name)
-        block = int(name.split(".")[1])
+        block = _block_of(name)
         saved = layer.weight.data, layer.bias.data
         layer.weight.data = a.to(saved[0].dtype)
         layer.bias.data = b.to(saved[1].dtype)
         try:
             cos, count = 0.0, 0
             for j, (h, k, m) in enumerate(zip(inputs[block], keeps, masks, strict=True)):
-                for blk in scratch.encoder[block:]:
-                    h = blk(h, k)
+                for blk in blocks[block:]:
+                    h = run_block(blk, h, k)
                 c = F.cosine_similarity(_pooled(h, m), ref[j], dim=-1)  # (B,)
                 cos, count = cos + float(c.double().sum()), count + c.numel()
         finally:
@@ -242,15 +248,20 @@ def _reweight(
 
 
 def depth_weighted(profiles: Sequence[LayerProfile], gain: float) -> list[LayerProfile]:
-    """``profiles`` with the weight of a layer of block ``i`` (``encoder.<i>.*``) times
-    ``gain ** i``; other names keep theirs."""
+    """``profiles`` with the weight of a layer of block ``i`` (``encoder.layer.<i>.*``, or
+    ``encoder.<i>.*``) times ``gain ** i``; other names keep theirs."""
     out = []
     for p in profiles:
-        parts = p.name.split(".")
-        inside = len(parts) > 1 and parts[0] == "encoder" and parts[1].isdigit()
-        block = int(parts[1]) if inside else 0
+        block = _block_of(p.name)
         out.append(LayerProfile(p.name, p.energy, p.costs, p.weight * gain**block))
     return out
+
+
+def _block_of(name: str) -> int:
+    """The block index of ``encoder.layer.<i>.*`` or ``encoder.<i>.*``; 0 for other names."""
+    parts = name.removeprefix("encoder.layer.").removeprefix("encoder.").split(".")
+    inside = name.startswith("encoder.") and len(parts) > 1 and parts[0].isdigit()
+    return int(parts[0]) if inside else 0
 
 
 def _first(batches: Sequence[Batch], n: int) -> list[Batch]:

@@ -12,7 +12,7 @@ from engine.models.hf_bert import (
     BertEncoder,
     build_hf_bert,
     distill_loss,
-    hf_to_engine_name,
+    legacy_name,
     load_pretrained,
     mean_pool,
     tensorize_encoder_,
@@ -108,23 +108,25 @@ def test_mean_pooling_matches_a_hand_computation():
     assert torch.allclose(mean_pool(hidden, None), hidden.mean(1), rtol=0, atol=1e-15)
 
 
-def test_hf_weight_names_map_to_the_engine_modules():
+def test_module_names_are_transformers_and_the_earlier_names_map_onto_them(minilm):
+    _, model = minilm
+    names = {n for n, _ in model.named_modules()}
+    assert {"embeddings.word_embeddings", "encoder.layer.5.output.dense"} <= names
+    assert not any("pooler" in n for n in names)  # built without the pooler: never trained
+    assert set(model.state_dict()) == set(model.bert.state_dict())  # transformers' keys
     cases = {
-        "embeddings.word_embeddings.weight": "embeddings.word.weight",
-        "bert.embeddings.LayerNorm.gamma": "embeddings.norm.weight",
-        "encoder.layer.3.attention.self.query.bias": "encoder.3.attn.q.bias",
-        "encoder.layer.0.attention.output.dense.weight": "encoder.0.attn.out.weight",
-        "encoder.layer.0.attention.output.LayerNorm.beta": "encoder.0.norm1.bias",
-        "encoder.layer.5.intermediate.dense.weight": "encoder.5.ffn.fc1.weight",
-        "encoder.layer.5.output.dense.weight": "encoder.5.ffn.fc2.weight",
-        "encoder.layer.5.output.LayerNorm.weight": "encoder.5.norm2.weight",
+        "embeddings.word_embeddings": "embeddings.word",
+        "encoder.layer.3.attention.self.query": "encoder.3.attn.q",
+        "encoder.layer.0.attention.self.key": "encoder.0.attn.k",
+        "encoder.layer.0.attention.self.value": "encoder.0.attn.v",
+        "encoder.layer.0.attention.output.dense": "encoder.0.attn.out",
+        "encoder.layer.5.intermediate.dense": "encoder.5.ffn.fc1",
+        "encoder.layer.12.output.dense": "encoder.12.ffn.fc2",
     }
-    for hf, ours in cases.items():
-        assert hf_to_engine_name(hf) == ours
-    for unused in ("pooler.dense.weight", "embeddings.position_ids", "cls.predictions.bias"):
-        assert hf_to_engine_name(unused) is None
-    with pytest.raises(ValueError, match="path: .*'encoder.layer.0.crossattention.q.weight'"):
-        hf_to_engine_name("encoder.layer.0.crossattention.q.weight")
+    for name, old in cases.items():
+        assert legacy_name(name) == old
+    for other in ("encoder.layer.0.output.LayerNorm", "embeddings.position_embeddings", "x"):
+        assert legacy_name(other) is None
 
 
 # -- TT-SVD conversion --------------------------------------------------------------------------
@@ -162,11 +164,22 @@ def test_conversion_reports_modes_ranks_params_and_respects_patterns(minilm):
         assert 0 < row["relative_error"] < 1
     ffn_only = copy.deepcopy(dense)
     ffn_only.set_teacher(None)
-    opts = TensorizeOptions(max_rank=8, layers=("encoder.*.ffn.*",))
-    report = tensorize_encoder_(ffn_only, opts, embeddings=True)
-    assert set(report.tensorized) == {f"encoder.{i}.ffn.fc{j}" for i in range(6) for j in (1, 2)}
-    assert {s.name for s in report.skipped} >= {"embeddings.word", "encoder.0.attn.q"}
-    assert isinstance(ffn_only.encoder[0].attn.q, nn.Linear)
+    ffn = {
+        f"encoder.layer.{i}.{n}" for i in range(6) for n in ("intermediate.dense", "output.dense")
+    }
+    for patterns in [  # transformers' names, and the earlier encoder's (legacy_name)
+        ("encoder.layer.*.intermediate.dense", "encoder.layer.*[0-9].output.dense"),
+        ("encoder.*.ffn.*",),
+    ]:
+        ffn_only = copy.deepcopy(dense)
+        ffn_only.set_teacher(None)
+        opts = TensorizeOptions(max_rank=8, layers=patterns)
+        report = tensorize_encoder_(ffn_only, opts, embeddings=True)
+        assert set(report.tensorized) == ffn
+        skipped = {s.name for s in report.skipped}
+        assert skipped >= {"embeddings.word_embeddings", "encoder.layer.0.attention.self.query"}
+        assert isinstance(ffn_only.encoder.layer[0].attention.self.query, nn.Linear)
+        assert isinstance(ffn_only.encoder.layer[0].output.dense, TTLinear)
     with pytest.raises(ValueError, match="layers: pattern 'decoder.*' matches no"):
         tensorize_encoder_(
             copy.deepcopy(dense), TensorizeOptions(layers=("decoder.*",)), embeddings=False
@@ -178,8 +191,8 @@ def test_word_embedding_becomes_ttm_when_asked(tmp_path):
     cfg = HFBertConfig(path=str(tmp_path), tensorize_embeddings=True)
     model = build_hf_bert(cfg, tensorized=True, options=TensorizeOptions(max_rank=8, d=2))
     rows = {r["name"]: r for r in model.conversion}
-    assert rows["embeddings.word"]["kind"] == "ttm_embedding"
-    assert rows["embeddings.word"]["ranks"][1] <= 8
+    assert rows["embeddings.word_embeddings"]["kind"] == "ttm_embedding"
+    assert rows["embeddings.word_embeddings"]["ranks"][1] <= 8
     assert len(rows) == 1 + 2 * 6
 
 
@@ -200,7 +213,8 @@ def test_teacher_stays_outside_parameters_and_state_but_follows_to(tmp_path):
         HFBertConfig(path=str(tmp_path)), tensorized=True, options=TensorizeOptions(max_rank=4, d=2)
     )
     teacher = model.teacher
-    assert isinstance(teacher, BertEncoder) and not isinstance(teacher.encoder[0].attn.q, TTLinear)
+    query = teacher.encoder.layer[0].attention.self.query
+    assert isinstance(teacher, BertEncoder) and not isinstance(query, TTLinear)
     own = {id(p) for p in model.parameters()}
     assert not own & {id(p) for p in teacher.parameters()}
     assert all(not k.startswith("teacher") for k in model.state_dict())

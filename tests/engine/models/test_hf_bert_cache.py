@@ -86,7 +86,7 @@ def test_lookup_equals_the_teacher_in_any_batching_and_misses_otherwise(tiny):
 def test_distill_loss_with_the_table_equals_the_teacher_path(tiny):
     batch = padded(SENTENCES, 10)
     want, want_sums = distill_loss(tiny, batch)
-    (g_want,) = torch.autograd.grad(want, [tiny.encoder[0].attn.q.cores[0]])
+    (g_want,) = torch.autograd.grad(want, [tiny.encoder.layer[0].attention.self.query.cores[0]])
     tiny.set_teacher_embeddings(
         TeacherEmbeddings.build(tiny.teacher, [batch], device=torch.device("cpu"), max_rows=10)
     )
@@ -94,7 +94,7 @@ def test_distill_loss_with_the_table_equals_the_teacher_path(tiny):
     hook = tiny.teacher.register_forward_hook(lambda *a: calls.append(1))
     got, got_sums = distill_loss(tiny, padded(SENTENCES, 8))
     assert calls == []  # every sentence found: the teacher did not run
-    (g_got,) = torch.autograd.grad(got, [tiny.encoder[0].attn.q.cores[0]])
+    (g_got,) = torch.autograd.grad(got, [tiny.encoder.layer[0].attention.self.query.cores[0]])
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(g_got, g_want, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(got_sums["cosine_sum"], want_sums["cosine_sum"])

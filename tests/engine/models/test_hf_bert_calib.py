@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from engine.models.hf_bert import build_hf_bert
-from engine.models.hf_bert.calib import AffineStats, fit_sequential_, solve
+from engine.models.hf_bert.calib import (
+    AffineStats,
+    embed,
+    encoder_layers,
+    fit_sequential_,
+    run_block,
+    solve,
+)
 from engine.models.hf_bert.config import HFBertConfig
 from engine.models.hf_bert.prepare import prepare_student_
 from engine.models.registry import TensorizeOptions
@@ -90,6 +97,22 @@ def hidden_error(model, batches) -> float:
             num += float(((got - want)[keep] ** 2).sum())
             den += float((want[keep] ** 2).sum())
     return (num / den) ** 0.5
+
+
+def test_the_staged_layers_compute_transformers_bert_model(tiny):
+    """block_stages (what the fit and the probes run) is BertModel's forward, float64."""
+    teacher = tiny.teacher
+    for ids, mask, _ in random_batches(n_batches=2, seed=3):
+        types = (torch.arange(ids.shape[1]) >= 5).long().expand_as(ids).contiguous()
+        keep = mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+        with torch.no_grad():
+            (h,) = embed(teacher, [(ids, mask, types)])  # (B, S, D)
+            for block in encoder_layers(teacher):
+                h = run_block(block, h, keep)
+            want = teacher.bert(
+                input_ids=ids, attention_mask=mask, token_type_ids=types
+            ).last_hidden_state  # (B, S, D) transformers' own forward
+        assert_close_rel(h[mask.bool()], want[mask.bool()], 1e-12, "attended tokens")
 
 
 @pytest.mark.parametrize("residual, anchor", [(False, 0.0), (True, 0.0), (True, 0.25)])

@@ -85,7 +85,9 @@ def test_tt_params_at_rank_counts_the_cores_of_a_tt_svd(d, shape):
 def test_depth_gain_scales_each_block_and_moves_the_budget_up_the_stack():
     base = profiles([3] * 4, [1.0] * 4, top=5, seed=1)
     named = [
-        LayerProfile(f"encoder.{i}.attn.q", p.energy, p.costs, p.weight * (i + 1))
+        LayerProfile(
+            f"encoder.layer.{i}.attention.self.query", p.energy, p.costs, p.weight * (i + 1)
+        )
         for i, p in enumerate(base)
     ] + [LayerProfile("pooler", base[0].energy, base[0].costs, 0.5)]
     scaled = depth_weighted(named, 3.0)
