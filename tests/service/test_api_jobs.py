@@ -116,7 +116,7 @@ def test_stage_that_does_not_fit_the_model_is_422_via_the_planner(api: Api):
     body = job_body(compression={"layers": ["encoder.*"]})  # matches no layer of an MLP
     resp = api.client.post("/v1/jobs", json=body)
     assert _pointers(resp) == ["/compression/layers"] and "hidden.0" in resp.text
-    early = job_body(schedule=[{"kind": "early", "steps": 3, "target_ratio": 0.5}])
+    early = job_body(schedule=[{"kind": "early", "steps": 3, "target_ratio": 0.5, "gamma": 0.01}])
     assert _pointers(api.client.post("/v1/jobs", json=early)) == ["/schedule/0/target_ratio"]
     with api.sessions() as s:
         assert s.scalars(select(Job)).first() is None  # nothing stored

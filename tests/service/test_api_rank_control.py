@@ -59,7 +59,11 @@ def test_new_fields_default_and_bound_as_the_engine_does():
             {},
             "/schedule/0/gamma",
         ),
-        ([{"kind": "early", "steps": 5, "target_ratio": 0.5}], {}, "/schedule/0/target_ratio"),
+        (  # a fixed gamma cannot steer the size (none given: "auto")
+            [{"kind": "early", "steps": 5, "target_ratio": 0.5, "gamma": 0.01}],
+            {},
+            "/schedule/0/target_ratio",
+        ),
         ([{"kind": "finetune", "steps": 5, "target_ratio": 0.5}], {}, "/schedule/0/target_ratio"),
         ([{"kind": "early", "steps": 5}], {"max_metric_drop": -1}, "/compression/max_metric_drop"),
         (
