@@ -1,7 +1,7 @@
 """How an attempt ends: succeeded, cancelled, lease lost, preempted, or failed.
 
-Each ending is one transaction, written with the recorder's last flush where there is one, so
-the last points and the final state land together. Every end closes the attempt row
+An ending writes its state change in the transaction of the recorder's last flush where it
+can, so the last points and the new state land together. Every end closes the attempt row
 (``ended_at``, ``exit_reason``). Transitions are compare-and-set, so a terminal state is never
 overwritten; when the lease was lost the job belongs to someone else and is left alone
 (``"lost"``).
