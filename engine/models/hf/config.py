@@ -6,7 +6,9 @@ Two starts (exactly one of ``path`` / ``hf_config``):
   beside them, ``tokenizer.json``, unless ``data.tokenizer`` names one), or
   ``pkg:<package>/<sub/dir>`` inside an installed Python package. The weights are the
   original's: the student starts from their TT-SVD (refitted to the original's outputs on
-  ``calibration_sentences`` training sentences with ``init: "whitened"``, the default; see
+  ``calibration_sentences`` training sentences with ``init: "whitened"``, the default, or,
+  for a BERT sentence encoder, fitted block by block to the original's outputs on the
+  compressed student's inputs with ``init: "sequential"``; see
   :mod:`engine.models.hf.prepare`) and distils from the frozen original.
   Only safetensors weights are ever read; pickles and the directory's own code never are.
 * ``hf_config``: the contents of a ``config.json`` (``model_type`` one of
@@ -49,6 +51,8 @@ from engine.models.hf_bert.config import MAX_PATH, resolve_model_dir
 __all__ = ["HFConfig", "check_hf_config", "model_directory", "read_hf_config", "MAX_CONFIG_BYTES"]
 
 CONFIG_VERSION = 1
+INITS = ("tt_svd", "whitened", "sequential")
+SEQUENTIAL_TYPES = ("bert",)  # the layer structure engine.models.hf_bert.calib stages
 MAX_CONFIG_BYTES = 256 * 1024
 WEIGHTS_FILE = "model.safetensors"
 # keys of a config.json that name code or files elsewhere: never kept
@@ -146,9 +150,10 @@ class HFConfig(ConfigMethods):
     distill_weight: float = spec(1.0, ge=0, le=1e6)
     temperature: float = spec(2.0, gt=0, le=100)
     export_dense: bool = False  # also write model/dense/: the TT layers multiplied out
-    # pretrained start: "whitened" (activation-aware TT-SVD, engine/models/hf/prepare.py)
-    init: str = spec("whitened", choices=("tt_svd", "whitened"))
-    calibration_sentences: int = spec(256, ge=1, le=1_000_000)  # what "whitened" looks at
+    # pretrained start: "whitened" (activation-aware TT-SVD, engine/models/hf/prepare.py) or
+    # "sequential" (BERT sentence embeddings: each layer fitted on the student's own inputs)
+    init: str = spec("whitened", choices=INITS)
+    calibration_sentences: int = spec(256, ge=1, le=1_000_000)  # what the init looks at
     version: int = spec(CONFIG_VERSION, choices=(CONFIG_VERSION,))
 
     def __post_init__(self) -> None:
@@ -174,6 +179,17 @@ class HFConfig(ConfigMethods):
                 "task",
                 f"{self.task!r} is not offered for model_type {family.model_type!r} "
                 f"(choose one of {list(family.tasks)})",
+            )
+        if self.init == "sequential" and (
+            self.path is None
+            or family.model_type not in SEQUENTIAL_TYPES
+            or self.task != "sentence_embedding"
+        ):
+            raise ConfigError(
+                "init",
+                f"'sequential' needs a pretrained encoder (path) of model_type "
+                f"{list(SEQUENTIAL_TYPES)} and task 'sentence_embedding'; got model_type "
+                f"{family.model_type!r}, task {self.task!r}",
             )
         vocab = config.get("vocab_size")
         if self.tokenizer_vocab_size is not None and vocab and self.tokenizer_vocab_size > vocab:

@@ -1,4 +1,4 @@
-"""The activation-aware start of a pretrained ``hf`` student (``init: "whitened"``).
+"""The data-aware starts of a pretrained ``hf`` student (``init: "whitened"``, ``"sequential"``).
 
 Before the first step, on ``calibration_sentences`` sentences of the training split, the
 frozen original runs with forward hooks on every module the swap replaced; each collects the
@@ -8,6 +8,12 @@ original's dense weight: the rank-``r`` matrix with the smallest error on the la
 for those inputs (:func:`engine.models.hf_bert.whiten.whitened_weight`), ``r`` the layer's
 middle bond. Plain TT-SVD minimizes the weight error instead. ``Conv1D`` weights are taken in
 the ``nn.Linear`` layout, as the swap takes them. A resumed run restores its weights instead.
+
+``init: "sequential"`` (a pretrained BERT sentence encoder, the ``hf_bert`` recipe's start):
+the TT linears of the encoder layers are refitted block by block, each to the original's
+outputs on the already compressed student's own inputs, at the ranks they were built with
+(:func:`engine.models.hf_bert.calib.fit_sequential_`, residual targets; the calibration
+sentences regrouped by length). Other TT layers keep their TT-SVD.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from torch import Tensor
 from engine.configs import ConfigError
 from engine.models.hf.model import HFModel
 from engine.models.hf.swap import as_linear
+from engine.models.hf_bert.batches import by_length, take_sentences
+from engine.models.hf_bert.calib import ANCHOR_SEQUENTIAL, RIDGE_SEQUENTIAL, fit_sequential_
 from engine.models.hf_bert.convert import layer_row
 from engine.models.hf_bert.whiten import (
     _output_error,
@@ -41,8 +49,10 @@ def prepare_hf_(
     there is nothing to do (``init: "tt_svd"``, no teacher, no TT layer)."""
     cfg, teacher = model.config, model.teacher
     layers = {n: m for n, m in model.net.named_modules() if isinstance(m, TTLinear)}
-    if cfg.init != "whitened" or teacher is None or not layers:
+    if cfg.init == "tt_svd" or teacher is None or not layers:
         return None
+    if cfg.init == "sequential":
+        return _sequential_(model, layers, batches, device)
     grams, seen = input_gram(
         teacher,
         list(layers),
@@ -69,5 +79,37 @@ def prepare_hf_(
         for n in layers
     ]
     info = {"init": "whitened", "calibration_sentences": seen, "layers": rows}
+    model.preparation = info
+    return info
+
+
+def _sequential_(
+    model: HFModel,
+    layers: Mapping[str, TTLinear],
+    batches: Iterable[Mapping[str, Tensor]],
+    device: torch.device,
+) -> dict[str, Any]:
+    """``init: "sequential"`` (module docstring) on ``model.net``, a transformers BertModel."""
+    teacher = model.teacher
+    assert teacher is not None
+    calib, _ = take_sentences(batches, model.config.calibration_sentences, 0, device)
+    seen = sum(int(ids.shape[0]) for ids, _, _ in calib)
+    if seen == 0:
+        raise ConfigError("data", "the training split has no sentences to calibrate on")
+    ranks = {n: int(max(m.ranks)) for n, m in layers.items()}  # compression.max_rank, as built
+    rows = fit_sequential_(
+        model.net,
+        teacher,
+        by_length(calib),
+        ranks,
+        ridge=RIDGE_SEQUENTIAL,
+        residual=True,
+        anchor=ANCHOR_SEQUENTIAL,
+    )
+    model.conversion = [
+        layer_row(n, model.net.get_submodule(n), as_linear(teacher.get_submodule(n)).weight)
+        for n in layers
+    ]
+    info = {"init": "sequential", "calibration_sentences": seen, "layers": rows}
     model.preparation = info
     return info

@@ -66,3 +66,53 @@ def test_with_more_modes_the_whole_model_still_fits_better(tmp_path):
     batches = _batches(cfg)
     prepare_hf_(aware, batches, device=CPU)
     assert _output_gap(aware, batches) < _output_gap(plain, batches)
+
+
+def _hidden_gap(model, batches) -> float:
+    """Relative error of the last hidden states to the teacher's over attended tokens."""
+    num = den = 0.0
+    with torch.no_grad():
+        for b in batches:
+            mask = b["attention_mask"].bool()
+            got = model(b["input_ids"], b["attention_mask"])  # (B, S, D)
+            want = model.call(model.teacher, b["input_ids"], b["attention_mask"])
+            diff = (got - want.last_hidden_state)[mask]  # (N, D)
+            num += float((diff**2).sum())
+            den += float((want.last_hidden_state[mask] ** 2).sum())
+    return (num / den) ** 0.5
+
+
+def test_the_sequential_start_of_a_bert_sentence_encoder(tmp_path):
+    directory = make_model_dir(tmp_path, "bert", task="sentence_embedding")
+
+    def built(init: str, max_rank: int):
+        cfg = HFConfig(
+            path=str(directory), task="sentence_embedding", init=init, calibration_sentences=32
+        )
+        opts = TensorizeOptions(max_rank=max_rank, min_size=1, d=1)
+        return build_hf(cfg, tensorized=True, options=opts).eval().double(), cfg
+
+    full, cfg = built("sequential", 64)  # every rank full: the original, up to the fit's ridge
+    batches = _batches(cfg)
+    info = prepare_hf_(full, batches, device=CPU)
+    assert info["init"] == "sequential" and info["calibration_sentences"] == 32
+    assert [r["name"] for r in info["layers"]] == list(full.tensorize_report.tensorized)
+    assert _hidden_gap(full, batches) < 1e-3
+    seq, _ = built("sequential", 3)
+    whitened, _ = built("whitened", 3)
+    prepare_hf_(seq, batches, device=CPU)
+    prepare_hf_(whitened, batches, device=CPU)
+    for name in seq.tensorize_report.tensorized:  # same ranks, so the same size
+        assert seq.net.get_submodule(name).ranks == whitened.net.get_submodule(name).ranks
+    assert _hidden_gap(seq, batches) < _hidden_gap(whitened, batches)
+
+
+def test_the_sequential_start_is_for_bert_sentence_encoders_only(tmp_path):
+    import pytest
+
+    from engine.configs import ConfigError
+
+    bert, llama = make_model_dir(tmp_path, "bert"), make_model_dir(tmp_path, "llama")
+    for directory, task in [(bert, "masked_lm"), (llama, "causal_lm")]:
+        with pytest.raises(ConfigError, match="init: 'sequential' needs a pretrained encoder"):
+            HFConfig(path=str(directory), task=task, init="sequential")
