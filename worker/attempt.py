@@ -25,6 +25,7 @@ from service.store.db.crud.attempts import set_resume_from
 from service.store.db.crud.jobs import transition
 from service.store.db.models import Checkpoint, Job
 from service.store.db.session import session_scope
+from service.store.prepare import is_prepared
 from service.store.settings import Settings
 from worker.artifacts import retain
 from worker.callback import JobCallback
@@ -95,6 +96,8 @@ def start_running(
     older checkpoints past ``checkpointing.keep`` dropped); False: cancelled or taken away."""
     from worker.training import ENGINE_VERSION
 
+    # the config prepared at submission stays as stored; one the worker prepared is kept
+    stored = {} if is_prepared(job.engine_config) else {"engine_config": config.to_dict()}
     with session_scope(run.factory) as s:
         running = transition(
             session=s,
@@ -102,10 +105,10 @@ def start_running(
             from_states=[JobState.STARTING],
             to_state=JobState.RUNNING,
             attempt=run.attempt,
-            engine_config=config.to_dict(),
             engine_version=ENGINE_VERSION,
             message="running",
             event={"device": device, "resumed_from": resumed.id if resumed else None, **event},
+            **stored,
         )
         if running is not None and resumed is not None:
             set_resume_from(

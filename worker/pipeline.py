@@ -5,13 +5,13 @@
 1. **Claim** (docs/service.md#claim-and-lease): QUEUED -> STARTING for exactly this attempt,
    with our lease. Zero rows means a duplicate, stale or cancelled message: return
    ``"skipped"``, touch nothing.
-2. **Prepare** (STARTING): resolve the dataset files (:mod:`worker.datasets`) and an
-   ``hf_bert`` model directory against this worker's data root
-   (:mod:`service.store.model_source`), translate and validate the spec, plan it again with
-   its real data (``worker.training.preflight``) under a hard memory cap when run by the
-   Celery task (:mod:`worker.memory_cap`: an allocation past it fails the job as ``oom``),
-   and build the trainer from the checkpoint :mod:`worker.resume` chooses. Then STARTING ->
-   RUNNING with the engine config and version.
+2. **Prepare** (STARTING): read the engine config prepared once at submission
+   (``service.store.prepare``; ``worker.training.load_config`` resolves only its root-relative
+   paths again, under this worker's data root), plan it again with its real data
+   (``worker.training.preflight``) under a hard memory cap when run by the Celery task
+   (:mod:`worker.memory_cap`: an allocation past it fails the job as ``oom``), and build the
+   trainer from the checkpoint :mod:`worker.resume` chooses. Then STARTING -> RUNNING (the
+   stored config is kept; a job stored without one gets the config prepared here).
 3. **Train** (RUNNING): the engine's events go through :class:`worker.callback.JobCallback` to
    the batched :class:`worker.recorder.Recorder`; a heartbeat thread extends the lease; the
    trainer polls :class:`worker.lease.Stopper` for cancellation, lease loss and the deadline.
@@ -34,22 +34,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from api_schemas import JobCreate
+from api_schemas.jobs import LimitsSpec
 from service.store.db.crud.attempts import claim_attempt
 from service.store.db.models import Checkpoint, Job
 from service.store.db.session import session_scope
-from service.store.model_source import resolve_model_source
 from service.store.settings import Settings
 from worker.artifacts import workdir
 from worker.attempt import Attempt, deadline_for, start_running, worker_name
 from worker.callback import JobCallback
 from worker.data_parallel import run_processes
-from worker.datasets import resolve_dataset
 from worker.endings import close_attempt, fail, interrupted, stopped, succeed
 from worker.lease import Heartbeat, Stopper
 from worker.memory_cap import apply_cap
@@ -135,10 +132,10 @@ def _run(
     """Steps 2 to 4 (see the module doc)."""
     from worker import training
 
-    spec = JobCreate.model_validate(job.spec)
-    config, device, plan = _prepare(run, job, spec)
+    config, device, plan = _prepare(run, job)
     if deadline is None and t0 is not None:
-        deadline = deadline_for(spec.limits.max_wall_time_s, t0)
+        limits = LimitsSpec.model_validate(job.spec.get("limits", {}))
+        deadline = deadline_for(limits.max_wall_time_s, t0)
     stopper = Stopper(
         factory=run.factory,
         job_id=run.job_id,
@@ -160,24 +157,18 @@ def _run(
     return stopped(run, job, stopper)
 
 
-def _prepare(run: Attempt, job: Job, spec: JobCreate) -> tuple[JobConfig, str, dict[str, Any]]:
-    """Step 2 up to the trainer: the engine config with the data and model resolved, the
-    device, and the plan (under the memory cap when asked); the job's callback is made."""
+def _prepare(run: Attempt, job: Job) -> tuple[JobConfig, str, dict[str, Any]]:
+    """Step 2 up to the trainer: the engine config prepared at submission
+    (``service.store.prepare``) with its root-relative paths resolved under this worker's roots,
+    the device, and the plan (under the memory cap when asked); the job's callback is made."""
     from worker import training
 
     settings = run.settings
-    with session_scope(run.factory) as s:
-        train, valid = resolve_dataset(
-            session=s, settings=settings, tenant_id=job.tenant_id, spec=spec.dataset
-        )
-        uploaded = (s, Path(settings.artifacts), job.tenant_id)  # the tenant's uploaded models
-        model_dir = resolve_model_source(
-            data_root=settings.data, model=spec.model, uploaded=uploaded
-        )  # or None
-    config, device = training.build_config(spec, train=train, valid=valid, model=model_dir)
+    with session_scope(run.factory) as s:  # the stored config, with this worker's paths
+        config, device, _ = training.load_config(session=s, settings=settings, job=job)
     if run.cap_memory:
         run.memory_cap = apply_cap(settings.job_memory_cap)
-    plan = training.preflight(config, spec, capacity_bytes=settings.worker_memory_bytes)
+    plan = training.preflight(config, job.spec, capacity_bytes=settings.worker_memory_bytes)
     cap = run.memory_cap
     run.recorder.event(
         "log",
