@@ -25,7 +25,7 @@ Five parts, in bytes, per process:
   hidden size a training sentence, at most ``engine.models.hf_bert.cache.MAX_BYTES``);
 * **baseline**: the process itself: its interpreter, torch, the engine and what their first
   step loads, as measured on this host (``process_bytes``; ``hf_bytes`` more for the ``hf``
-  workload, on transformers' classes);
+  and ``hf_bert`` workloads, on transformers' classes);
 * **slack**: :data:`RUNTIME_SLACK` for what a job loads beyond the probe's (its data
   pipeline's modules, thread and allocator arenas) and :data:`FRAGMENTATION` of the model,
   activations and data (freed blocks the allocator keeps: a tiny BERT's peak measured up to
@@ -71,6 +71,8 @@ __all__ = [
 ]
 
 SEQUENCE_ARCHS = ("transformer", "mlm", "hf_bert", "hf")
+# the workloads built on transformers' modeling classes: their process imports transformers
+TRANSFORMERS_ARCHS = ("hf_bert", "hf")
 HF_HEADS = ("num_attention_heads", "n_head", "n_heads")  # config.json names per family
 HF_LAYERS = ("num_hidden_layers", "n_layer", "n_layers")
 RUNTIME_SLACK = 32 << 20  # a job's process beyond the baseline probe's (module doc)
@@ -203,7 +205,7 @@ def estimate_memory(
     world = processes(cfg)
     buckets = 4 * trainable if world > 1 else 0  # DDP's gradient buckets
     process = baseline.process_bytes
-    if cfg.model.arch == "hf":
+    if cfg.model.arch in TRANSFORMERS_ARCHS:
         process += baseline.hf_bytes
     activations = _activation_bytes(
         model, cfg, model_config, teacher=stage_teacher or teacher_params > 0
