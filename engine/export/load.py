@@ -168,8 +168,12 @@ def load_compressed(
     """
     directory = _checkpoint_dir(path)
     manifest = read_manifest(directory)
-    _workload(manifest)  # an unknown arch fails before the weights are read
+    workload = _workload(manifest)  # an unknown arch fails before the weights are read
     tensors = read_weights(directory, manifest)
+    try:  # a checkpoint of an earlier version of the workload, under today's names
+        manifest, tensors = workload.upgrade_checkpoint(manifest, tensors)
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from None
     model = build_from_manifest(manifest, dtype=dtype)
     _load_strict_(model, tensors)
     return model.to(device).eval(), manifest

@@ -222,6 +222,12 @@ class HFBertWorkload(Workload):
     def _build(self, config: Any, tensorized: bool, options: TensorizeOptions) -> nn.Module:
         return build_hf_bert(config, tensorized=tensorized, options=options)
 
+    def upgrade_checkpoint(self, manifest, tensors):
+        """Checkpoints of the earlier hand-written encoder (``engine.models.hf_bert.legacy``)."""
+        from engine.models.hf_bert.legacy import upgrade_names
+
+        return upgrade_names(manifest, tensors)
+
     def _example(self, config, b, g, seq_len):
         arch = config.arch
         s = min(arch.max_position_embeddings, 16) if seq_len is None else seq_len

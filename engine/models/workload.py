@@ -149,6 +149,13 @@ class Workload:
         """The ``model_config`` an export records: what rebuilds the architecture."""
         return self._config(config).to_dict()
 
+    def upgrade_checkpoint(
+        self, manifest: Mapping[str, Any], tensors: Mapping[str, Tensor]
+    ) -> tuple[Mapping[str, Any], Mapping[str, Tensor]]:
+        """A checkpoint written by an earlier version of this workload, under today's names
+        (``engine.export.load_compressed`` calls it before it builds). Default: unchanged."""
+        return manifest, tensors
+
     def guard_metric_of(self, config: Any) -> str:
         """The validation metric the fidelity guard watches for ``config`` (higher is better)."""
         return self.guard_metric
