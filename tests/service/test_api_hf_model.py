@@ -76,8 +76,15 @@ def test_hf_dir_and_package_specs_validate_and_reach_the_engine_config(api: Api)
     assert resp.status_code == 200, resp.text
     plan = resp.json()
     names = [layer["name"] for layer in plan["layers"]]
-    linears = ("attn.q", "attn.k", "attn.v", "attn.out", "ffn.fc1", "ffn.fc2")
-    assert names == [f"encoder.{i}.{n}" for i in range(2) for n in linears]
+    linears = (  # BertModel's names of a block's six linears
+        "attention.self.query",
+        "attention.self.key",
+        "attention.self.value",
+        "attention.output.dense",
+        "intermediate.dense",
+        "output.dense",
+    )
+    assert names == [f"encoder.layer.{i}.{n}" for i in range(2) for n in linears]
     assert plan["params_after"] < plan["params_before"]
     config = plan["engine_config"]["model"]["config"]
     assert config["path"] == str((root / "models" / "tiny").resolve())
