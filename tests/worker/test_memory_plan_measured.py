@@ -111,6 +111,9 @@ def _within(estimate: int, peak: ProcessPeak) -> bool:
     return peak.peak_rss <= estimate <= MARGIN * peak.peak_rss
 
 
+# the heaviest tests (39-46 s on an idle 2-core host): the suite's 60 s limit would fail them
+# on a busy CI host, so they get 120 s; the suite's other tests stay under 60 s
+@pytest.mark.timeout(120)
 @pytest.mark.slow
 def test_the_plan_is_at_most_a_quarter_above_every_processs_measured_peak(tmp_path):
     models = _models(tmp_path)

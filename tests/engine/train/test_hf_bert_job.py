@@ -94,6 +94,9 @@ def export(result, trainer: Trainer, job: JobConfig, out) -> None:
     )
 
 
+# the heaviest tests (39-46 s on an idle 2-core host): the suite's 60 s limit would fail them
+# on a busy CI host, so they get 120 s; the suite's other tests stay under 60 s
+@pytest.mark.timeout(120)
 @pytest.mark.slow
 def test_minilm_recipe_compresses_5x_beats_svd_resumes_and_exports(tmp_path, one_thread):
     spec = small_recipe(every=6)
