@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.models.hf_bert.model import ENCODER_LINEARS
+
 __all__ = ["Family", "FAMILIES", "TASKS", "family_of", "SIZE_BOUNDS"]
 
 # task -> the Auto class that builds it (sentence_embedding: the bare encoder / decoder)
@@ -25,14 +27,7 @@ TASKS = {
     "sentence_embedding": "AutoModel",
 }
 
-_BERT_LINEARS = (
-    "attention.self.query",
-    "attention.self.key",
-    "attention.self.value",
-    "attention.output.dense",
-    "intermediate.dense",
-    "output.dense",
-)
+_BERT_LINEARS = ENCODER_LINEARS  # one BERT layer's linears, hf_bert's own list
 _LLAMA_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _ENCODER_TASKS = ("masked_lm", "sequence_classification", "sentence_embedding")
 _DECODER_TASKS = ("causal_lm", "sequence_classification", "sentence_embedding")

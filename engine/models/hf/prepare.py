@@ -74,13 +74,7 @@ def prepare_hf_(
         parent, _, attr = name.rpartition(".")
         setattr(model.net.get_submodule(parent) if parent else model.net, attr, new)
         rows.append({"name": name, "output_error_tt_svd": before, "output_error_whitened": after})
-    model.conversion = [
-        layer_row(n, model.net.get_submodule(n), as_linear(teacher.get_submodule(n)).weight)
-        for n in layers
-    ]
-    info = {"init": "whitened", "calibration_sentences": seen, "layers": rows}
-    model.preparation = info
-    return info
+    return _record(model, layers, "whitened", seen, rows)
 
 
 def _sequential_(
@@ -106,10 +100,20 @@ def _sequential_(
         residual=True,
         anchor=ANCHOR_SEQUENTIAL,
     )
+    return _record(model, layers, "sequential", seen, rows)
+
+
+def _record(
+    model: HFModel, layers: Iterable[str], init: str, seen: int, rows: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The start's conversion report (each layer against the teacher's dense weight) and its
+    ``preparation`` info, set on ``model``; the info returned."""
+    teacher = model.teacher
+    assert teacher is not None
     model.conversion = [
         layer_row(n, model.net.get_submodule(n), as_linear(teacher.get_submodule(n)).weight)
         for n in layers
     ]
-    info = {"init": "sequential", "calibration_sentences": seen, "layers": rows}
+    info = {"init": init, "calibration_sentences": seen, "layers": rows}
     model.preparation = info
     return info
