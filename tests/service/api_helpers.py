@@ -179,9 +179,14 @@ def add_checkpoint(
     state: str = "complete",
     sha: str | None = None,
     manifest: dict | None = None,
+    step: int = 42,
+    stage: str | None = "late",
+    metrics: dict[str, float] | None = None,
+    size_bytes: int = len(BLOB),
+    created_at: datetime | None = None,
 ) -> None:
-    """A checkpoint row of ``job_id`` (attempt 1, step 42) for the file ``rel`` of ``BLOB``'s
-    size under the artifacts directory."""
+    """A checkpoint row of ``job_id`` (attempt 1; by default step 42 of the late stage) for
+    the file ``rel`` of ``BLOB``'s size under the artifacts directory."""
     with api.sessions() as s, s.begin():
         s.execute(
             insert(Checkpoint),
@@ -192,15 +197,15 @@ def add_checkpoint(
                     "tenant_id": api.tenant_id(),
                     "attempt": 1,
                     "kind": kind,
-                    "step": 42,
-                    "stage": "late",
-                    "metrics": {"loss": 0.5},
+                    "step": step,
+                    "stage": stage,
+                    "metrics": {"loss": 0.5} if metrics is None else metrics,
                     "path": rel,
-                    "size_bytes": len(BLOB),
+                    "size_bytes": size_bytes,
                     "sha256": sha,
                     "state": state,
                     "manifest": manifest,
-                    "created_at": utcnow(),
+                    "created_at": created_at or utcnow(),
                 }
             ],
         )

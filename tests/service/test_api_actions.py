@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import func, insert, select
 
 from service.store.db.models import Checkpoint, Job, JobAttempt, JobEvent, MetricPoint, utcnow
-from tests.service.api_helpers import Api, make_job
+from tests.service.api_helpers import Api, add_checkpoint, make_job
 
 
 def _checkpoint(
@@ -26,26 +26,19 @@ def _checkpoint(
     path = Path(api.settings.artifacts) / rel
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"weights")
-    with api.sessions() as s, s.begin():
-        s.execute(
-            insert(Checkpoint),
-            [
-                {
-                    "id": ckpt_id,
-                    "job_id": job_id,
-                    "tenant_id": api.tenant_id(),
-                    "attempt": 1,
-                    "kind": kind,
-                    "step": step,
-                    "metrics": {},
-                    "path": rel,
-                    "size_bytes": 7,
-                    "sha256": "0" * 64,
-                    "state": state,
-                    "created_at": utcnow(),
-                }
-            ],
-        )
+    add_checkpoint(
+        api,
+        job_id,
+        ckpt_id,
+        rel,
+        kind=kind,
+        state=state,
+        sha="0" * 64,
+        step=step,
+        stage=None,
+        metrics={},
+        size_bytes=7,
+    )
     return path
 
 

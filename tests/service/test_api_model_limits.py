@@ -80,26 +80,26 @@ def _errors(resp) -> dict[str, dict[str, Any]]:
     return {e["pointer"]: e for e in resp.json()["errors"]}
 
 
+ENCODER_MAX = {  # the encoder sizes' upper bounds, the same for transformer and mlm
+    "vocab_size": 2**20,
+    "d_model": 16384,
+    "n_heads": 256,
+    "d_ff": 65536,
+    "n_layers": 48,
+    "max_len": 8192,
+    "type_vocab": 64,
+}
 TOO_LARGE = [  # (arch, config, pointer, code)
-    ("transformer", {"vocab_size": 2**20 + 1}, "/model/config/vocab_size", "less_than_equal"),
-    ("transformer", {"d_model": 16385}, "/model/config/d_model", "less_than_equal"),
-    ("transformer", {"n_heads": 257}, "/model/config/n_heads", "less_than_equal"),
-    ("transformer", {"d_ff": 65537}, "/model/config/d_ff", "less_than_equal"),
-    ("transformer", {"n_layers": 49}, "/model/config/n_layers", "less_than_equal"),
-    ("transformer", {"max_len": 8193}, "/model/config/max_len", "less_than_equal"),
-    ("transformer", {"type_vocab": 65}, "/model/config/type_vocab", "less_than_equal"),
+    *(
+        (arch, {field: top + 1}, f"/model/config/{field}", "less_than_equal")
+        for arch in ("transformer", "mlm")
+        for field, top in ENCODER_MAX.items()
+    ),
     ("transformer", {"num_classes": 65537}, "/model/config/num_classes", "less_than_equal"),
     ("transformer", {"d_model": 16384, "n_heads": 16}, "/model/config", "too_large"),
     ("transformer", {"d_model": "768"}, "/model/config/d_model", "int_type"),
     ("transformer", {"n_layers": 2.0}, "/model/config/n_layers", "int_type"),
     ("transformer", {"n_layers": 0}, "/model/config/n_layers", "greater_than_equal"),
-    ("mlm", {"vocab_size": 2**20 + 1}, "/model/config/vocab_size", "less_than_equal"),
-    ("mlm", {"d_model": 16385}, "/model/config/d_model", "less_than_equal"),
-    ("mlm", {"n_heads": 257}, "/model/config/n_heads", "less_than_equal"),
-    ("mlm", {"d_ff": 65537}, "/model/config/d_ff", "less_than_equal"),
-    ("mlm", {"n_layers": 49}, "/model/config/n_layers", "less_than_equal"),
-    ("mlm", {"max_len": 8193}, "/model/config/max_len", "less_than_equal"),
-    ("mlm", {"type_vocab": 65}, "/model/config/type_vocab", "less_than_equal"),
     ("mlm", {"vocab_size": 2**20, "d_model": 1024}, "/model/config", "too_large"),
     ("mlp", {"in_features": 2**20 + 1}, "/model/config/in_features", "less_than_equal"),
     ("mlp", {"hidden": [64, 16385]}, "/model/config/hidden/1", "less_than_equal"),

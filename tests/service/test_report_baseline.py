@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from sqlalchemy import insert, select, update
+from sqlalchemy import select, update
 
 from api_schemas import CompressionReport
 from client.render import report_tables
@@ -16,7 +16,7 @@ from service.baseline import baseline_key
 from service.store.db.crud.tenants import get_or_create_tenant
 from service.store.db.models import Checkpoint, Job
 from tests.helpers.specs import mlp_model
-from tests.service.api_helpers import Api, job_body, make_job, set_state
+from tests.service.api_helpers import Api, add_checkpoint, job_body, make_job, set_state
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 WEIGHTS = b"\x00" * 1000
@@ -49,28 +49,19 @@ def _export(
         path = Path(api.settings.artifacts) / rel / "model.safetensors"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(WEIGHTS)
-    with api.sessions() as s, s.begin():
-        s.execute(
-            insert(Checkpoint),
-            [
-                {
-                    "id": ckpt_id,
-                    "job_id": job_id,
-                    "tenant_id": api.tenant_id(),
-                    "attempt": 1,
-                    "kind": "export",
-                    "step": 10,
-                    "stage": "last",
-                    "metrics": {},
-                    "path": rel,
-                    "size_bytes": len(WEIGHTS),
-                    "sha256": None,
-                    "state": "complete",
-                    "manifest": manifest,
-                    "created_at": T0,
-                }
-            ],
-        )
+    add_checkpoint(
+        api,
+        job_id,
+        ckpt_id,
+        rel,
+        kind="export",
+        manifest=manifest,
+        step=10,
+        stage="last",
+        metrics={},
+        size_bytes=len(WEIGHTS),
+        created_at=T0,
+    )
     return ckpt_id
 
 

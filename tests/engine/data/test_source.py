@@ -27,6 +27,21 @@ def _source(n=23, **kw):
     return StreamSource(lambda: iter(range(n)), _collate, **args)
 
 
+def _split(n, *, batch_size, valid_every, shuffle_buffer=8, drop_last=False, **kw):
+    """``train_valid_sources`` over the examples ``0 .. n-1`` (no validation file)."""
+    return train_valid_sources(
+        lambda: iter(range(n)),
+        None,
+        collate=_collate,
+        batch_size=batch_size,
+        seed=0,
+        shuffle_buffer=shuffle_buffer,
+        drop_last=drop_last,
+        valid_every=valid_every,
+        **kw,
+    )
+
+
 def _rows(source, epoch, **kw):
     return [int(v) for b in source.batches(epoch, **kw) for v in b["x"]]
 
@@ -90,16 +105,7 @@ def test_abandoned_pass_does_not_record_a_count():
 @pytest.mark.parametrize("k", [2, 3, 7])
 def test_split_partitions_rows_by_index(k):
     n = 40
-    train, valid = train_valid_sources(
-        lambda: iter(range(n)),
-        None,
-        collate=_collate,
-        batch_size=3,
-        seed=0,
-        shuffle_buffer=8,
-        drop_last=False,
-        valid_every=k,
-    )
+    train, valid = _split(n, batch_size=3, valid_every=k)
     tr, va = sorted(_rows(train, 1)), _rows(valid, 1)
     assert va == [i for i in range(n) if i % k == k - 1]  # in order, unshuffled
     assert tr == [i for i in range(n) if i % k != k - 1]
@@ -109,16 +115,7 @@ def test_split_partitions_rows_by_index(k):
 
 
 def test_no_validation_without_file_or_split():
-    train, valid = train_valid_sources(
-        lambda: iter(range(5)),
-        None,
-        collate=_collate,
-        batch_size=2,
-        seed=0,
-        shuffle_buffer=0,
-        drop_last=False,
-        valid_every=0,
-    )
+    train, valid = _split(5, batch_size=2, valid_every=0, shuffle_buffer=0)
     assert valid is None and _rows(train, 0) == list(range(5))
 
 
@@ -143,16 +140,7 @@ def test_count_makes_num_batches_known_before_training():
     s = _source(n=23)
     assert s.num_batches() is None
     assert s.count() == 23 and s.num_batches() == 6
-    train, valid = train_valid_sources(
-        lambda: iter(range(23)),
-        None,
-        collate=_collate,
-        batch_size=4,
-        seed=0,
-        shuffle_buffer=8,
-        drop_last=True,
-        valid_every=3,
-    )
+    train, valid = _split(23, batch_size=4, valid_every=3, drop_last=True)
     assert (train.count(), valid.count()) == split_counts(23, 3) == (16, 7)
     assert (train.num_batches(), valid.num_batches()) == (4, 2)  # validation keeps its last
 
@@ -228,14 +216,4 @@ def test_length_buckets_need_a_length():
     with pytest.raises(ValueError, match="length"):
         _source(bucket_batches=2)
     with pytest.raises(ValueError, match="data.length_buckets"):
-        train_valid_sources(
-            lambda: [],
-            None,
-            collate=_collate,
-            batch_size=2,
-            seed=0,
-            shuffle_buffer=0,
-            drop_last=False,
-            valid_every=0,
-            length_buckets=4,
-        )
+        _split(0, batch_size=2, valid_every=0, shuffle_buffer=0, length_buckets=4)

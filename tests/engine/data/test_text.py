@@ -185,21 +185,6 @@ MALFORMED_JSONL = [
 ]
 
 
-@pytest.mark.parametrize("text,line,match", MALFORMED_JSONL)
-def test_malformed_jsonl_names_file_and_line(tmp_path, text, line, match):
-    path = tmp_path / "bad.jsonl"
-    path.write_text(text)
-    with pytest.raises(DataError, match=match) as err:
-        build_data(
-            DataConfig(kind="jsonl", train=str(path), vocab_size=100),
-            arch="transformer",
-            batch_size=2,
-            seed=0,
-        )
-    assert (err.value.path, err.value.line) == (str(path), line)
-    assert str(err.value).startswith(f"{path}:{line}: ")
-
-
 MALFORMED_CSV = [
     ('premise,hypothesis,label\n"multi\nline",b,x\na,b\n', 4, "expected 3 comma-separated"),
     ("premise,hypothesis,label\na,b,x,extra\n", 2, "expected 3 comma-separated"),
@@ -210,18 +195,24 @@ MALFORMED_CSV = [
 ]
 
 
-@pytest.mark.parametrize("text,line,match", MALFORMED_CSV)
-def test_malformed_csv_names_file_and_line(tmp_path, text, line, match):
-    path = tmp_path / "bad.csv"
+MALFORMED = [("jsonl", *case) for case in MALFORMED_JSONL] + [
+    ("csv", *case) for case in MALFORMED_CSV
+]
+
+
+@pytest.mark.parametrize("kind,text,line,match", MALFORMED)
+def test_malformed_file_names_file_and_line(tmp_path, kind, text, line, match):
+    path = tmp_path / f"bad.{kind}"
     path.write_text(text)
     with pytest.raises(DataError, match=match) as err:
         build_data(
-            DataConfig(kind="csv", train=str(path), vocab_size=100),
+            DataConfig(kind=kind, train=str(path), vocab_size=100),
             arch="transformer",
             batch_size=2,
             seed=0,
         )
     assert (err.value.path, err.value.line) == (str(path), line)
+    assert str(err.value).startswith(f"{path}:{line}: ")
 
 
 def test_errors_found_while_iterating_and_unknown_label(tmp_path):
