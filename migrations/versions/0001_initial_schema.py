@@ -1,7 +1,5 @@
 """initial schema
 
-Revision ID: 0001
-Revises:
 Create Date: 2026-11-29 20:08:32.850716
 """
 
@@ -13,88 +11,102 @@ from sqlalchemy.dialects import postgresql
 
 revision = "0001"
 down_revision = None
-branch_labels = None
-depends_on = None
+
+
+def _json(name: str, *, nullable: bool) -> sa.Column:
+    """A JSON column, stored as JSONB on PostgreSQL."""
+    kind = sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql")
+    return sa.Column(name, kind, nullable=nullable)
+
+
+def _time(name: str, *, nullable: bool = False) -> sa.Column:
+    return sa.Column(name, sa.DateTime(timezone=True), nullable=nullable)
+
+
+def _text(name: str, length: int, *, nullable: bool = False) -> sa.Column:
+    return sa.Column(name, sa.String(length=length), nullable=nullable)
+
+
+def _serial_id() -> sa.Column:
+    """The BIGINT (INTEGER on SQLite, so that it autoincrements) primary key of a series table."""
+    kind = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+    return sa.Column("id", kind, autoincrement=True, nullable=False)
+
+
+def _cascade(table: str, column: str, target: str) -> sa.ForeignKeyConstraint:
+    """``table.column`` references ``target.id``; deleting the target deletes the row."""
+    name = op.f(f"fk_{table}_{column}_{target}")
+    return sa.ForeignKeyConstraint([column], [f"{target}.id"], name=name, ondelete="CASCADE")
+
+
+def _tenant_table(name: str, *columns: sa.Column, unique: str | None = None) -> None:
+    """A table of rows a tenant owns: a string ``id`` key and ``tenant_id`` (the rows go with
+    their tenant) before ``columns``; ``unique``: a column no two rows share."""
+    constraints = [
+        _cascade(name, "tenant_id", "tenants"),
+        sa.PrimaryKeyConstraint("id", name=op.f(f"pk_{name}")),
+    ]
+    if unique:  # made last: a table's DDL lists its constraints in the order they were made
+        constraints.append(sa.UniqueConstraint(unique, name=op.f(f"uq_{name}_{unique}")))
+    op.create_table(name, _text("id", 40), _text("tenant_id", 40), *columns, *constraints)
+
+
+def _series_table(name: str, *columns: sa.Column, unique: tuple[str, ...]) -> None:
+    """A table of a job's series: a serial ``id`` key and ``job_id`` (the rows go with their
+    job) before ``columns``; no two rows share the columns of ``unique`` (``job_id`` first)."""
+    op.create_table(
+        name,
+        _serial_id(),
+        _text("job_id", 40),
+        *columns,
+        _cascade(name, "job_id", "jobs"),
+        sa.PrimaryKeyConstraint("id", name=op.f(f"pk_{name}")),
+        sa.UniqueConstraint(*unique, name=op.f(f"uq_{name}_job_id")),
+    )
 
 
 def upgrade() -> None:
-
     op.create_table(
         "tenants",
-        sa.Column("id", sa.String(length=40), nullable=False),
-        sa.Column("name", sa.String(length=128), nullable=False),
-        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        _text("id", 40),
+        _text("name", 128),
+        _time("created_at"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_tenants")),
         sa.UniqueConstraint("name", name=op.f("uq_tenants_name")),
     )
-    op.create_table(
+    _tenant_table(
         "api_keys",
-        sa.Column("id", sa.String(length=40), nullable=False),
-        sa.Column("tenant_id", sa.String(length=40), nullable=False),
-        sa.Column("key_hash", sa.String(length=64), nullable=False),
-        sa.Column("prefix", sa.String(length=16), nullable=False),
-        sa.Column(
-            "scopes",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
-            nullable=False,
-        ),
-        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-        sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),
-        sa.ForeignKeyConstraint(
-            ["tenant_id"],
-            ["tenants.id"],
-            name=op.f("fk_api_keys_tenant_id_tenants"),
-            ondelete="CASCADE",
-        ),
-        sa.PrimaryKeyConstraint("id", name=op.f("pk_api_keys")),
-        sa.UniqueConstraint("key_hash", name=op.f("uq_api_keys_key_hash")),
+        _text("key_hash", 64),
+        _text("prefix", 16),
+        _json("scopes", nullable=False),
+        _time("created_at"),
+        _time("revoked_at", nullable=True),
+        unique="key_hash",
     )
-    op.create_table(
+    _tenant_table(
         "datasets",
-        sa.Column("id", sa.String(length=40), nullable=False),
-        sa.Column("tenant_id", sa.String(length=40), nullable=False),
-        sa.Column("name", sa.String(length=128), nullable=False),
-        sa.Column("format", sa.String(length=16), nullable=False),
-        sa.Column("path", sa.String(length=1024), nullable=False),
+        _text("name", 128),
+        _text("format", 16),
+        _text("path", 1024),
         sa.Column("size_bytes", sa.BigInteger(), nullable=False),
-        sa.Column("sha256", sa.String(length=64), nullable=False),
+        _text("sha256", 64),
         sa.Column("rows", sa.BigInteger(), nullable=True),
-        sa.Column("state", sa.String(length=16), nullable=False),
+        _text("state", 16),
         sa.Column("error", sa.Text(), nullable=True),
-        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["tenant_id"],
-            ["tenants.id"],
-            name=op.f("fk_datasets_tenant_id_tenants"),
-            ondelete="CASCADE",
-        ),
-        sa.PrimaryKeyConstraint("id", name=op.f("pk_datasets")),
+        _time("created_at"),
     )
     op.create_table(
         "idempotency_keys",
-        sa.Column("tenant_id", sa.String(length=40), nullable=False),
-        sa.Column("key", sa.String(length=255), nullable=False),
-        sa.Column("fingerprint", sa.String(length=64), nullable=False),
-        sa.Column("state", sa.String(length=16), nullable=False),
+        _text("tenant_id", 40),
+        _text("key", 255),
+        _text("fingerprint", 64),
+        _text("state", 16),
         sa.Column("status_code", sa.Integer(), nullable=True),
-        sa.Column(
-            "response",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
-            nullable=True,
-        ),
-        sa.Column(
-            "headers",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
-            nullable=True,
-        ),
-        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-        sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["tenant_id"],
-            ["tenants.id"],
-            name=op.f("fk_idempotency_keys_tenant_id_tenants"),
-            ondelete="CASCADE",
-        ),
+        _json("response", nullable=True),
+        _json("headers", nullable=True),
+        _time("created_at"),
+        _time("expires_at"),
+        _cascade("idempotency_keys", "tenant_id", "tenants"),
         sa.PrimaryKeyConstraint("tenant_id", "key", name=op.f("pk_idempotency_keys")),
     )
     with op.batch_alter_table("idempotency_keys", schema=None) as batch_op:
@@ -102,67 +114,34 @@ def upgrade() -> None:
             batch_op.f("ix_idempotency_keys_expires_at"), ["expires_at"], unique=False
         )
 
-    op.create_table(
+    _tenant_table(
         "jobs",
-        sa.Column("id", sa.String(length=40), nullable=False),
-        sa.Column("tenant_id", sa.String(length=40), nullable=False),
-        sa.Column("name", sa.String(length=128), nullable=False),
-        sa.Column(
-            "labels",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
-            nullable=False,
-        ),
-        sa.Column("state", sa.String(length=16), nullable=False),
+        _text("name", 128),
+        _json("labels", nullable=False),
+        _text("state", 16),
         sa.Column("version", sa.Integer(), nullable=False),
         sa.Column("attempt", sa.Integer(), nullable=False),
         sa.Column("max_attempts", sa.Integer(), nullable=False),
-        sa.Column(
-            "spec",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
-            nullable=False,
-        ),
-        sa.Column("spec_hash", sa.String(length=64), nullable=False),
-        sa.Column(
-            "engine_config",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
-            nullable=True,
-        ),
-        sa.Column("engine_version", sa.String(length=32), nullable=True),
+        _json("spec", nullable=False),
+        _text("spec_hash", 64),
+        _json("engine_config", nullable=True),
+        _text("engine_version", 32, nullable=True),
         sa.Column("message", sa.Text(), nullable=True),
-        sa.Column(
-            "error",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
-            nullable=True,
-        ),
-        sa.Column(
-            "progress",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
-            nullable=False,
-        ),
-        sa.Column(
-            "compression",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
-            nullable=False,
-        ),
-        sa.Column("resume_from", sa.String(length=64), nullable=True),
+        _json("error", nullable=True),
+        _json("progress", nullable=False),
+        _json("compression", nullable=False),
+        _text("resume_from", 64, nullable=True),
         sa.Column("enqueue_pending", sa.Boolean(), nullable=False),
-        sa.Column("enqueued_at", sa.DateTime(timezone=True), nullable=True),
-        sa.Column("lease_owner", sa.String(length=128), nullable=True),
-        sa.Column("lease_expires_at", sa.DateTime(timezone=True), nullable=True),
-        sa.Column("cancel_requested_at", sa.DateTime(timezone=True), nullable=True),
-        sa.Column("cancel_mode", sa.String(length=16), nullable=True),
+        _time("enqueued_at", nullable=True),
+        _text("lease_owner", 128, nullable=True),
+        _time("lease_expires_at", nullable=True),
+        _time("cancel_requested_at", nullable=True),
+        _text("cancel_mode", 16, nullable=True),
         sa.Column("event_seq", sa.Integer(), nullable=False),
-        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-        sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
-        sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
-        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["tenant_id"],
-            ["tenants.id"],
-            name=op.f("fk_jobs_tenant_id_tenants"),
-            ondelete="CASCADE",
-        ),
-        sa.PrimaryKeyConstraint("id", name=op.f("pk_jobs")),
+        _time("created_at"),
+        _time("started_at", nullable=True),
+        _time("finished_at", nullable=True),
+        _time("updated_at"),
     )
     with op.batch_alter_table("jobs", schema=None) as batch_op:
         batch_op.create_index(batch_op.f("ix_jobs_created_at"), ["created_at"], unique=False)
@@ -177,153 +156,81 @@ def upgrade() -> None:
 
     op.create_table(
         "checkpoints",
-        sa.Column("id", sa.String(length=40), nullable=False),
-        sa.Column("job_id", sa.String(length=40), nullable=False),
-        sa.Column("tenant_id", sa.String(length=40), nullable=False),
+        _text("id", 40),
+        _text("job_id", 40),
+        _text("tenant_id", 40),
         sa.Column("attempt", sa.Integer(), nullable=False),
-        sa.Column("kind", sa.String(length=16), nullable=False),
+        _text("kind", 16),
         sa.Column("step", sa.Integer(), nullable=False),
-        sa.Column("stage", sa.String(length=64), nullable=True),
-        sa.Column(
-            "metrics",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
-            nullable=False,
-        ),
-        sa.Column("path", sa.String(length=1024), nullable=False),
+        _text("stage", 64, nullable=True),
+        _json("metrics", nullable=False),
+        _text("path", 1024),
         sa.Column("size_bytes", sa.BigInteger(), nullable=True),
-        sa.Column("sha256", sa.String(length=64), nullable=True),
-        sa.Column("format", sa.String(length=32), nullable=False),
-        sa.Column("state", sa.String(length=16), nullable=False),
-        sa.Column(
-            "manifest",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
-            nullable=True,
-        ),
-        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["job_id"], ["jobs.id"], name=op.f("fk_checkpoints_job_id_jobs"), ondelete="CASCADE"
-        ),
-        sa.ForeignKeyConstraint(
-            ["tenant_id"],
-            ["tenants.id"],
-            name=op.f("fk_checkpoints_tenant_id_tenants"),
-            ondelete="CASCADE",
-        ),
+        _text("sha256", 64, nullable=True),
+        _text("format", 32),
+        _text("state", 16),
+        _json("manifest", nullable=True),
+        _time("created_at"),
+        _cascade("checkpoints", "job_id", "jobs"),
+        _cascade("checkpoints", "tenant_id", "tenants"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_checkpoints")),
     )
     with op.batch_alter_table("checkpoints", schema=None) as batch_op:
         batch_op.create_index(batch_op.f("ix_checkpoints_job_id"), ["job_id"], unique=False)
 
-    op.create_table(
+    _series_table(
         "job_attempts",
-        sa.Column(
-            "id",
-            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
-            autoincrement=True,
-            nullable=False,
-        ),
-        sa.Column("job_id", sa.String(length=40), nullable=False),
         sa.Column("attempt", sa.Integer(), nullable=False),
-        sa.Column("worker", sa.String(length=128), nullable=True),
-        sa.Column("resume_from", sa.String(length=64), nullable=True),
-        sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
-        sa.Column("ended_at", sa.DateTime(timezone=True), nullable=True),
-        sa.Column("exit_reason", sa.String(length=32), nullable=True),
-        sa.ForeignKeyConstraint(
-            ["job_id"], ["jobs.id"], name=op.f("fk_job_attempts_job_id_jobs"), ondelete="CASCADE"
-        ),
-        sa.PrimaryKeyConstraint("id", name=op.f("pk_job_attempts")),
-        sa.UniqueConstraint("job_id", "attempt", name=op.f("uq_job_attempts_job_id")),
+        _text("worker", 128, nullable=True),
+        _text("resume_from", 64, nullable=True),
+        _time("started_at", nullable=True),
+        _time("ended_at", nullable=True),
+        _text("exit_reason", 32, nullable=True),
+        unique=("job_id", "attempt"),
     )
-    op.create_table(
+    _series_table(
         "job_events",
-        sa.Column(
-            "id",
-            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
-            autoincrement=True,
-            nullable=False,
-        ),
-        sa.Column("job_id", sa.String(length=40), nullable=False),
         sa.Column("seq", sa.Integer(), nullable=False),
         sa.Column("attempt", sa.Integer(), nullable=False),
-        sa.Column("kind", sa.String(length=16), nullable=False),
-        sa.Column(
-            "data",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
-            nullable=False,
-        ),
-        sa.Column("t", sa.DateTime(timezone=True), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["job_id"], ["jobs.id"], name=op.f("fk_job_events_job_id_jobs"), ondelete="CASCADE"
-        ),
-        sa.PrimaryKeyConstraint("id", name=op.f("pk_job_events")),
-        sa.UniqueConstraint("job_id", "seq", name=op.f("uq_job_events_job_id")),
+        _text("kind", 16),
+        _json("data", nullable=False),
+        _time("t"),
+        unique=("job_id", "seq"),
     )
     op.create_table(
         "job_latest_metrics",
-        sa.Column("job_id", sa.String(length=40), nullable=False),
-        sa.Column("key", sa.String(length=64), nullable=False),
+        _text("job_id", 40),
+        _text("key", 64),
         sa.Column("step", sa.Integer(), nullable=False),
         sa.Column("value", sa.Float(), nullable=False),
-        sa.Column("t", sa.DateTime(timezone=True), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["job_id"],
-            ["jobs.id"],
-            name=op.f("fk_job_latest_metrics_job_id_jobs"),
-            ondelete="CASCADE",
-        ),
+        _time("t"),
+        _cascade("job_latest_metrics", "job_id", "jobs"),
         sa.PrimaryKeyConstraint("job_id", "key", name=op.f("pk_job_latest_metrics")),
     )
-    op.create_table(
+    _series_table(
         "metric_points",
-        sa.Column(
-            "id",
-            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
-            autoincrement=True,
-            nullable=False,
-        ),
-        sa.Column("job_id", sa.String(length=40), nullable=False),
         sa.Column("attempt", sa.Integer(), nullable=False),
-        sa.Column("key", sa.String(length=64), nullable=False),
+        _text("key", 64),
         sa.Column("step", sa.Integer(), nullable=False),
-        sa.Column("stage", sa.String(length=64), nullable=True),
+        _text("stage", 64, nullable=True),
         sa.Column("epoch", sa.Float(), nullable=True),
         sa.Column("value", sa.Float(), nullable=False),
-        sa.Column("t", sa.DateTime(timezone=True), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["job_id"], ["jobs.id"], name=op.f("fk_metric_points_job_id_jobs"), ondelete="CASCADE"
-        ),
-        sa.PrimaryKeyConstraint("id", name=op.f("pk_metric_points")),
-        sa.UniqueConstraint("job_id", "key", "step", name=op.f("uq_metric_points_job_id")),
+        _time("t"),
+        unique=("job_id", "key", "step"),
     )
-    op.create_table(
+    _series_table(
         "rank_points",
-        sa.Column(
-            "id",
-            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
-            autoincrement=True,
-            nullable=False,
-        ),
-        sa.Column("job_id", sa.String(length=40), nullable=False),
         sa.Column("attempt", sa.Integer(), nullable=False),
-        sa.Column("tensor", sa.String(length=256), nullable=False),
+        _text("tensor", 256),
         sa.Column("step", sa.Integer(), nullable=False),
-        sa.Column("stage", sa.String(length=64), nullable=True),
-        sa.Column("kind", sa.String(length=32), nullable=False),
-        sa.Column(
-            "ranks",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
-            nullable=False,
-        ),
+        _text("stage", 64, nullable=True),
+        _text("kind", 32),
+        _json("ranks", nullable=False),
         sa.Column("params", sa.BigInteger(), nullable=False),
         sa.Column("dense", sa.BigInteger(), nullable=False),
         sa.Column("ratio", sa.Float(), nullable=False),
-        sa.Column("t", sa.DateTime(timezone=True), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["job_id"], ["jobs.id"], name=op.f("fk_rank_points_job_id_jobs"), ondelete="CASCADE"
-        ),
-        sa.PrimaryKeyConstraint("id", name=op.f("pk_rank_points")),
-        sa.UniqueConstraint("job_id", "tensor", "step", name=op.f("uq_rank_points_job_id")),
+        _time("t"),
+        unique=("job_id", "tensor", "step"),
     )
 
 

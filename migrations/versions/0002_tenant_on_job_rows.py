@@ -6,8 +6,6 @@ through a job get ``tenant_id`` (NOT NULL, FK to tenants, ON DELETE CASCADE) and
 reached by anyone (it only exists when foreign keys were not enforced), so it is deleted rather than
 left without a tenant. On SQLite the NOT NULL and the FK rebuild the table (batch mode).
 
-Revision ID: 0002
-Revises: 0001
 Create Date: 2026-11-30 06:00:00
 """
 
@@ -18,8 +16,6 @@ from alembic import op
 
 revision = "0002"
 down_revision = "0001"
-branch_labels = None
-depends_on = None
 
 TABLES = ("job_attempts", "job_events", "metric_points", "rank_points", "job_latest_metrics")
 

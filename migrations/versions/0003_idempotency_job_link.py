@@ -4,8 +4,6 @@ A submission's Idempotency-Key row stays ``in_flight`` until the API stores the 
 the API process dies in between, the row alone cannot tell whether the job was created; the
 job id, set in the transaction that inserts the job, can (``service.store.db.crud.idempotency``).
 
-Revision ID: 0003
-Revises: 0002
 Create Date: 2026-11-30 06:15:00
 """
 
@@ -16,8 +14,6 @@ from alembic import op
 
 revision = "0003"
 down_revision = "0002"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

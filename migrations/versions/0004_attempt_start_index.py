@@ -4,8 +4,6 @@ The worker orders the tenants waiting in a queue by the jobs they have running, 
 their latest attempt started (``service.store.db.crud.fair_queue``); this index answers the
 second without reading a tenant's whole history of attempts.
 
-Revision ID: 0004
-Revises: 0003
 Create Date: 2026-12-05 11:00:00
 """
 
@@ -15,8 +13,6 @@ from alembic import op
 
 revision = "0004"
 down_revision = "0003"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

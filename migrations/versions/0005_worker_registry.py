@@ -5,8 +5,6 @@ A worker writes its row when it starts and refreshes ``seen_at`` while it runs
 serves, and marks a job ``waiting_for_capacity`` when no worker has reported at all
 (``service.store.workers``).
 
-Revision ID: 0005
-Revises: 0004
 Create Date: 2026-12-05 11:30:00
 """
 
@@ -18,8 +16,6 @@ from sqlalchemy.dialects import postgresql
 
 revision = "0005"
 down_revision = "0004"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -3,8 +3,6 @@
 ``POST /v1/models`` stores a checked directory under ``<artifacts>/models/<id>/`` and this
 row (``service.model_uploads``); a job names it as ``model.source: {"kind": "uploaded"}``.
 
-Revision ID: 0006
-Revises: 0005
 Create Date: 2026-12-05 11:45:00
 """
 
@@ -16,8 +14,6 @@ from sqlalchemy.dialects import postgresql
 
 revision = "0006"
 down_revision = "0005"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -4,8 +4,6 @@ A worker measures what a job's process holds before its model and data when it s
 (``worker.process_baseline``) and writes it with its heartbeat (``worker.registration``); the
 API's planner counts the largest of the workers that count (``service.store.workers``).
 
-Revision ID: 0007
-Revises: 0006
 Create Date: 2026-12-05 12:00:00
 """
 
@@ -16,8 +14,6 @@ from alembic import op
 
 revision = "0007"
 down_revision = "0006"
-branch_labels = None
-depends_on = None
 
 COLUMNS = ("process_bytes", "hf_bytes", "launcher_bytes")
 
