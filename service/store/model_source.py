@@ -48,7 +48,7 @@ from api_schemas.engine_spec import SpecError, package_path
 from api_schemas.hf_model import BERT_TOKEN_TYPES, HFConfigSource, UploadedSource
 from api_schemas.jobs import HFDirSource, ModelSpec
 from service.store import json_limits, paths
-from service.store.db.crud.models import get_model
+from service.store.db.crud.models import MODELS
 from service.store.hf_model_dir import check_hf_files
 from service.store.model_files import check_tokenizer, read_header
 
@@ -268,7 +268,7 @@ def _uploaded_dir(source: UploadedSource, uploaded: Uploaded | None) -> str:
     if uploaded is None:
         raise SpecError(pointer, "an uploaded model is read by the service only")
     session, artifacts, tenant_id = uploaded
-    row = get_model(session=session, tenant_id=tenant_id, model_id=source.id)
+    row = MODELS.get(session=session, tenant_id=tenant_id, upload_id=source.id)
     if row is None:
         raise SpecError(pointer, f"no model {source.id!r}")
     root = Path(artifacts).resolve()

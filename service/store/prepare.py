@@ -46,7 +46,7 @@ from api_schemas.engine_spec import ENGINE_CONFIG_VERSION, SpecError, engine_poi
 from api_schemas.hf_model import HFConfigSource
 from api_schemas.jobs import ModelSpec
 from service.store import paths
-from service.store.db.crud.datasets import get_dataset
+from service.store.db.crud.datasets import DATASETS
 from service.store.model_source import Uploaded, resolve_model_source
 from service.store.settings import Settings
 
@@ -144,8 +144,8 @@ def resolve_dataset(spec: DatasetSpec, roots: Roots) -> tuple[str | None, str | 
                 "uploaded datasets live on a server; use "
                 f"'path' (relative to {roots.data_name}) or 'synthetic'",
             )
-        row = get_dataset(
-            session=roots.session, tenant_id=roots.tenant_id, dataset_id=spec.dataset_id or ""
+        row = DATASETS.get(
+            session=roots.session, tenant_id=roots.tenant_id, upload_id=spec.dataset_id or ""
         )
         if row is None or row.state != "ready":
             raise PrepareError(

@@ -12,15 +12,9 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response
 
 from api_schemas import DatasetPublic, DatasetsPublic
 from service.api.deps import SessionDep, SettingsDep, TenantDep
-from service.api.routes.uploaded import RAW_BODY, cursor_checked, found, media_type
+from service.api.routes.uploaded import RAW_BODY, add_upload_routes, media_type
 from service.errors import problems
-from service.store.db.crud.datasets import (
-    dataset_in_use,
-    delete_dataset,
-    get_dataset,
-    list_datasets,
-)
-from service.store.storage import artifact_path
+from service.store.db.crud.datasets import DATASETS
 from service.uploads import store_upload
 from service.views import dataset_public
 
@@ -62,38 +56,13 @@ async def upload_dataset(
     return dataset_public(ds)
 
 
-@router.get("", response_model=DatasetsPublic, responses=problems(400, 422))
-def list_datasets_route(
-    session: SessionDep,
-    tenant: TenantDep,
-    cursor: Annotated[str | None, Query(max_length=512)] = None,
-    limit: Annotated[int, Query(ge=1, le=200)] = 50,
-) -> DatasetsPublic:
-    """The tenant's datasets, newest first."""
-    with cursor_checked():
-        rows, nxt = list_datasets(session=session, tenant_id=tenant.id, cursor=cursor, limit=limit)
-    return DatasetsPublic(items=[dataset_public(d) for d in rows], next_cursor=nxt)
-
-
-@router.get("/{dataset_id}", response_model=DatasetPublic, responses=problems(404))
-def read_dataset(dataset_id: str, session: SessionDep, tenant: TenantDep) -> DatasetPublic:
-    ds = get_dataset(session=session, tenant_id=tenant.id, dataset_id=dataset_id)
-    return dataset_public(found(ds, "Dataset"))
-
-
-@router.delete(
-    "/{dataset_id}", status_code=204, response_class=Response, responses=problems(404, 409)
+add_upload_routes(
+    router,
+    kind=DATASETS,
+    noun="dataset",
+    public=dataset_public,
+    item=DatasetPublic,
+    page=DatasetsPublic,
+    remove_files=lambda path: path.unlink(missing_ok=True),
+    files="file",
 )
-def delete_dataset_route(
-    dataset_id: str, session: SessionDep, settings: SettingsDep, tenant: TenantDep
-) -> Response:
-    """Delete the dataset and its file; 409 while a job that has not finished uses it."""
-    ds = found(get_dataset(session=session, tenant_id=tenant.id, dataset_id=dataset_id), "Dataset")
-    if dataset_in_use(session=session, tenant_id=tenant.id, dataset_id=ds.id):
-        raise HTTPException(409, "A job that has not finished uses this dataset.")
-    path = artifact_path(settings, ds.path)
-    delete_dataset(session=session, dataset=ds)
-    session.commit()
-    if path is not None:
-        path.unlink(missing_ok=True)
-    return Response(status_code=204)

@@ -9,17 +9,17 @@ The upload route is exempt from the 1 MiB body limit; it has its own
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 
 from api_schemas import UploadedModelPublic, UploadedModelsPublic
 from service.api.deps import SessionDep, SettingsDep, TenantDep
-from service.api.routes.uploaded import RAW_BODY, cursor_checked, found, media_type
+from service.api.routes.uploaded import RAW_BODY, add_upload_routes, media_type
 from service.errors import problems
 from service.model_uploads import store_model_upload
-from service.store.db.crud.models import delete_model, get_model, list_models, model_in_use
-from service.store.storage import artifact_path
+from service.store.db.crud.models import MODELS
 from service.views import model_public
 
 router = APIRouter(prefix="/models", tags=["models"])
@@ -65,38 +65,18 @@ async def upload_model(
     return model_public(row)
 
 
-@router.get("", response_model=UploadedModelsPublic, responses=problems(400, 422))
-def list_models_route(
-    session: SessionDep,
-    tenant: TenantDep,
-    cursor: Annotated[str | None, Query(max_length=512)] = None,
-    limit: Annotated[int, Query(ge=1, le=200)] = 50,
-) -> UploadedModelsPublic:
-    """The tenant's models, newest first."""
-    with cursor_checked():
-        rows, nxt = list_models(session=session, tenant_id=tenant.id, cursor=cursor, limit=limit)
-    return UploadedModelsPublic(items=[model_public(m) for m in rows], next_cursor=nxt)
-
-
-@router.get("/{model_id}", response_model=UploadedModelPublic, responses=problems(404))
-def read_model(model_id: str, session: SessionDep, tenant: TenantDep) -> UploadedModelPublic:
-    row = get_model(session=session, tenant_id=tenant.id, model_id=model_id)
-    return model_public(found(row, "Model"))
-
-
-@router.delete(
-    "/{model_id}", status_code=204, response_class=Response, responses=problems(404, 409)
-)
-def delete_model_route(
-    model_id: str, session: SessionDep, settings: SettingsDep, tenant: TenantDep
-) -> Response:
-    """Delete the model and its files; 409 while a job that has not finished uses it."""
-    row = found(get_model(session=session, tenant_id=tenant.id, model_id=model_id), "Model")
-    if model_in_use(session=session, tenant_id=tenant.id, model_id=row.id):
-        raise HTTPException(409, "A job that has not finished uses this model.")
-    path = artifact_path(settings, row.path)
-    delete_model(session=session, model=row)
-    session.commit()
-    if path is not None and path.is_dir():
+def _remove_directory(path: Path) -> None:
+    if path.is_dir():
         shutil.rmtree(path, ignore_errors=True)
-    return Response(status_code=204)
+
+
+add_upload_routes(
+    router,
+    kind=MODELS,
+    noun="model",
+    public=model_public,
+    item=UploadedModelPublic,
+    page=UploadedModelsPublic,
+    remove_files=_remove_directory,
+    files="files",
+)

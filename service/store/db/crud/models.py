@@ -6,11 +6,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from service.store.db.crud.job_queries import unfinished_job_refers
-from service.store.db.crud.uploads import delete_upload, get_upload, list_uploads
+from service.store.db.crud.uploads import UploadKind
 from service.store.db.models import UploadedModel
 
-__all__ = ["create_model", "delete_model", "get_model", "list_models", "model_in_use"]
+__all__ = ["MODELS", "create_model"]
+
+MODELS = UploadKind(UploadedModel, job_ref=("model", "source", "id"))
 
 
 def create_model(
@@ -38,26 +39,3 @@ def create_model(
     session.add(row)
     session.flush()
     return row
-
-
-def get_model(*, session: Session, tenant_id: str, model_id: str) -> UploadedModel | None:
-    return get_upload(session=session, table=UploadedModel, tenant_id=tenant_id, upload_id=model_id)
-
-
-def list_models(
-    *, session: Session, tenant_id: str, cursor: str | None, limit: int
-) -> tuple[list[UploadedModel], str | None]:
-    return list_uploads(
-        session=session, table=UploadedModel, tenant_id=tenant_id, cursor=cursor, limit=limit
-    )
-
-
-def model_in_use(*, session: Session, tenant_id: str, model_id: str) -> bool:
-    """Whether a job that has not finished reads this model."""
-    return unfinished_job_refers(
-        session=session, tenant_id=tenant_id, path=("model", "source", "id"), value=model_id
-    )
-
-
-def delete_model(*, session: Session, model: UploadedModel) -> None:
-    delete_upload(session=session, table=UploadedModel, row=model)

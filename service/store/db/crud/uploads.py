@@ -1,45 +1,58 @@
-"""The rows of a tenant's uploads, datasets and models alike: one by id, a page of them, and
-deleting one (``crud.datasets`` and ``crud.models`` name their table)."""
+"""The rows of a tenant's uploads, datasets and models alike: one by id, a page of them,
+whether a job still reads one, and deleting one. ``crud.datasets`` and ``crud.models`` each
+name their table and where a job's spec refers to a row of it (:class:`UploadKind`)."""
 
 from __future__ import annotations
 
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from service.store.db.crud.job_queries import unfinished_job_refers
 from service.store.db.crud.pagination import keyset_page
 from service.store.db.models import Dataset, UploadedModel
 
-__all__ = ["delete_upload", "get_upload", "list_uploads"]
+__all__ = ["UploadKind"]
 
 Upload = TypeVar("Upload", Dataset, UploadedModel)
 
 
-def get_upload(
-    *, session: Session, table: type[Upload], tenant_id: str, upload_id: str
-) -> Upload | None:
-    """The tenant's row of ``table`` with this id (None for another tenant's)."""
-    q = select(table).where(table.id == upload_id, table.tenant_id == tenant_id)
-    return session.scalars(q).first()
+@dataclass(frozen=True)
+class UploadKind(Generic[Upload]):
+    """A table of uploads and the path in a job's spec that names one of its rows by id."""
 
+    table: type[Upload]
+    job_ref: tuple[str, ...]
 
-def list_uploads(
-    *, session: Session, table: type[Upload], tenant_id: str, cursor: str | None, limit: int
-) -> tuple[list[Upload], str | None]:
-    """A page of the tenant's rows of ``table``, newest first, and the next page's cursor."""
-    q = select(table).where(table.tenant_id == tenant_id)
-    return keyset_page(
-        session=session,
-        query=q,
-        created=table.created_at,
-        ident=table.id,
-        cursor=cursor,
-        limit=limit,
-    )
+    def get(self, *, session: Session, tenant_id: str, upload_id: str) -> Upload | None:
+        """The tenant's row with this id (None for another tenant's)."""
+        t = self.table
+        q = select(t).where(t.id == upload_id, t.tenant_id == tenant_id)
+        return session.scalars(q).first()
 
+    def page(
+        self, *, session: Session, tenant_id: str, cursor: str | None, limit: int
+    ) -> tuple[list[Upload], str | None]:
+        """A page of the tenant's rows, newest first, and the next page's cursor."""
+        t = self.table
+        return keyset_page(
+            session=session,
+            query=select(t).where(t.tenant_id == tenant_id),
+            created=t.created_at,
+            ident=t.id,
+            cursor=cursor,
+            limit=limit,
+        )
 
-def delete_upload(*, session: Session, table: type[Upload], row: Upload) -> None:
-    """Delete ``row``'s record (its files are the caller's) and detach it from the session."""
-    session.execute(delete(table).where(table.id == row.id))
-    session.expunge(row)
+    def in_use(self, *, session: Session, tenant_id: str, upload_id: str) -> bool:
+        """Whether a job of the tenant that has not finished reads this upload."""
+        return unfinished_job_refers(
+            session=session, tenant_id=tenant_id, path=self.job_ref, value=upload_id
+        )
+
+    def delete(self, *, session: Session, row: Upload) -> None:
+        """Delete ``row``'s record (its files are the caller's) and detach it from the session."""
+        session.execute(delete(self.table).where(self.table.id == row.id))
+        session.expunge(row)
