@@ -11,12 +11,12 @@ code; or ``from_config``), :mod:`engine.models.hf.swap` swaps the layers.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from engine.models.frozen_teacher import WithTeacher
 from engine.models.hf.config import HFConfig
 from engine.models.hf.families import TASKS, family_of
 from engine.models.hf.swap import tensorize_hf_
@@ -33,7 +33,7 @@ def auto_class(task: str) -> Any:
     return getattr(transformers, TASKS[task])
 
 
-class HFModel(nn.Module):
+class HFModel(WithTeacher):
     """``net``: the transformers model; :meth:`forward` gives the task's raw output."""
 
     def __init__(self, net: nn.Module, config: HFConfig) -> None:
@@ -41,23 +41,7 @@ class HFModel(nn.Module):
         self.net = net
         self.config = config
         self.family = family_of(config.config_json["model_type"])
-        self.__dict__["teacher"] = None
         self.swapped: dict[str, str] = {}  # module name -> its original type (swap.py)
-
-    @property
-    def teacher(self) -> nn.Module | None:
-        return self.__dict__["teacher"]
-
-    def set_teacher(self, teacher: nn.Module | None) -> None:
-        if teacher is not None:
-            teacher.eval().requires_grad_(False)
-        self.__dict__["teacher"] = teacher
-
-    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> HFModel:
-        super()._apply(fn, recurse)
-        if self.teacher is not None:
-            self.teacher._apply(fn, recurse)
-        return self
 
     def call(
         self,

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from engine.models.frozen_teacher import WithTeacher
 from engine.models.hf_bert.config import BertArchitecture, HFBertConfig
 from engine.models.hf_bert.pooling import mean_pool
 
@@ -99,7 +100,7 @@ class BertEncoder(nn.Module):
         return out.last_hidden_state  # (B, S, D)
 
 
-class SentenceEncoder(BertEncoder):
+class SentenceEncoder(BertEncoder, WithTeacher):
     """The student encoder; ``teacher`` is the frozen original (``None`` when built bare).
 
     The teacher is kept outside the module tree, so it adds no parameters, optimizer state
@@ -109,7 +110,6 @@ class SentenceEncoder(BertEncoder):
     def __init__(self, arch: BertArchitecture, config: HFBertConfig, bert: Any = None) -> None:
         super().__init__(arch, config.dropout, bert)
         self.config = config
-        self.__dict__["teacher"] = None
         self.__dict__["teacher_embeddings"] = None
 
     @property
@@ -119,21 +119,6 @@ class SentenceEncoder(BertEncoder):
 
     def set_teacher_embeddings(self, table: TeacherEmbeddings | None) -> None:
         self.__dict__["teacher_embeddings"] = table
-
-    @property
-    def teacher(self) -> BertEncoder | None:
-        return self.__dict__["teacher"]
-
-    def set_teacher(self, teacher: BertEncoder | None) -> None:
-        if teacher is not None:
-            teacher.eval().requires_grad_(False)
-        self.__dict__["teacher"] = teacher
-
-    def _apply(self, fn: Any, recurse: bool = True) -> SentenceEncoder:
-        super()._apply(fn, recurse)
-        if self.teacher is not None:
-            self.teacher._apply(fn, recurse)
-        return self
 
     def embed(
         self,
