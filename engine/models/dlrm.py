@@ -46,10 +46,9 @@ from engine.models.limits import (
 from engine.models.mlp import MLPStack
 from engine.models.tensorize import (
     TensorizeOptions,
-    TensorizeReport,
+    build_model,
     embedding_slot,
     linear_slot,
-    materialize,
 )
 from engine.nn.ttm_embedding import TTMEmbedding
 
@@ -219,12 +218,8 @@ def build_dlrm(
     TTM cores / modes per TT side (per-size default when ``None``). The layers left dense are
     listed, with the reason, in ``model.tensorize_report``.
     """
-    if not tensorized:
-        model = DLRM(config)
-        model.tensorize_report = TensorizeReport()
-        return model
-    options = options if options is not None else TensorizeOptions()
-    model = DLRM(config, lambda n_in, n_out: linear_slot(n_in, n_out), embedding_slot)
-    materialize(model, options)
-    model.reset_embeddings()
+    slots = (lambda n_in, n_out: linear_slot(n_in, n_out), embedding_slot)
+    model = build_model(DLRM, config, tensorized=tensorized, options=options, slots=slots)
+    if tensorized:
+        model.reset_embeddings()  # the tables are real only now
     return model

@@ -20,36 +20,26 @@ stay dense. The defaults are BERT-base (12 layers, d = 768, vocabulary 30522).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Self
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.configs import ConfigMethods, spec, validate
+from engine.configs import spec, validate
 from engine.models.limits import (
-    MAX_FF,
-    MAX_HEADS,
     MAX_LAYERS,
-    MAX_LEN,
-    MAX_TYPE_VOCAB,
-    MAX_VOCAB,
-    MAX_WIDTH,
 )
 from engine.models.tensorize import (
     TensorizeOptions,
-    TensorizeReport,
-    embedding_slot,
-    linear_slot,
-    materialize,
+    build_model,
 )
 from engine.models.transformer import (
-    Embeddings,
-    EncoderBlock,
-    MakeEmbedding,
+    ENCODER_SLOTS,
+    EncoderModel,
+    EncoderSizes,
     MakeLinear,
     TransformerConfig,
-    encoder_inputs,
 )
 
 __all__ = ["MLMConfig", "MLMHead", "MaskedLM", "build_mlm", "masked_lm_loss", "IGNORE_INDEX"]
@@ -59,18 +49,10 @@ IGNORE_INDEX = -100  # label of the positions that carry no loss
 
 
 @dataclass(frozen=True)
-class MLMConfig(ConfigMethods):
+class MLMConfig(EncoderSizes):
     """Sizes of the encoder and head; the defaults are BERT-base."""
 
-    REQUIRED = ("version",)
-
-    vocab_size: int = spec(30522, ge=1, le=MAX_VOCAB)
-    d_model: int = spec(768, ge=1, le=MAX_WIDTH)
-    n_heads: int = spec(12, ge=1, le=MAX_HEADS)
-    d_ff: int = spec(3072, ge=1, le=MAX_FF)
     n_layers: int = spec(12, ge=1, le=MAX_LAYERS)
-    max_len: int = spec(512, ge=1, le=MAX_LEN)
-    type_vocab: int = spec(2, ge=1, le=MAX_TYPE_VOCAB)
     dropout: float = spec(0.1, ge=0, lt=1)
     attn_dropout: float = spec(0.1, ge=0, lt=1)
     ln_eps: float = spec(1e-12, gt=0, le=1)
@@ -86,17 +68,9 @@ class MLMConfig(ConfigMethods):
         return TransformerConfig(**kw)
 
     @classmethod
-    def tiny(cls, **changes: Any) -> MLMConfig:
+    def tiny(cls, **changes: Any) -> Self:
         """A small model for tests and smoke runs."""
-        base = {
-            "vocab_size": 120,
-            "d_model": 32,
-            "n_heads": 4,
-            "d_ff": 64,
-            "n_layers": 2,
-            "max_len": 64,
-        }
-        return cls(**{**base, **changes})
+        return super().tiny(**{"vocab_size": 120, **changes})
 
 
 class MLMHead(nn.Module):
@@ -113,38 +87,13 @@ class MLMHead(nn.Module):
         return self.decoder(h)  # (..., V)
 
 
-class MaskedLM(nn.Module):
+class MaskedLM(EncoderModel):
     """``(input_ids (B,S), attention_mask, token_type_ids) -> logits (B,S,V)`` or ``(N,V)``."""
 
-    def __init__(
-        self,
-        config: MLMConfig,
-        make_linear: MakeLinear | None = None,
-        make_embedding: MakeEmbedding | None = None,
-    ) -> None:
-        super().__init__()
-        self.config = config
-        enc = config.encoder_config()
-        make_linear = make_linear or (lambda role, i, o: nn.Linear(i, o))
-        make_embedding = make_embedding or nn.Embedding
-        self.embeddings = Embeddings(enc, make_embedding)
-        self.encoder = nn.ModuleList([EncoderBlock(enc, make_linear) for _ in range(enc.n_layers)])
-        self.head = MLMHead(enc, make_linear)
+    config: MLMConfig
 
-    def encode(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor | None = None,
-        token_type_ids: Tensor | None = None,
-    ) -> Tensor:
-        """Hidden states ``(B, S, D)`` of the last encoder block."""
-        token_type_ids, keep = encoder_inputs(
-            input_ids, token_type_ids, attention_mask, self.config.max_len
-        )
-        x = self.embeddings(input_ids, token_type_ids)  # (B, S, D)
-        for block in self.encoder:
-            x = block(x, keep)  # (B, S, D)
-        return x
+    def add_head(self, cfg: TransformerConfig, make_linear: MakeLinear) -> None:
+        self.head = MLMHead(cfg, make_linear)
 
     def forward(
         self,
@@ -172,18 +121,9 @@ def build_mlm(
     only, ``options.shapes`` is not read); the layers left dense are listed, with the reason,
     in ``model.tensorize_report``.
     """
-    if not tensorized:
-        model = MaskedLM(config)
-        model.tensorize_report = TensorizeReport()
-        return model
-    options = options if options is not None else TensorizeOptions()
-    model = MaskedLM(
-        config,
-        lambda role, n_in, n_out: linear_slot(n_in, n_out, role=role),
-        lambda num, dim: embedding_slot(num, dim, role="embedding"),
+    return build_model(
+        MaskedLM, config, tensorized=tensorized, options=options, slots=ENCODER_SLOTS
     )
-    materialize(model, options)
-    return model
 
 
 def masked_lm_loss(logits: Tensor, targets: Tensor) -> tuple[Tensor, dict[str, Tensor]]:

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from engine.configs import ConfigMethods, spec, validate
 from engine.models.limits import MAX_CLASSES, MAX_HIDDEN_LAYERS, MAX_IN_FEATURES, MAX_WIDTH
-from engine.models.tensorize import TensorizeOptions, TensorizeReport, linear_slot, materialize
+from engine.models.tensorize import TensorizeOptions, build_model, linear_slot
 from engine.nn.dropout import dropout as drop
 
 __all__ = ["MLPConfig", "MLPStack", "MLPClassifier", "build_mlp", "ACTIVATIONS"]
@@ -118,11 +118,5 @@ def build_mlp(
     ``options`` (default :class:`~engine.models.tensorize.TensorizeOptions`; automatic shapes,
     ``embedding_max_rank`` unused: the MLP has no embedding).
     """
-    if not tensorized:
-        model = MLPClassifier(config)
-        model.tensorize_report = TensorizeReport()
-        return model
-    options = options if options is not None else TensorizeOptions()
-    model = MLPClassifier(config, lambda n_in, n_out: linear_slot(n_in, n_out))
-    materialize(model, options)
-    return model
+    slots = (lambda n_in, n_out: linear_slot(n_in, n_out),)
+    return build_model(MLPClassifier, config, tensorized=tensorized, options=options, slots=slots)

@@ -21,7 +21,7 @@ import fnmatch
 import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from torch import nn
 
@@ -38,10 +38,12 @@ __all__ = [
     "linear_slot",
     "embedding_slot",
     "materialize",
+    "build_model",
     "require_matches",
     "tensorize_report",
 ]
 
+M = TypeVar("M", bound=nn.Module)
 Specialize = Callable[[str, "Slot"], dict[str, Any]]  # (name, slot) -> extra TT/TTM kwargs
 MAX_RANK = 1024
 # max_rank "auto": the rank each layer starts at is chosen by a short calibration run before
@@ -274,6 +276,28 @@ def materialize(
     report = TensorizeReport(tuple(done), tuple(skipped))
     model.tensorize_report = report
     return report
+
+
+def build_model(
+    model_class: Callable[..., M],
+    config: Any,
+    *,
+    tensorized: bool,
+    options: TensorizeOptions | None,
+    slots: tuple[Callable[..., Slot], ...],
+    specialize: Specialize | None = None,
+) -> M:
+    """``model_class(config)``, dense with an empty report; or, ``tensorized``,
+    ``model_class(config, *slots)`` (the slot factories in place of its layer factories)
+    made real by :func:`materialize` with ``options`` (default :class:`TensorizeOptions`)."""
+    if not tensorized:
+        model = model_class(config)
+        model.tensorize_report = TensorizeReport()
+        return model
+    model = model_class(config, *slots)
+    options = options if options is not None else TensorizeOptions()
+    materialize(model, options, specialize=specialize)
+    return model
 
 
 def tensorize_report(model: nn.Module) -> TensorizeReport | None:

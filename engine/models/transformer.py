@@ -18,7 +18,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import torch
 import torch.nn.functional as F
@@ -41,10 +41,9 @@ from engine.models.tensorize import (
     Slot,
     Specialize,
     TensorizeOptions,
-    TensorizeReport,
+    build_model,
     embedding_slot,
     linear_slot,
-    materialize,
 )
 from engine.nn.attention import scaled_dot_product_attention
 from engine.nn.dropout import checkpoint_contexts, dropout, dropout_add
@@ -78,8 +77,9 @@ MakeEmbedding = Callable[[int, int], nn.Module]  # (num, dim) -> module
 
 
 @dataclass(frozen=True)
-class TransformerConfig(ConfigMethods):
-    """Sizes of the encoder classifier; the defaults are the MNLI model of the paper."""
+class EncoderSizes(ConfigMethods):
+    """The encoder's leading fields, shared by :class:`TransformerConfig` and
+    :class:`engine.models.mlm.MLMConfig` (each adds its own after them)."""
 
     REQUIRED = ("version",)
 
@@ -90,6 +90,25 @@ class TransformerConfig(ConfigMethods):
     n_layers: int = spec(6, ge=1, le=MAX_LAYERS)
     max_len: int = spec(512, ge=1, le=MAX_LEN)
     type_vocab: int = spec(2, ge=1, le=MAX_TYPE_VOCAB)
+
+    @classmethod
+    def tiny(cls, **changes: Any) -> Self:
+        """A small model for tests and smoke runs (a classifier: use ``shapes="auto"``)."""
+        base = {
+            "vocab_size": 100,
+            "d_model": 32,
+            "n_heads": 4,
+            "d_ff": 64,
+            "n_layers": 2,
+            "max_len": 64,
+        }
+        return cls(**{**base, **changes})
+
+
+@dataclass(frozen=True)
+class TransformerConfig(EncoderSizes):
+    """Sizes of the encoder classifier; the defaults are the MNLI model of the paper."""
+
     num_classes: int = spec(3, ge=1, le=MAX_CLASSES)
     dropout: float = spec(0.1, ge=0, lt=1)
     attn_dropout: float = spec(0.1, ge=0, lt=1)
@@ -110,23 +129,14 @@ class TransformerConfig(ConfigMethods):
                 "d_model", f"must be divisible by n_heads, got {self.d_model} and {self.n_heads}"
             )
 
+    def encoder_config(self) -> TransformerConfig:
+        """The config the encoder classes read: this one."""
+        return self
+
     @classmethod
     def mnli(cls, **changes: Any) -> TransformerConfig:
         """The paper's six-encoder MNLI model (docs/method.md#paper-shapes)."""
         return cls(**changes)
-
-    @classmethod
-    def tiny(cls, **changes: Any) -> TransformerConfig:
-        """A small model for tests and smoke runs (use ``shapes="auto"``)."""
-        base = {
-            "vocab_size": 100,
-            "d_model": 32,
-            "n_heads": 4,
-            "d_ff": 64,
-            "n_layers": 2,
-            "max_len": 64,
-        }
-        return cls(**{**base, **changes})
 
 
 # -- modules, small to large ----------------------------------------------------------------
@@ -246,24 +256,60 @@ class Classifier(nn.Module):
         return self.fc2(h)  # (B, C)
 
 
-class TransformerClassifier(nn.Module):
-    """``(input_ids (B,S), token_type_ids, attention_mask) -> logits (B, classes)``."""
+class EncoderModel(nn.Module):
+    """``config`` and the trunk the classifier and the MLM share: ``embeddings``, then
+    ``encoder`` (``n_layers`` :class:`EncoderBlock`), then the subclass's head
+    (:meth:`add_head`). ``make_linear`` / ``make_embedding`` build the tensorizable layers
+    (dense ``nn.Linear`` / ``nn.Embedding`` by default)."""
 
     def __init__(
         self,
-        config: TransformerConfig,
+        config: Any,
         make_linear: MakeLinear | None = None,
         make_embedding: MakeEmbedding | None = None,
     ) -> None:
         super().__init__()
         self.config = config
+        enc = config.encoder_config()
+        self.recompute = enc.recompute
         make_linear = make_linear or (lambda role, i, o: nn.Linear(i, o))
         make_embedding = make_embedding or nn.Embedding
-        self.embeddings = Embeddings(config, make_embedding)
-        self.encoder = nn.ModuleList(
-            [EncoderBlock(config, make_linear) for _ in range(config.n_layers)]
+        self.embeddings = Embeddings(enc, make_embedding)
+        self.encoder = nn.ModuleList([EncoderBlock(enc, make_linear) for _ in range(enc.n_layers)])
+        self.add_head(enc, make_linear)
+
+    def add_head(self, cfg: TransformerConfig, make_linear: MakeLinear) -> None:
+        raise NotImplementedError
+
+    def encode(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+    ) -> Tensor:
+        """Hidden states ``(B, S, D)`` of the last encoder block."""
+        token_type_ids, keep = encoder_inputs(
+            input_ids, token_type_ids, attention_mask, self.config.max_len
         )
-        self.classifier = Classifier(config, make_linear)
+        grad = self.training and torch.is_grad_enabled()
+        x = self.embeddings(input_ids, token_type_ids)  # (B, S, D)
+        for block in self.encoder:
+            if grad and self.recompute:  # saves x; reruns the block (same masks)
+                x = checkpoint(
+                    block, x, keep, use_reentrant=False, context_fn=checkpoint_contexts
+                )  # (B, S, D)
+            else:
+                x = block(x, keep)  # (B, S, D)
+        return x
+
+
+class TransformerClassifier(EncoderModel):
+    """``(input_ids (B,S), token_type_ids, attention_mask) -> logits (B, classes)``."""
+
+    config: TransformerConfig
+
+    def add_head(self, cfg: TransformerConfig, make_linear: MakeLinear) -> None:
+        self.classifier = Classifier(cfg, make_linear)
 
     def forward(
         self,
@@ -271,20 +317,9 @@ class TransformerClassifier(nn.Module):
         token_type_ids: Tensor | None = None,
         attention_mask: Tensor | None = None,
     ) -> Tensor:
-        token_type_ids, keep = encoder_inputs(
-            input_ids, token_type_ids, attention_mask, self.config.max_len
-        )
-        grad = self.training and torch.is_grad_enabled()
-        lowrank = grad and self.config.recompute_tt_outputs
+        lowrank = self.training and torch.is_grad_enabled() and self.config.recompute_tt_outputs
         with recompute_tt_outputs() if lowrank else contextlib.nullcontext():
-            x = self.embeddings(input_ids, token_type_ids)  # (B, S, D)
-            for block in self.encoder:
-                if grad and self.config.recompute:  # saves x; reruns the block (same masks)
-                    x = checkpoint(
-                        block, x, keep, use_reentrant=False, context_fn=checkpoint_contexts
-                    )  # (B, S, D)
-                else:
-                    x = block(x, keep)  # (B, S, D)
+            x = self.encode(input_ids, attention_mask, token_type_ids)  # (B, S, D)
             return self.classifier(x[:, 0])  # (B, C)
 
 
@@ -316,6 +351,11 @@ def _mnli_specialize(embedding_max_rank: int | None) -> Specialize:
     return specialize
 
 
+# the layer factories of the encoder models' tensorized builds: every slot named by its role
+ENCODER_SLOTS = (
+    lambda role, n_in, n_out: linear_slot(n_in, n_out, role=role),
+    lambda num, dim: embedding_slot(num, dim, role="embedding"),
+)
 PAPER_OPTIONS = TensorizeOptions(shapes="paper")
 _OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(TensorizeOptions))
 
@@ -362,27 +402,25 @@ def build_transformer(
     unknown = sorted(set(keywords) - _OPTION_NAMES)
     if unknown:
         raise TypeError(f"build_transformer() got unexpected keyword arguments {unknown}")
-    if not tensorized:
-        model = TransformerClassifier(config)
-        model.tensorize_report = TensorizeReport()
-        return model
-    options = _keyword_options(options, keywords)
     specialize = None
-    if options.shapes == "paper":
-        _check_mnli(config)
-        if options.d is not None:
-            raise ValueError(
-                f"d must be None with shapes='mnli' (its modes are fixed), got {options.d}; "
-                "use shapes='auto'"
-            )
-        specialize = _mnli_specialize(options.embedding_max_rank)
-    model = TransformerClassifier(
+    if tensorized:
+        options = _keyword_options(options, keywords)
+        if options.shapes == "paper":
+            _check_mnli(config)
+            if options.d is not None:
+                raise ValueError(
+                    f"d must be None with shapes='mnli' (its modes are fixed), got {options.d}; "
+                    "use shapes='auto'"
+                )
+            specialize = _mnli_specialize(options.embedding_max_rank)
+    return build_model(
+        TransformerClassifier,
         config,
-        lambda role, n_in, n_out: linear_slot(n_in, n_out, role=role),
-        lambda num, dim: embedding_slot(num, dim, role="embedding"),
+        tensorized=tensorized,
+        options=options,
+        slots=ENCODER_SLOTS,
+        specialize=specialize,
     )
-    materialize(model, options, specialize=specialize)
-    return model
 
 
 @dataclass(frozen=True)
