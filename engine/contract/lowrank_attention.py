@@ -68,13 +68,11 @@ class AttentionGeometry(NamedTuple):
     out_ones: bool = False  # return [u, 1] (n, r_o + 1): the output projection has a bias
 
 
-def lowrank_pays(
-    n: int,
-    geo: AttentionGeometry,
-    d: int,
-    ranks: tuple[int, int, int, int],
-    biases: tuple[bool, bool, bool],
-) -> bool:
+Ranks = tuple[int, int, int, int]  # (r_q, r_k, r_v, r_o)
+Biases = tuple[bool, bool, bool]  # whether q, k, v have a bias
+
+
+def lowrank_pays(n: int, geo: AttentionGeometry, d: int, ranks: Ranks, biases: Biases) -> bool:
     """Whether the rank-space attention takes fewer multiply-adds than the standard one.
 
     ``ranks`` are ``(r_q, r_k, r_v, r_o)``, ``biases`` whether q, k, v have one. Both sides
@@ -85,26 +83,14 @@ def lowrank_pays(
     return lowrank_macs(n, geo, d, ranks, biases) < standard_macs(n, geo, d, ranks, biases)
 
 
-def standard_macs(
-    n: int,
-    geo: AttentionGeometry,
-    d: int,
-    ranks: tuple[int, int, int, int],
-    biases: tuple[bool, bool, bool],
-) -> int:
+def standard_macs(n: int, geo: AttentionGeometry, d: int, ranks: Ranks, biases: Biases) -> int:
     """Multiply-adds of the standard path that :func:`lowrank_pays` compares."""
     rq, rk, rv, ro = ranks
     second = (rq + biases[0] + rk + biases[1] + rv + biases[2]) * d
     return n * (second + 2 * geo.heads * geo.seq * (d // geo.heads) + d * ro)
 
 
-def lowrank_macs(
-    n: int,
-    geo: AttentionGeometry,
-    d: int,
-    ranks: tuple[int, int, int, int],
-    biases: tuple[bool, bool, bool],
-) -> int:
+def lowrank_macs(n: int, geo: AttentionGeometry, d: int, ranks: Ranks, biases: Biases) -> int:
     """Multiply-adds of the rank-space path that :func:`lowrank_pays` compares."""
     rq, rk, rv, ro = ranks
     rq1, rv1, h = rq + biases[0], rv + biases[2], geo.heads

@@ -42,6 +42,21 @@ N_DENSE = 13
 _DEFAULT_CARD = (3, 10, 30, 100, 300, 1000)
 
 
+def _sizes(name: str, value: object) -> tuple[int, ...]:
+    """``value`` (an integer >= 1 or a non-empty tuple of them) as a tuple; else the error
+    names ``data.params.<name>``."""
+    sizes = (value,) if isinstance(value, int) else value
+    if (
+        not isinstance(sizes, tuple)
+        or not sizes
+        or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes)
+    ):
+        raise ConfigError(
+            f"data.params.{name}", f"must be an integer >= 1 or a list of them, got {value!r}"
+        )
+    return sizes
+
+
 @dataclass(frozen=True)
 class CriteoParams:
     cardinality: int | tuple[int, ...] = _DEFAULT_CARD  # cycled over the 26 tables
@@ -54,18 +69,7 @@ class CriteoParams:
     positive_rate: float = 0.25
 
     def __post_init__(self) -> None:
-        card = self.cardinality
-        card = (card,) if isinstance(card, int) else card
-        if (
-            not isinstance(card, tuple)
-            or not card
-            or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in card)
-        ):
-            raise ConfigError(
-                "data.params.cardinality",
-                f"must be an integer >= 1 or a list of them, got {self.cardinality!r}",
-            )
-        object.__setattr__(self, "cardinality", card)
+        object.__setattr__(self, "cardinality", _sizes("cardinality", self.cardinality))
         check_int("params.rank", self.rank, 1)
         check_int("params.interaction_tables", self.interaction_tables, 0)
         if self.interaction_tables > N_CATEGORICAL:
@@ -208,17 +212,7 @@ class MLPParams:
     noise: float = 1.5
 
     def __post_init__(self) -> None:
-        shape = (self.shape,) if isinstance(self.shape, int) else self.shape
-        if (
-            not isinstance(shape, tuple)
-            or not shape
-            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in shape)
-        ):
-            raise ConfigError(
-                "data.params.shape",
-                f"must be an integer >= 1 or a list of them, got {self.shape!r}",
-            )
-        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "shape", _sizes("shape", self.shape))
         check_int("params.num_classes", self.num_classes, 2)
         check_int("params.clusters_per_class", self.clusters_per_class, 1)
         check_real("params.noise", self.noise, 0.0, 100.0, open_lo=True)

@@ -5,15 +5,9 @@ the ``kernel`` attribute."""
 from __future__ import annotations
 
 from engine.kernels.backend import KernelPref, parse_kernel
+from engine.tt.shapes import positive_int
 
 __all__ = ["KernelChoice", "positive_int"]
-
-
-def positive_int(value: object, name: str) -> int:
-    """``value`` if it is an ``int`` >= 1 (``bool`` is not), else ``ValueError``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
 
 
 class KernelChoice:

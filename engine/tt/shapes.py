@@ -23,6 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TypeGuard
 
 __all__ = [
     "ModeFactorization",
@@ -31,6 +32,7 @@ __all__ = [
     "default_order",
     "bond_rank_bounds",
     "resolve_ranks",
+    "positive_int",
 ]
 
 
@@ -50,8 +52,13 @@ class ModeFactorization:
         return self.padded_size - self.size
 
 
-def _check_positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+def _is_positive_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def positive_int(value: object, name: str) -> int:
+    """``value`` if it is an ``int`` >= 1 (``bool`` is not), else ``ValueError``."""
+    if not _is_positive_int(value):
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return value
 
@@ -289,8 +296,8 @@ def factorize(size: int, d: int, *, max_padding: float = 0.1) -> ModeFactorizati
     branch and bound over factor tuples (module docstring), falling back to the scan when it
     takes more steps than the window has sizes. Sizes up to ``2**31`` take milliseconds.
     """
-    _check_positive_int(size, "size")
-    _check_positive_int(d, "d")
+    positive_int(size, "size")
+    positive_int(d, "d")
     if max_padding < 0:
         raise ValueError(f"max_padding must be >= 0, got {max_padding}")
     smallest = 2 if size >= 2**d else 1
@@ -322,7 +329,7 @@ def resolve_modes(
     descending: bool = False,
 ) -> ModeFactorization:
     """Validate explicit ``modes`` for ``size`` or factorize automatically."""
-    _check_positive_int(size, name.replace("modes", "size").strip("_") or "size")
+    positive_int(size, name.replace("modes", "size").strip("_") or "size")
     if modes is None:
         fact = factorize(size, d if d is not None else default_order(size))
         ordered = tuple(sorted(fact.modes, reverse=descending))
@@ -330,9 +337,8 @@ def resolve_modes(
     modes = tuple(modes)
     if len(modes) < 1:
         raise ValueError(f"{name} must not be empty")
-    for m in modes:
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise ValueError(f"{name} must contain positive integers, got {modes}")
+    if not all(_is_positive_int(m) for m in modes):
+        raise ValueError(f"{name} must contain positive integers, got {modes}")
     if math.prod(modes) < size:
         raise ValueError(
             f"{name} {modes} multiply to {math.prod(modes)}, smaller than the size {size}"
@@ -365,7 +371,7 @@ def resolve_ranks(
     if ranks is None:
         if max_rank is None:
             raise ValueError("max_rank is required when ranks is not given")
-        _check_positive_int(max_rank, "max_rank")
+        positive_int(max_rank, "max_rank")
         return (1, *(min(max_rank, b) for b in bounds), 1)
     ranks = tuple(ranks)
     if len(ranks) == k + 1:
@@ -376,9 +382,8 @@ def resolve_ranks(
         inner = ranks
     else:
         raise ValueError(f"{name} must have {k - 1} internal or {k + 1} full entries, got {ranks}")
-    for r in inner:
-        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
-            raise ValueError(f"{name} must be integers >= 1, got {ranks}")
+    if not all(_is_positive_int(r) for r in inner):
+        raise ValueError(f"{name} must be integers >= 1, got {ranks}")
     if max_rank is not None:
-        _check_positive_int(max_rank, "max_rank")
+        positive_int(max_rank, "max_rank")
     return (1, *inner, 1)

@@ -147,13 +147,7 @@ class BertArchitecture(ConfigMethods):
         from transformers import BertConfig
 
         return BertConfig(
-            vocab_size=self.vocab_size,
-            hidden_size=self.hidden_size,
-            num_hidden_layers=self.num_hidden_layers,
-            num_attention_heads=self.num_attention_heads,
-            intermediate_size=self.intermediate_size,
-            max_position_embeddings=self.max_position_embeddings,
-            type_vocab_size=self.type_vocab_size,
+            **{name: getattr(self, name) for name in _SIZES},
             layer_norm_eps=float(self.layer_norm_eps),
             pad_token_id=self.pad_token_id,
             hidden_act="gelu",
