@@ -52,7 +52,6 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from api_schemas.engine_spec import SpecError
 from service.errors import FieldProblem
 from service.middleware import content_length_exceeds
-from service.store.db.crud.models import create_model
 from service.store.db.models import UploadedModel
 from service.store.ids import new_id
 from service.store.model_source import PICKLED, REQUIRED_FILES, check_model_dir
@@ -255,10 +254,8 @@ async def _store(
         shutil.rmtree(stage, ignore_errors=True)
         raise
     size = sum(f["size_bytes"] for f in files.values())
-    create = partial(
-        create_model,
-        session=session,
-        model_id=model_id,
+    row = UploadedModel(
+        id=model_id,
         tenant_id=tenant_id,
         name=name,
         model_type=model_type,
@@ -267,12 +264,5 @@ async def _store(
         sha256=_digest(files),
         files=files,
     )
-    return await record_upload(
-        session=session,
-        tenant_id=tenant_id,
-        table=UploadedModel,
-        quota=quota,
-        size=size,
-        create=create,
-        discard=partial(shutil.rmtree, final, ignore_errors=True),
-    )
+    discard = partial(shutil.rmtree, final, ignore_errors=True)
+    return await record_upload(session=session, row=row, quota=quota, discard=discard)

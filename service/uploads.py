@@ -25,13 +25,11 @@ from starlette.concurrency import run_in_threadpool
 
 from service.errors import FieldProblem
 from service.middleware import content_length_exceeds
-from service.store.db.crud.datasets import create_dataset
-from service.store.db.models import Dataset
+from service.store.db.models import Dataset, UploadedModel
 from service.store.ids import new_id
 from service.store.settings import Settings
 from service.upload_checks import UploadRejected, check_format
 from service.upload_limits import (
-    Stored,
     UploadSlots,
     idle_stream,
     over_quota,
@@ -49,7 +47,7 @@ __all__ = [
 ]
 
 DATASETS_DIR = "datasets"
-T = TypeVar("T")
+Upload = TypeVar("Upload", Dataset, UploadedModel)
 
 
 def too_large(limit: int) -> HTTPException:
@@ -130,49 +128,35 @@ async def _store(
     dataset_id = new_id("ds")
     final = folder / dataset_id
     os.replace(tmp, final)
-    create = partial(
-        create_dataset,
-        session=session,
-        dataset_id=dataset_id,
+    row = Dataset(
+        id=dataset_id,
         tenant_id=tenant_id,
         name=name,
-        fmt=fmt,
+        format=fmt,
         path=f"{DATASETS_DIR}/{dataset_id}",
         size_bytes=size,
         sha256=sha,
         rows=rows,
+        state="ready",
     )
-    return await record_upload(
-        session=session,
-        tenant_id=tenant_id,
-        table=Dataset,
-        quota=quota,
-        size=size,
-        create=create,
-        discard=partial(final.unlink, missing_ok=True),
-    )
+    discard = partial(final.unlink, missing_ok=True)
+    return await record_upload(session=session, row=row, quota=quota, discard=discard)
 
 
 async def record_upload(
-    *,
-    session: Session,
-    tenant_id: str,
-    table: Stored,
-    quota: int,
-    size: int,
-    create: Callable[[], T],
-    discard: Callable[[], object],
-) -> T:
-    """The row of an upload that passed its checks and was renamed into place: made by
-    ``create()`` and committed in a worker thread if the tenant's quota still holds its
-    ``size`` bytes (uploads that finished meanwhile count too; else 413). On any failure
-    ``discard()`` removes what was kept."""
+    *, session: Session, row: Upload, quota: int, discard: Callable[[], object]
+) -> Upload:
+    """Add ``row``, the record of an upload that passed its checks and was renamed into place,
+    and commit it in a worker thread if its tenant's quota still holds its ``size_bytes``
+    (uploads that finished meanwhile count too; else 413). On any failure ``discard()`` removes
+    what was kept."""
+    table = type(row)
 
-    def record() -> T:
-        used = stored_bytes(session, tenant_id, table)
-        if used + size > quota:
+    def record() -> Upload:
+        used = stored_bytes(session, row.tenant_id, table)
+        if used + row.size_bytes > quota:
             raise over_quota(quota, used, table.__tablename__)
-        row = create()
+        session.add(row)
         session.commit()
         return row
 

@@ -48,7 +48,7 @@ from api_schemas.engine_spec import SpecError, package_path
 from api_schemas.hf_model import BERT_TOKEN_TYPES, HFConfigSource, UploadedSource
 from api_schemas.jobs import HFDirSource, ModelSpec
 from service.store import json_limits, paths
-from service.store.db.crud.models import MODELS
+from service.store.db.crud.uploads import MODELS
 from service.store.hf_model_dir import check_hf_files
 from service.store.model_files import check_tokenizer, read_header
 

@@ -46,7 +46,7 @@ from api_schemas.engine_spec import ENGINE_CONFIG_VERSION, SpecError, engine_poi
 from api_schemas.hf_model import HFConfigSource
 from api_schemas.jobs import ModelSpec
 from service.store import paths
-from service.store.db.crud.datasets import DATASETS
+from service.store.db.crud.uploads import DATASETS
 from service.store.model_source import Uploaded, resolve_model_source
 from service.store.settings import Settings
 

@@ -14,7 +14,7 @@ from api_schemas import DatasetPublic, DatasetsPublic
 from service.api.deps import SessionDep, SettingsDep, TenantDep
 from service.api.routes.uploaded import RAW_BODY, add_upload_routes, media_type
 from service.errors import problems
-from service.store.db.crud.datasets import DATASETS
+from service.store.db.crud.uploads import DATASETS
 from service.uploads import store_upload
 from service.views import dataset_public
 

@@ -19,7 +19,7 @@ from service.api.deps import SessionDep, SettingsDep, TenantDep
 from service.api.routes.uploaded import RAW_BODY, add_upload_routes, media_type
 from service.errors import problems
 from service.model_uploads import store_model_upload
-from service.store.db.crud.models import MODELS
+from service.store.db.crud.uploads import MODELS
 from service.views import model_public
 
 router = APIRouter(prefix="/models", tags=["models"])

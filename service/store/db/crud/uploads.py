@@ -1,6 +1,7 @@
-"""The rows of a tenant's uploads, datasets and models alike: one by id, a page of them,
-whether a job still reads one, and deleting one. ``crud.datasets`` and ``crud.models`` each
-name their table and where a job's spec refers to a row of it (:class:`UploadKind`)."""
+"""The rows of a tenant's uploads, datasets (files under ``<artifacts>/datasets/``) and models
+(Hugging Face directories under ``<artifacts>/models/``) alike: one by id, a page of them,
+whether a job still reads one, and deleting one (:data:`DATASETS`, :data:`MODELS`). A row is
+added, checked, by ``service.uploads.record_upload``."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from service.store.db.crud.job_queries import unfinished_job_refers
 from service.store.db.crud.pagination import keyset_page
 from service.store.db.models import Dataset, UploadedModel
 
-__all__ = ["UploadKind"]
+__all__ = ["DATASETS", "MODELS", "UploadKind"]
 
 Upload = TypeVar("Upload", Dataset, UploadedModel)
 
@@ -56,3 +57,7 @@ class UploadKind(Generic[Upload]):
         """Delete ``row``'s record (its files are the caller's) and detach it from the session."""
         session.execute(delete(self.table).where(self.table.id == row.id))
         session.expunge(row)
+
+
+DATASETS = UploadKind(Dataset, job_ref=("dataset", "dataset_id"))
+MODELS = UploadKind(UploadedModel, job_ref=("model", "source", "id"))
