@@ -32,7 +32,7 @@ from torch import Tensor
 
 from engine.data.config import DataConfig
 from engine.data.errors import DataError
-from engine.data.source import DataBundle, pad_batch, read_lines, train_valid_sources
+from engine.data.source import DataBundle, line_sources, pad_batch, read_lines
 from engine.data.tokenizer import SpecialIds, obtain_tokenizer, special_ids
 
 __all__ = ["pack_lines", "mask_tokens", "collate_mlm", "build_mlm_data", "IGNORE_INDEX"]
@@ -173,16 +173,8 @@ def build_mlm_data(
                 lines(), tok, special, max_len=cfg.max_len, pack=cfg.mlm_pack, origin=name
             )
 
-        if in_memory:
-            cached = list(run())
-            return lambda: cached
         return run
 
-    train_ex = seqs(train_lines, names[0])
-    valid_ex = seqs(valid_lines, names[1]) if valid_lines is not None else None
-    counts = (None, None)
-    if in_memory:
-        counts = (len(train_ex()), len(valid_ex()) if valid_ex is not None else None)
     length = cfg.max_len if cfg.pad_to_max_len else None
 
     def collate(ex: list[list[int]], batch_seed: int) -> dict[str, Tensor]:
@@ -195,17 +187,14 @@ def build_mlm_data(
             length=length,
         )
 
-    train, valid = train_valid_sources(
-        train_ex,
-        valid_ex,
+    train, valid, counts = line_sources(
+        cfg,
+        seqs(train_lines, names[0]),
+        seqs(valid_lines, names[1]) if valid_lines is not None else None,
+        in_memory=in_memory,
         collate=collate,
         batch_size=batch_size,
         seed=seed,
-        drop_last=cfg.drop_last,
-        valid_every=cfg.valid_every,
-        counts=counts,
-        shuffle_buffer=(counts[0] or 0) if cfg.shuffle_buffer and in_memory else cfg.shuffle_buffer,
-        length_buckets=cfg.length_buckets,
         length=len,  # tokens of a (packed) sequence
     )
     artifacts = {"tokenizer": tok_path} if tok_path else {}

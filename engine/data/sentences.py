@@ -25,7 +25,7 @@ from tokenizers import Tokenizer
 from torch import Tensor
 
 from engine.data.config import DataConfig
-from engine.data.source import DataBundle, pad_batch, train_valid_sources
+from engine.data.source import DataBundle, line_sources, pad_batch
 from engine.data.tokenizer import load_tokenizer
 
 __all__ = ["sentence_tokenizer", "collate_sentences", "build_sentence_data", "nonblank"]
@@ -76,27 +76,16 @@ def build_sentence_data(
     length = cfg.max_len if cfg.pad_to_max_len else None
 
     def examples(lines: Callable[[], Iterable[tuple[int, str]]]) -> Callable[[], Any]:
-        if in_memory:
-            cached = list(nonblank(lines()))
-            return lambda: cached
         return lambda: nonblank(lines())
 
-    train_ex = examples(train_lines)
-    valid_ex = examples(valid_lines) if valid_lines is not None else None
-    counts: tuple[int | None, int | None] = (None, None)
-    if in_memory:
-        counts = (len(train_ex()), len(valid_ex()) if valid_ex is not None else None)
-    train, valid = train_valid_sources(
-        train_ex,
-        valid_ex,
+    train, valid, counts = line_sources(
+        cfg,
+        examples(train_lines),
+        examples(valid_lines) if valid_lines is not None else None,
+        in_memory=in_memory,
         collate=lambda ex, _seed: collate_sentences(ex, tok, pad_id, length),
         batch_size=batch_size,
         seed=seed,
-        drop_last=cfg.drop_last,
-        valid_every=cfg.valid_every,
-        counts=counts,
-        shuffle_buffer=(counts[0] or 0) if cfg.shuffle_buffer and in_memory else cfg.shuffle_buffer,
-        length_buckets=cfg.length_buckets,
         length=len,  # characters: a proxy of tokens
     )
     info = {

@@ -38,13 +38,16 @@ import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from engine.configs import ConfigError
 from engine.data.errors import DataError
+
+if TYPE_CHECKING:
+    from engine.data.config import DataConfig
 
 __all__ = [
     "BatchSource",
@@ -54,6 +57,8 @@ __all__ = [
     "shuffle_buffered",
     "pad_batch",
     "read_lines",
+    "train_valid_sources",
+    "line_sources",
 ]
 
 Collate = Callable[[list[Any], int], dict[str, Tensor]]  # (examples, batch_seed) -> batch
@@ -318,3 +323,46 @@ def train_valid_sources(
         **common,
     )
     return train, valid
+
+
+def line_sources(
+    cfg: DataConfig,
+    train_examples: Callable[[], Iterable[Any]],
+    valid_examples: Callable[[], Iterable[Any]] | None,
+    *,
+    in_memory: bool,
+    collate: Collate,
+    batch_size: int,
+    seed: int,
+    length: Callable[[Any], int],
+) -> tuple[StreamSource, StreamSource | None, tuple[int | None, int | None]]:
+    """:func:`train_valid_sources` with ``cfg``'s loader settings over examples read from
+    text lines, and the example counts. ``in_memory``: each split is read once and kept (its
+    count known; a shuffling training source buffers all of it), else streamed (counts
+    ``None``)."""
+
+    def kept(examples: Callable[[], Iterable[Any]]) -> Callable[[], Iterable[Any]]:
+        if not in_memory:
+            return examples
+        cached = list(examples())
+        return lambda: cached
+
+    train_ex = kept(train_examples)
+    valid_ex = kept(valid_examples) if valid_examples is not None else None
+    counts: tuple[int | None, int | None] = (None, None)
+    if in_memory:
+        counts = (len(train_ex()), len(valid_ex()) if valid_ex is not None else None)
+    train, valid = train_valid_sources(
+        train_ex,
+        valid_ex,
+        collate=collate,
+        batch_size=batch_size,
+        seed=seed,
+        drop_last=cfg.drop_last,
+        valid_every=cfg.valid_every,
+        counts=counts,
+        shuffle_buffer=(counts[0] or 0) if cfg.shuffle_buffer and in_memory else cfg.shuffle_buffer,
+        length_buckets=cfg.length_buckets,
+        length=length,
+    )
+    return train, valid, counts

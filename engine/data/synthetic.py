@@ -87,6 +87,11 @@ class Request:
     def common(self) -> dict[str, Any]:
         return {"batch_size": self.batch_size, "seed": self.seed}
 
+    @property
+    def text(self) -> dict[str, Any]:
+        """The keywords of the tokenizing builders (pairs, MLM lines) for rows in memory."""
+        return {"workdir": self.workdir, "names": self.names, "in_memory": True, **self.common}
+
     def split(self, rows: list[Any]) -> tuple[Callable[[], list[Any]], Callable | None]:
         """Row sources: the first ``n_train`` rows train, the rest (if any) validate."""
         tr, va = rows[: self.cfg.n_train], rows[self.cfg.n_train :]
@@ -214,15 +219,7 @@ def _write_mlp(paths: list[Path], p: Any, n_train: int, n: int, seed: int, kind:
 def _nli(r: Request) -> tuple[DataBundle, dict[str, Any]]:
     rows, info = generate_nli(r.n, r.cfg.synthetic_seed, r.params)
     train, valid = r.split([(i + 1, a, b, y) for i, (a, b, y) in enumerate(rows)])
-    bundle = build_pair_data(
-        r.cfg,
-        workdir=r.workdir,
-        names=r.names,
-        train_rows=train,
-        valid_rows=valid,
-        in_memory=True,
-        **r.common,
-    )
+    bundle = build_pair_data(r.cfg, train_rows=train, valid_rows=valid, **r.text)
     return bundle, info
 
 
@@ -263,15 +260,7 @@ def _criteo(r: Request) -> tuple[DataBundle, dict[str, Any]]:
 def _mlm(r: Request) -> tuple[DataBundle, dict[str, Any]]:
     lines, info = generate_mlm(r.n, r.cfg.synthetic_seed, r.params)
     train, valid = r.split(_numbered(lines))
-    bundle = build_mlm_data(
-        r.cfg,
-        workdir=r.workdir,
-        names=r.names,
-        train_lines=train,
-        valid_lines=valid,
-        in_memory=True,
-        **r.common,
-    )
+    bundle = build_mlm_data(r.cfg, train_lines=train, valid_lines=valid, **r.text)
     return bundle, info
 
 
