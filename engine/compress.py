@@ -128,15 +128,16 @@ def _is_pattern(key: str) -> bool:
 
 
 # -- handlers: one per module type ----------------------------------------------------------
+def _layer_kw(cfg: CompressConfig, modes: dict[str, Any]) -> dict[str, Any]:
+    """The TT / TTM constructor's ``modes`` (the override's, ``None`` where not given),
+    ``gate_threshold`` and ``d`` (``None`` once any modes are given)."""
+    given = any(m is not None for m in modes.values())
+    return {**modes, "gate_threshold": cfg.gate_threshold, "d": None if given else cfg.d}
+
+
 def _linear_to_tt(mod: nn.Linear, cfg: CompressConfig, ov: LayerOverride) -> TTLinear:
     w = mod.weight.detach()  # (out, in)
-    modes_given = ov.in_modes is not None or ov.out_modes is not None
-    kw: dict[str, Any] = {
-        "in_modes": ov.in_modes,
-        "out_modes": ov.out_modes,
-        "gate_threshold": cfg.gate_threshold,
-        "d": None if modes_given else cfg.d,
-    }
+    kw = _layer_kw(cfg, {"in_modes": ov.in_modes, "out_modes": ov.out_modes})
     max_rank = ov.max_rank if ov.max_rank is not None else cfg.max_rank
     shape = (mod.in_features, mod.out_features, mod.bias is not None)
     if cfg.init == "random":
@@ -168,13 +169,7 @@ def _linear_to_tt(mod: nn.Linear, cfg: CompressConfig, ov: LayerOverride) -> TTL
 
 def _embedding_to_ttm(mod: nn.Embedding, cfg: CompressConfig, ov: LayerOverride) -> TTMEmbedding:
     w = mod.weight.detach()  # (V, D)
-    modes_given = ov.row_modes is not None or ov.col_modes is not None
-    kw: dict[str, Any] = {
-        "row_modes": ov.row_modes,
-        "col_modes": ov.col_modes,
-        "gate_threshold": cfg.gate_threshold,
-        "d": None if modes_given else cfg.d,
-    }
+    kw = _layer_kw(cfg, {"row_modes": ov.row_modes, "col_modes": ov.col_modes})
     max_rank = ov.max_rank or cfg.embedding_max_rank or cfg.max_rank
     shape = (mod.num_embeddings, mod.embedding_dim)
     if cfg.init == "random":

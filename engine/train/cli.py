@@ -244,13 +244,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_command(argv: list[str] | None) -> tuple[argparse.Namespace, Any] | None:
+    """The parsed ``argv`` and the JSON of its ``--config`` file; ``None``, after saying why
+    on stderr, when that file cannot be read (exit status 2)."""
     args = build_parser().parse_args(argv)
     try:
-        data = json.loads(Path(args.config).read_text())
+        return args, json.loads(Path(args.config).read_text())
     except (OSError, json.JSONDecodeError) as err:
         print(f"error: cannot read config {args.config}: {err}", file=sys.stderr)
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parsed = parse_command(argv)
+    if parsed is None:
         return 2
+    args, data = parsed
     try:
         export_extra = parse_export_extra(args.export_extra)
         job = JobConfig.from_dict(data)

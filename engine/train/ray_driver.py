@@ -361,12 +361,10 @@ def run(args: Any, job: JobConfig, nproc: int, nodes: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = cli.build_parser().parse_args(argv)
-    try:
-        data = json.loads(Path(args.config).read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        print(f"error: cannot read config {args.config}: {err}", file=sys.stderr)
+    parsed = cli.parse_command(argv)
+    if parsed is None:
         return 2
+    args, data = parsed
     try:
         job = JobConfig.from_dict(data)
         nproc = args.nproc_per_node or job.training.devices
