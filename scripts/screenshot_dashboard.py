@@ -14,17 +14,15 @@ screenshot.
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples" / "service"))  # the demo's own service helpers
+from run_embedded import comera_up, wait_ready  # noqa: E402
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
@@ -35,26 +33,6 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_ready(url: str, proc: subprocess.Popen | None, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            sys.exit(f"comera up exited with status {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/v1/readyz", timeout=10).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    sys.exit(f"no service became ready at {url}")
 
 
 def newest_compressed_job(client: httpx.Client) -> str:
@@ -87,6 +65,15 @@ def screenshot(url: str, key: str, job_id: str, out: Path, width: int = 1400) ->
             browser.close()
 
 
+def _show(url: str, key: str, job_id: str | None, out: Path) -> int:
+    with httpx.Client(base_url=url, timeout=60) as client:
+        client.headers["Authorization"] = f"Bearer {key}"
+        job_id = job_id or newest_compressed_job(client)
+    screenshot(url, key, job_id, out)
+    print(f"{out}: the dashboard on {job_id}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--home", type=Path, default=ROOT / "runs/service")
@@ -98,30 +85,11 @@ def main() -> int:
     if not key_file.exists():
         sys.exit(f"{key_file} is missing: run bash scripts/demo.sh first")
     key = key_file.read_text().strip()
-    proc = None
-    url = args.url
-    if url is None:
-        url = f"http://127.0.0.1:{_free_port()}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("COMERA_")}
-        log = (args.home / "screenshot-up.log").open("w")
-        cmd = [sys.executable, "-m", "service.cli", "up", "--home", str(args.home)]
-        cmd += ["--port", url.rsplit(":", 1)[1]]
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    try:
-        _wait_ready(url, proc)
-        with httpx.Client(base_url=url, timeout=60) as client:
-            client.headers["Authorization"] = f"Bearer {key}"
-            job_id = args.job or newest_compressed_job(client)
-        screenshot(url, key, job_id, args.out)
-        print(f"{args.out}: the dashboard on {job_id}")
-        return 0
-    finally:
-        if proc is not None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    if args.url is not None:  # a service already running on HOME
+        wait_ready(args.url)
+        return _show(args.url, key, args.job, args.out)
+    with comera_up(args.home, "screenshot-up.log") as url:
+        return _show(url, key, args.job, args.out)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ layers' compression, the whole model's and the file's; then stops the service. E
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -31,24 +33,48 @@ ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _wait_ready(client: httpx.Client, proc: subprocess.Popen, timeout: float = 180) -> None:
+def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 180) -> None:
+    """Until ``GET url/v1/readyz`` answers 200; exit if ``proc`` (``comera up``) ends first
+    or ``timeout`` seconds pass."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
+        if proc is not None and proc.poll() is not None:
             sys.exit(f"comera up exited with status {proc.returncode}")
         try:
-            if client.get("/v1/readyz").status_code == 200:
+            if httpx.get(f"{url}/v1/readyz", timeout=10).status_code == 200:
                 return
         except httpx.TransportError:
             pass
         time.sleep(0.5)
-    sys.exit("the service did not become ready")
+    sys.exit(f"no service became ready at {url}")
+
+
+@contextlib.contextmanager
+def comera_up(home: Path, log_name: str, port: int | None = None) -> Iterator[str]:
+    """``comera up`` on ``home`` (on ``port``, else a free one; its output in
+    ``home/log_name``, without the caller's ``COMERA_`` settings); yields its URL once it is
+    ready, and stops it (SIGINT, killed after 90 s) on the way out."""
+    port = free_port() if port is None else port
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMERA_")}
+    cmd = [sys.executable, "-m", "service.cli", "up", "--home", str(home), "--port", str(port)]
+    with (home / log_name).open("w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url, proc)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def _follow(client: httpx.Client, job_id: str) -> dict:
@@ -182,57 +208,51 @@ def main() -> int:
     t0 = time.monotonic()
     args.home.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
-    log = (args.home / "comera-up.log").open("w")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COMERA_")}
-    cmd = [sys.executable, "-m", "service.cli", "up", "--home", str(args.home), "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    print(f"comera up on port {port} (home {args.home}, log {log.name})", flush=True)
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-            _wait_ready(client, proc)
-            # the first start of ``comera up`` makes an API key and leaves it here (0600)
-            key = (args.home / "api_key").read_text().strip()
-            client.headers["Authorization"] = f"Bearer {key}"
-            spec = json.loads(args.spec.read_text())
-            job_id = _submit(client, spec)
-            # the dense twin queues behind it on the one worker; the report compares the two
-            twin_id = _submit(client, dense_twin(spec)) if args.baseline else None
-            if job_id is None or (args.baseline and twin_id is None):
+    port = free_port()
+    print(
+        f"comera up on port {port} (home {args.home}, log {args.home / 'comera-up.log'})",
+        flush=True,
+    )
+    with (
+        comera_up(args.home, "comera-up.log", port) as url,
+        httpx.Client(base_url=url, timeout=60) as client,
+    ):
+        # the first start of ``comera up`` makes an API key and leaves it here (0600)
+        key = (args.home / "api_key").read_text().strip()
+        client.headers["Authorization"] = f"Bearer {key}"
+        spec = json.loads(args.spec.read_text())
+        job_id = _submit(client, spec)
+        # the dense twin queues behind it on the one worker; the report compares the two
+        twin_id = _submit(client, dense_twin(spec)) if args.baseline else None
+        if job_id is None or (args.baseline and twin_id is None):
+            return 1
+        job = _follow(client, job_id)
+        if job["state"] != "SUCCEEDED":
+            print(json.dumps(job.get("error"), indent=2))
+            return 1
+        path = _download(client, job_id, args.out)
+        print(f"downloaded {path} ({path.stat().st_size:,} bytes, sha256 verified)")
+        if twin_id is not None:
+            print(f"training the dense baseline {twin_id} (same model, data and steps)")
+            twin = _follow(client, twin_id)
+            if twin["state"] != "SUCCEEDED":
+                print(json.dumps(twin.get("error"), indent=2))
                 return 1
-            job = _follow(client, job_id)
-            if job["state"] != "SUCCEEDED":
-                print(json.dumps(job.get("error"), indent=2))
-                return 1
-            path = _download(client, job_id, args.out)
-            print(f"downloaded {path} ({path.stat().st_size:,} bytes, sha256 verified)")
-            if twin_id is not None:
-                print(f"training the dense baseline {twin_id} (same model, data and steps)")
-                twin = _follow(client, twin_id)
-                if twin["state"] != "SUCCEEDED":
-                    print(json.dumps(twin.get("error"), indent=2))
-                    return 1
-            report = client.get(f"/v1/jobs/{job_id}/report").raise_for_status().json()
-            print(f"\nper layer ({job_id}):")
-            for layer in report["layers"]:
-                ratio = "cut" if layer["ratio"] is None else f"x{layer['ratio']:.1f}"
-                print(
-                    f"  {layer['name']:<20} {layer['kind']:<14} {layer['dense_params']:>7,} -> "
-                    f"{layer['params']:>6,} ({ratio})  ranks {layer['ranks']}"
-                )
-            print(f"\nwhat you got ({time.monotonic() - t0:.0f} s in all):")
-            print("\n".join(summary(report)))
+        report = client.get(f"/v1/jobs/{job_id}/report").raise_for_status().json()
+        print(f"\nper layer ({job_id}):")
+        for layer in report["layers"]:
+            ratio = "cut" if layer["ratio"] is None else f"x{layer['ratio']:.1f}"
             print(
-                f"see it on the dashboard: .venv/bin/comera up --home {args.home} --port 8000, "
-                f"then open http://127.0.0.1:8000/#job={job_id} (API key in {args.home}/api_key)"
+                f"  {layer['name']:<20} {layer['kind']:<14} {layer['dense_params']:>7,} -> "
+                f"{layer['params']:>6,} ({ratio})  ranks {layer['ranks']}"
             )
-            return 0
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        print(f"\nwhat you got ({time.monotonic() - t0:.0f} s in all):")
+        print("\n".join(summary(report)))
+        print(
+            f"see it on the dashboard: .venv/bin/comera up --home {args.home} --port 8000, "
+            f"then open http://127.0.0.1:8000/#job={job_id} (API key in {args.home}/api_key)"
+        )
+        return 0
 
 
 if __name__ == "__main__":
