@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
 
-from tests.helpers.services import ROOT, clean_env, free_port, wait_for
+from tests.helpers.services import ROOT, RedisServer, clean_env, free_port, run_python, wait_for
 from tests.helpers.specs import early_stage, finetune_stage, late_stage, mlp_run
 
 __all__ = ["FAST", "SPEC", "RedisServer", "Stack", "api_key", "running", "wait_for"]
@@ -50,62 +49,9 @@ SPEC: dict[str, Any] = mlp_run(
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 
-class RedisServer:
-    """``redis-server`` on a free port, keeping nothing: a restart empties every queue."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.proc: subprocess.Popen | None = None
-        self.start()
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        client = redis.Redis(port=self.port)
-        try:
-            wait_for(lambda: self._ping(client), 15, "redis-server")
-        finally:
-            client.close()
-
-    @staticmethod
-    def _ping(client: redis.Redis) -> bool:
-        try:
-            return bool(client.ping())
-        except redis.ConnectionError:
-            return False
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-
 def api_key(env: dict[str, str]) -> str | None:
     """A key for tenant ``default`` from ``comera keys create`` (None before API keys exist)."""
-    out = subprocess.run(
-        [sys.executable, "-m", "service.cli", "keys", "create", "--tenant", "default"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = run_python("-m", "service.cli", "keys", "create", "--tenant", "default", env=env)
     if out.returncode != 0:
         if "No such command" in out.stderr:
             return None

@@ -7,6 +7,7 @@ Ctrl-C) and kills the group if it has not exited within a minute.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -16,6 +17,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import redis
 
 from tests.helpers.specs import (
     api_job,
@@ -28,14 +31,17 @@ from tests.helpers.specs import (
 
 __all__ = [
     "ROOT",
+    "RedisServer",
     "TINY_JOB",
     "auth_headers",
     "clean_env",
     "free_port",
     "make_key",
     "read_key",
+    "run_python",
     "start_cli",
     "stop",
+    "train_cli",
     "wait_for",
 ]
 
@@ -81,6 +87,52 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class RedisServer:
+    """``redis-server`` on a free port, keeping nothing: a restart empties every queue."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=self.port)
+        try:
+            wait_for(lambda: self._ping(client), 15, "redis-server")
+        finally:
+            client.close()
+
+    @staticmethod
+    def _ping(client: redis.Redis) -> bool:
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            return False
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
 def clean_env(home: Path, **extra: str) -> dict[str, str]:
     """This process's environment without ``COMERA_*``, plus ``COMERA_HOME`` and ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMERA_")}
@@ -110,19 +162,47 @@ def read_key(home: Path, timeout: float = 120.0) -> str:
     return path.read_text().strip()
 
 
+def run_python(
+    *args: str,
+    env: dict[str, str] | None = None,
+    cwd: Path = ROOT,
+    timeout: float = 120,
+    check: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """``python *args`` (``-m module ...``, ``-c code ...``, a script) run to its end in
+    ``cwd``, its output captured as text; ``check``: raise if it exits non-zero."""
+    return subprocess.run(
+        [sys.executable, *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=check,
+    )
+
+
+def train_cli(
+    workdir: Path,
+    job: dict[str, Any],
+    out: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """``python -m engine.train --config workdir/job.json --out out *args``, ``job`` written
+    to that file first."""
+    config = workdir / "job.json"
+    config.write_text(json.dumps(job))
+    cmd = ["-m", "engine.train", "--config", str(config), "--out", str(out), *args]
+    return run_python(*cmd, env=env, timeout=timeout)
+
+
 def make_key(env: dict[str, str], tenant: str = "default", *scopes: str) -> str:
     """A key made as an operator makes one: ``python -m service.cli keys create``."""
     args = [arg for s in scopes for arg in ("--scope", s)]
-    out = subprocess.run(
-        [sys.executable, "-m", "service.cli", "keys", "create", "--tenant", tenant, *args],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    return out.stdout.strip()
+    cmd = ["-m", "service.cli", "keys", "create", "--tenant", tenant, *args]
+    return run_python(*cmd, env=env, check=True).stdout.strip()
 
 
 def auth_headers(key: str) -> dict[str, str]:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import copy
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from api_schemas import JobCreate
-from service.store.db.crud.jobs import create_job
+from api_schemas import JobCreate, JobState
+from service.store.db.crud.jobs import create_job, transition
 from service.store.db.models import (
     Checkpoint,
     Job,
@@ -25,6 +28,7 @@ from service.store.db.session import make_engine, make_sessionmaker, session_sco
 from service.store.settings import Settings
 from service.store.spec import spec_hash
 from tests.helpers.specs import mlp_run
+from worker.pipeline import run_job
 
 __all__ = [
     "JOB_ROW_MODELS",
@@ -35,7 +39,9 @@ __all__ = [
     "get",
     "make_job",
     "metric_series",
+    "move",
     "row_tenants",
+    "run_beside",
     "settings_for",
     "tiny_spec",
 ]
@@ -84,6 +90,40 @@ def make_job(factory: sessionmaker[Session], spec: dict[str, Any], *, tenant: st
             max_attempts=3,
         )
         return job.id
+
+
+def move(
+    factory: sessionmaker[Session],
+    job_id: str,
+    source: JobState,
+    target: JobState,
+    **values: Any,
+) -> bool:
+    """``transition`` of ``job_id`` from ``source`` to ``target`` (with ``values``: attempt,
+    columns to set) in a session of its own, as another part of the service makes it;
+    whether the job was in ``source``."""
+    with session_scope(factory) as s:
+        job = transition(session=s, job_id=job_id, from_states=[source], to_state=target, **values)
+        return job is not None
+
+
+def run_beside(
+    side: Callable[[], object],
+    *,
+    job_id: str,
+    settings: Settings,
+    factory: sessionmaker[Session],
+) -> tuple[str, float]:
+    """``run_job`` of attempt 1 while ``side`` runs in a thread of its own (what the API, the
+    reaper or a signal does meanwhile): its outcome and the seconds it took."""
+    thread = threading.Thread(target=side)
+    thread.start()
+    t0 = time.monotonic()
+    try:
+        outcome = run_job(job_id=job_id, attempt=1, settings=settings, factory=factory)
+    finally:
+        thread.join()
+    return outcome, time.monotonic() - t0
 
 
 def get(factory: sessionmaker[Session], job_id: str) -> tuple[Job, list[JobAttempt]]:

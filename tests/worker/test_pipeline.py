@@ -12,26 +12,11 @@ from sqlalchemy import select
 
 import engine
 from api_schemas import JobState
-from engine.data import build_data
 from engine.export import load_compressed
-from engine.models.registry import get_workload
-from engine.train import JobConfig
-from service.store.db.crud.jobs import transition
 from service.store.db.models import Dataset, LatestMetric, Tenant, utcnow
 from service.store.db.session import session_scope
-from tests.worker.jobs import (
-    TENANT,
-    checkpoints,
-    events,
-    factory_for,
-    get,
-    make_job,
-    metric_series,
-    rank_series,
-    row_tenants,
-    settings_for,
-    tiny_spec,
-)
+from tests.helpers.metrics import validation_metrics
+from tests.worker import jobs
 from worker.pipeline import run_job
 
 S = JobState
@@ -41,30 +26,13 @@ def _sha(path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _evaluate(model, engine_config: dict, workdir) -> dict[str, float]:
-    """Validation metrics of ``model`` on the job's own validation data (engine functions)."""
-    cfg = JobConfig.from_dict(engine_config)
-    data = build_data(
-        cfg.data,
-        arch=cfg.model.arch,
-        batch_size=cfg.training.batch_size,
-        seed=cfg.training.seed,
-        workdir=workdir,
-    )
-    workload, sums = get_workload(cfg.model.arch), {}
-    for batch in data.valid.batches(0):
-        for k, v in workload.forward_loss(model, batch).sums.items():
-            sums[k] = sums.get(k, 0.0) + float(v)
-    return workload.summarize(sums)
-
-
 def test_a_job_runs_records_its_series_and_exports_a_checked_model(db_url, tmp_path):
-    settings, factory = settings_for(tmp_path, db_url), factory_for(db_url)
-    job_id = make_job(factory, tiny_spec())
+    settings, factory = jobs.settings_for(tmp_path, db_url), jobs.factory_for(db_url)
+    job_id = jobs.make_job(factory, jobs.tiny_spec())
 
     assert run_job(job_id=job_id, attempt=1, settings=settings, factory=factory) == "succeeded"
 
-    job, [attempt] = get(factory, job_id)
+    job, [attempt] = jobs.get(factory, job_id)
     assert job.state == "SUCCEEDED" and job.error is None
     assert job.started_at is not None and job.finished_at is not None
     assert job.lease_owner is None and job.engine_version == engine.__version__
@@ -79,7 +47,7 @@ def test_a_job_runs_records_its_series_and_exports_a_checked_model(db_url, tmp_p
         "stage_count": 3,
     }
     # metric series: one point per logged step, the documented keys, no duplicates
-    series = metric_series(factory, job_id)
+    series = jobs.metric_series(factory, job_id)
     assert sorted(series["loss"]) == [5, 10, 15, 20, 25, 30, 35]
     assert {
         "accuracy",
@@ -99,7 +67,7 @@ def test_a_job_runs_records_its_series_and_exports_a_checked_model(db_url, tmp_p
     assert latest["loss"] == (35, series["loss"][35])
     assert latest["val_loss"] == (35, series["val_loss"][35])
     # checkpoints: rotated ones are marked deleted; the rest match their files
-    rows = checkpoints(factory, job_id)
+    rows = jobs.checkpoints(factory, job_id)
     by_kind = {(r.kind, r.step): r for r in rows}
     assert set(by_kind) == {
         ("latest", 10),
@@ -121,17 +89,17 @@ def test_a_job_runs_records_its_series_and_exports_a_checked_model(db_url, tmp_p
     assert export.manifest["weights"]["sha256"] == export.sha256 == manifest["weights"]["sha256"]
     assert report["checkpoint_id"] == export.id == job.compression["report_checkpoint_id"]
     assert report["metrics"]["val_loss"] == pytest.approx(series["val_loss"][35], rel=1e-12)
-    measured = _evaluate(model, job.engine_config, tmp_path / "eval")
+    measured = validation_metrics(model, job.engine_config, tmp_path / "eval")
     assert measured["loss"] == pytest.approx(report["metrics"]["val_loss"], rel=1e-5)
     assert job.compression["file_ratio"] == report["file_ratio"] > 1
     assert job.compression["params_now"] < job.compression["params_before"]
     # rank trajectory: one point per layer per ranks event, ending at the exported ranks
-    ranks = rank_series(factory, job_id)
+    ranks = jobs.rank_series(factory, job_id)
     exported = {layer["name"]: layer["ranks"] for layer in manifest["layers"]}
     assert {t for t, _ in ranks} == set(exported) == {"hidden.0", "hidden.1"}
     assert {t: ranks[(t, 35)] for t in exported} == exported
     # events: the state history, stages, checkpoints, ranks and metric summaries
-    evs = events(factory, job_id)
+    evs = jobs.events(factory, job_id)
     assert [e.data["state"] for e in evs if e.kind == "state"] == [
         "QUEUED",
         "STARTING",
@@ -142,27 +110,20 @@ def test_a_job_runs_records_its_series_and_exports_a_checked_model(db_url, tmp_p
     assert [e.seq for e in evs] == list(range(1, len(evs) + 1))
     # tenancy (docs/service.md#authentication-and-tenancy): every row the run wrote, in every
     # table of a job's rows, is the tenant's
-    for table, tenants in row_tenants(factory, job_id).items():
-        assert tenants and set(tenants) == {TENANT}, table
+    for table, tenants in jobs.row_tenants(factory, job_id).items():
+        assert tenants and set(tenants) == {jobs.TENANT}, table
 
 
 def test_a_duplicate_or_stale_message_is_a_no_op(db_url, tmp_path):
-    settings, factory = settings_for(tmp_path, db_url), factory_for(db_url)
-    job_id = make_job(factory, tiny_spec())
+    settings, factory = jobs.settings_for(tmp_path, db_url), jobs.factory_for(db_url)
+    job_id = jobs.make_job(factory, jobs.tiny_spec())
     assert run_job(job_id=job_id, attempt=2, settings=settings, factory=factory) == "skipped"
-    with session_scope(factory) as s:  # another worker claimed attempt 1 first
-        transition(
-            session=s,
-            job_id=job_id,
-            from_states=[S.QUEUED],
-            to_state=S.STARTING,
-            attempt=1,
-            lease_owner="other:1",
-            lease_expires_at=utcnow() + timedelta(seconds=60),
-        )
-    before, _ = get(factory, job_id)
+    lease = {"lease_owner": "other:1", "lease_expires_at": utcnow() + timedelta(seconds=60)}
+    # another worker claimed attempt 1 first
+    jobs.move(factory, job_id, S.QUEUED, S.STARTING, attempt=1, **lease)
+    before, _ = jobs.get(factory, job_id)
     assert run_job(job_id=job_id, attempt=1, settings=settings, factory=factory) == "skipped"
-    after, [attempt] = get(factory, job_id)
+    after, [attempt] = jobs.get(factory, job_id)
     assert (after.state, after.version, after.event_seq, after.lease_owner) == (
         "STARTING",
         before.version,
@@ -186,16 +147,16 @@ def test_a_duplicate_or_stale_message_is_a_no_op(db_url, tmp_path):
 def test_a_spec_the_engine_refuses_fails_naming_the_field(
     db_url, tmp_path, section, pointer, words
 ):
-    settings, factory = settings_for(tmp_path, db_url), factory_for(db_url)
-    job_id = make_job(factory, tiny_spec(**section))
+    settings, factory = jobs.settings_for(tmp_path, db_url), jobs.factory_for(db_url)
+    job_id = jobs.make_job(factory, jobs.tiny_spec(**section))
     assert run_job(job_id=job_id, attempt=1, settings=settings, factory=factory) == "failed"
-    job, [attempt] = get(factory, job_id)
+    job, [attempt] = jobs.get(factory, job_id)
     assert job.state == "FAILED" and attempt.exit_reason == "validation" and attempt.ended_at
     assert job.error["type"] == "https://comera.dev/problems/validation"
     assert job.error["retryable"] is False and job.error["status"] == 422
     assert job.error["errors"][0]["pointer"] == pointer
     assert words in job.error["detail"] and words in job.message
-    assert not checkpoints(factory, job_id)
+    assert not jobs.checkpoints(factory, job_id)
 
 
 def _npz(path, rows: int, *, poison: bool = False, huge: bool = False) -> None:
@@ -211,7 +172,7 @@ def _npz(path, rows: int, *, poison: bool = False, huge: bool = False) -> None:
 
 def _path_spec(path: str) -> dict:
     dataset = {"source": "path", "path": path, "format": "npz", "valid_every": 4}
-    return tiny_spec(
+    return jobs.tiny_spec(
         dataset=dataset,
         schedule=[{"kind": "early", "steps": 6}],
         training={"batch_size": 16, "log_every": 3},
@@ -230,7 +191,7 @@ def _path_spec(path: str) -> dict:
     ],
 )
 def test_server_side_dataset_files_stay_inside_the_data_root(db_url, tmp_path, name, kind, words):
-    settings, factory = settings_for(tmp_path, db_url), factory_for(db_url)
+    settings, factory = jobs.settings_for(tmp_path, db_url), jobs.factory_for(db_url)
     settings.data.mkdir(parents=True)
     _npz(tmp_path / "outside.npz", 128)
     (settings.data / "escape.npz").symlink_to(tmp_path / "outside.npz")
@@ -238,14 +199,14 @@ def test_server_side_dataset_files_stay_inside_the_data_root(db_url, tmp_path, n
     _npz(settings.data / "bad.npz", 128, poison=True)
     _npz(settings.data / "good.npz", 128)
     _npz(settings.data / "huge.npz", 128, huge=True)
-    job_id = make_job(factory, _path_spec(name))
+    job_id = jobs.make_job(factory, _path_spec(name))
 
     outcome = run_job(job_id=job_id, attempt=1, settings=settings, factory=factory)
 
-    job, [attempt] = get(factory, job_id)
+    job, [attempt] = jobs.get(factory, job_id)
     if kind is None:
         assert outcome == "succeeded" and job.state == "SUCCEEDED"
-        assert not math.isnan(metric_series(factory, job_id)["val_loss"][6])
+        assert not math.isnan(jobs.metric_series(factory, job_id)["val_loss"][6])
         return
     assert outcome == "failed" and job.state == "FAILED" and attempt.exit_reason == kind
     assert job.error["type"].endswith(f"/{kind}") and words in job.error["detail"]
@@ -256,13 +217,13 @@ def test_server_side_dataset_files_stay_inside_the_data_root(db_url, tmp_path, n
 
 @pytest.mark.parametrize("owner", ["own", "other"])
 def test_an_uploaded_dataset_is_read_only_by_its_tenant(db_url, tmp_path, owner):
-    settings, factory = settings_for(tmp_path, db_url), factory_for(db_url)
+    settings, factory = jobs.settings_for(tmp_path, db_url), jobs.factory_for(db_url)
     stored = settings.artifacts / "datasets" / "ds_1" / "data.npz"
     stored.parent.mkdir(parents=True)
     _npz(stored, 128)
-    job_id = make_job(
+    job_id = jobs.make_job(
         factory,
-        tiny_spec(
+        jobs.tiny_spec(
             dataset={"source": "upload", "dataset_id": "ds_1", "format": "npz", "valid_every": 4},
             schedule=[{"kind": "early", "steps": 4}],
         ),
@@ -274,7 +235,7 @@ def test_an_uploaded_dataset_is_read_only_by_its_tenant(db_url, tmp_path, owner)
         s.add(
             Dataset(
                 id="ds_1",
-                tenant_id=TENANT if owner == "own" else "ten_other",
+                tenant_id=jobs.TENANT if owner == "own" else "ten_other",
                 name="d",
                 format="npz",
                 path="datasets/ds_1/data.npz",
@@ -284,7 +245,7 @@ def test_an_uploaded_dataset_is_read_only_by_its_tenant(db_url, tmp_path, owner)
             )
         )
     outcome = run_job(job_id=job_id, attempt=1, settings=settings, factory=factory)
-    job, _ = get(factory, job_id)
+    job, _ = jobs.get(factory, job_id)
     if owner == "own":
         assert outcome == "succeeded" and job.engine_config["data"]["train"] == str(stored)
     else:  # another tenant's upload does not exist for this job

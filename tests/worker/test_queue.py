@@ -6,8 +6,6 @@ import base64
 import json
 import random
 import shutil
-import socket
-import subprocess
 import time
 import uuid
 
@@ -18,6 +16,7 @@ from service.cli import worker_command
 from service.store.placement import placement, queue_name
 from service.store.queue import enqueue, revoke
 from service.store.settings import Settings
+from tests.helpers.services import RedisServer
 
 
 def test_enqueue_sends_one_named_message_with_the_job_limits(tmp_path):
@@ -66,52 +65,17 @@ def test_an_unreachable_broker_fails_fast_instead_of_retrying(tmp_path):
     assert time.monotonic() - t0 < 5
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _redis_server(port: int) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            if redis.Redis(port=port).ping():
-                return proc
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("redis-server did not start")
-
-
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs the redis-server binary")
 def test_sending_recovers_when_the_broker_comes_back(tmp_path):
-    port = _free_port()
-    settings = Settings(home=tmp_path, broker_url=f"redis://127.0.0.1:{port}/0", queue="q")
-    server = _redis_server(port)
+    server = RedisServer()
+    settings = Settings(home=tmp_path, broker_url=server.url, queue="q")
     try:
         assert enqueue(settings=settings, job_id="job_1", attempt=1, max_wall_time_s=60)
-        server.terminate()
-        server.wait(timeout=10)
+        server.kill()
         assert not enqueue(settings=settings, job_id="job_1", attempt=2, max_wall_time_s=60)
-        server = _redis_server(port)  # back (empty: no persistence in this test)
+        server.start()  # back on its port (empty: it keeps nothing)
         assert enqueue(settings=settings, job_id="job_1", attempt=3, max_wall_time_s=60)
-        [raw] = redis.Redis(port=port).lrange("q", 0, -1)
+        [raw] = redis.Redis(port=server.port).lrange("q", 0, -1)
         assert json.loads(raw)["headers"]["id"] == "job_1:3"
     finally:
         server.kill()
-        server.wait(timeout=10)

@@ -23,7 +23,6 @@ from sqlalchemy import select, update
 from api_schemas import JobState
 from service.store.db.crud.idempotency import KEEP
 from service.store.db.crud.job_actions import mark_enqueued
-from service.store.db.crud.jobs import transition
 from service.store.db.crud.pagination import as_utc
 from service.store.db.models import Checkpoint, IdempotencyKey, Job, JobEvent, Tenant, utcnow
 from service.store.db.session import session_scope
@@ -31,7 +30,7 @@ from service.store.queue import enqueue
 from service.store.reaper import backoff_seconds, reap_once
 from service.store.settings import Settings
 from service.store.task_control import LocalControl
-from tests.worker.jobs import factory_for, get, make_job, tiny_spec
+from tests.worker.jobs import factory_for, get, make_job, move, tiny_spec
 from worker.pipeline import claim
 from worker.problems import PROBLEM_BASE
 
@@ -74,15 +73,8 @@ def _running(factory, spec=None, *, owner: str = OWNER, attempt: int = 1, **valu
         with session_scope(factory) as s:
             s.execute(update(Job).where(Job.id == job_id).values(attempt=attempt))
     assert claim(factory, job_id=job_id, attempt=attempt, owner=owner, lease_seconds=5.0)
-    with session_scope(factory) as s:
-        assert transition(
-            session=s,
-            job_id=job_id,
-            from_states=[S.STARTING],
-            to_state=S.RUNNING,
-            progress={"step": 12, "stage_name": "early"},
-            **values,
-        )
+    progress = {"step": 12, "stage_name": "early"}
+    assert move(factory, job_id, S.STARTING, S.RUNNING, progress=progress, **values)
     return job_id
 
 
@@ -170,14 +162,7 @@ def test_a_lost_worker_without_attempts_left_fails_and_a_cancelling_job_is_cance
     settings, factory = _settings(tmp_path, db_url), factory_for(db_url)
     last = _running(factory, attempt=3)  # max_attempts is 3
     cancelling = _running(factory)
-    with session_scope(factory) as s:
-        assert transition(
-            session=s,
-            job_id=cancelling,
-            from_states=[S.RUNNING],
-            to_state=S.CANCELLING,
-            cancel_requested_at=utcnow(),
-        )
+    assert move(factory, cancelling, S.RUNNING, S.CANCELLING, cancel_requested_at=utcnow())
     report = reap_once(factory=factory, settings=settings, now=utcnow() + timedelta(seconds=10))
     assert report.failed == [last] and report.cancelled == [cancelling] and not report.requeued
 
@@ -283,14 +268,8 @@ def test_forced_cancellation_signals_the_lease_owner_then_cancels(db_url, tmp_pa
                 .where(Job.id == job_id)
                 .values(lease_expires_at=utcnow() + timedelta(hours=1))
             )
-            assert transition(
-                session=s,
-                job_id=job_id,
-                from_states=[S.RUNNING],
-                to_state=S.CANCELLING,
-                cancel_requested_at=utcnow(),
-                cancel_mode="graceful",
-            )
+        cancel = {"cancel_requested_at": utcnow(), "cancel_mode": "graceful"}
+        assert move(factory, job_id, S.RUNNING, S.CANCELLING, **cancel)
         now = utcnow()
         assert not reap_once(factory=factory, settings=settings, now=now, control=control)
         assert proc.poll() is None  # within the grace period: left to the worker
@@ -330,15 +309,8 @@ def test_an_immediate_cancel_is_forced_without_the_grace_period(db_url, tmp_path
     proc = _sleeper(ignore_term=False)
     try:
         job_id = _running(factory, owner=f"{socket.gethostname()}:{proc.pid}")
-        with session_scope(factory) as s:
-            assert transition(
-                session=s,
-                job_id=job_id,
-                from_states=[S.RUNNING],
-                to_state=S.CANCELLING,
-                cancel_requested_at=utcnow(),
-                cancel_mode="immediate",
-            )
+        cancel = {"cancel_requested_at": utcnow(), "cancel_mode": "immediate"}
+        assert move(factory, job_id, S.RUNNING, S.CANCELLING, **cancel)
         report = reap_once(factory=factory, settings=settings, control=control)
         assert report.signalled == [(job_id, "SIGTERM")]
         assert proc.wait(timeout=10) == -signal.SIGTERM

@@ -1,0 +1,35 @@
+"""A model's validation metrics recomputed in the test, with the engine's building blocks
+(the job's data, the workload's loss sums and summary), to check what a run reported."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.data import build_data
+from engine.models.registry import get_workload
+from engine.train import JobConfig
+
+__all__ = ["validation_metrics"]
+
+
+def validation_metrics(
+    model: torch.nn.Module, engine_config: dict[str, Any], workdir: Path
+) -> dict[str, float]:
+    """Metrics of ``model`` over one pass of the job's validation data (built in ``workdir``)."""
+    cfg = JobConfig.from_dict(engine_config)
+    data = build_data(
+        cfg.data,
+        arch=cfg.model.arch,
+        batch_size=cfg.training.batch_size,
+        seed=cfg.training.seed,
+        workdir=workdir,
+    )
+    workload, sums = get_workload(cfg.model.arch), {}
+    with torch.no_grad():
+        for batch in data.valid.batches(0):
+            for k, v in workload.forward_loss(model, batch).sums.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+    return workload.summarize(sums)
