@@ -67,6 +67,29 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
 
 
+class _JobHistory:
+    """The rows a job's attempts write: a serial id, the job (they go with it), the job's
+    tenant and the attempt."""
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+
+
+class _SeriesPoint(_JobHistory):
+    """A point of a series: the step (and stage) it was measured at, and when."""
+
+    step: Mapped[int] = mapped_column(Integer)
+    stage: Mapped[str | None] = mapped_column(String(64))
+    t: Mapped[datetime] = mapped_column(TZ, default=utcnow)
+
+
+def _tenant_job_index(table: str) -> Index:
+    """The index of a job's rows for the tenant-scoped reads and the tenant's cascade."""
+    return Index(f"ix_{table}_tenant_job", "tenant_id", "job_id")
+
+
 class Tenant(Base):
     __tablename__ = "tenants"
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
@@ -118,12 +141,8 @@ class Job(Base):
     __table_args__ = (Index("ix_jobs_tenant_created", "tenant_id", "created_at", "id"),)
 
 
-class JobAttempt(Base):
+class JobAttempt(_JobHistory, Base):
     __tablename__ = "job_attempts"
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
-    attempt: Mapped[int] = mapped_column(Integer)
     worker: Mapped[str | None] = mapped_column(String(128))
     resume_from: Mapped[str | None] = mapped_column(String(64))
     started_at: Mapped[datetime | None] = mapped_column(TZ)
@@ -131,43 +150,32 @@ class JobAttempt(Base):
     exit_reason: Mapped[str | None] = mapped_column(String(32))
     __table_args__ = (
         UniqueConstraint("job_id", "attempt"),
-        Index("ix_job_attempts_tenant_job", "tenant_id", "job_id"),
+        _tenant_job_index("job_attempts"),
         # a tenant's latest start, for the fair order (service.store.db.crud.fair_queue)
         Index("ix_job_attempts_tenant_started", "tenant_id", "started_at"),
     )
 
 
-class JobEvent(Base):
+class JobEvent(_JobHistory, Base):
     __tablename__ = "job_events"
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     seq: Mapped[int] = mapped_column(Integer)
-    attempt: Mapped[int] = mapped_column(Integer)
     kind: Mapped[str] = mapped_column(String(16))
     data: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
     t: Mapped[datetime] = mapped_column(TZ, default=utcnow)
     __table_args__ = (
         UniqueConstraint("job_id", "seq"),
-        Index("ix_job_events_tenant_job", "tenant_id", "job_id"),
+        _tenant_job_index("job_events"),
     )
 
 
-class MetricPoint(Base):
+class MetricPoint(_SeriesPoint, Base):
     __tablename__ = "metric_points"
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
-    attempt: Mapped[int] = mapped_column(Integer)
     key: Mapped[str] = mapped_column(String(64))
-    step: Mapped[int] = mapped_column(Integer)
-    stage: Mapped[str | None] = mapped_column(String(64))
     epoch: Mapped[float | None] = mapped_column(Float)
     value: Mapped[float] = mapped_column(Float)
-    t: Mapped[datetime] = mapped_column(TZ, default=utcnow)
     __table_args__ = (
         UniqueConstraint("job_id", "key", "step"),
-        Index("ix_metric_points_tenant_job", "tenant_id", "job_id"),
+        _tenant_job_index("metric_points"),
     )
 
 
@@ -181,27 +189,20 @@ class LatestMetric(Base):
     step: Mapped[int] = mapped_column(Integer)
     value: Mapped[float] = mapped_column(Float)
     t: Mapped[datetime] = mapped_column(TZ, default=utcnow)
-    __table_args__ = (Index("ix_job_latest_metrics_tenant_job", "tenant_id", "job_id"),)
+    __table_args__ = (_tenant_job_index("job_latest_metrics"),)
 
 
-class RankPoint(Base):
+class RankPoint(_SeriesPoint, Base):
     __tablename__ = "rank_points"
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
-    attempt: Mapped[int] = mapped_column(Integer)
     tensor: Mapped[str] = mapped_column(String(256))
-    step: Mapped[int] = mapped_column(Integer)
-    stage: Mapped[str | None] = mapped_column(String(64))
     kind: Mapped[str] = mapped_column(String(32))
     ranks: Mapped[list[int]] = mapped_column(Json)
     params: Mapped[int] = mapped_column(BigInteger)
     dense: Mapped[int] = mapped_column(BigInteger)
     ratio: Mapped[float] = mapped_column(Float)
-    t: Mapped[datetime] = mapped_column(TZ, default=utcnow)
     __table_args__ = (
         UniqueConstraint("job_id", "tensor", "step"),
-        Index("ix_rank_points_tenant_job", "tenant_id", "job_id"),
+        _tenant_job_index("rank_points"),
     )
 
 
