@@ -32,7 +32,13 @@ from torch import Tensor
 
 from engine.data.config import DataConfig
 from engine.data.errors import DataError
-from engine.data.source import DataBundle, line_sources, pad_batch, read_lines
+from engine.data.source import (
+    DataBundle,
+    line_examples,
+    pad_batch,
+    read_lines,
+    train_valid_sources,
+)
 from engine.data.tokenizer import SpecialIds, obtain_tokenizer, special_ids
 
 __all__ = ["pack_lines", "mask_tokens", "collate_mlm", "build_mlm_data", "IGNORE_INDEX"]
@@ -187,11 +193,11 @@ def build_mlm_data(
             length=length,
         )
 
-    train, valid, counts = line_sources(
-        cfg,
-        seqs(train_lines, names[0]),
-        seqs(valid_lines, names[1]) if valid_lines is not None else None,
-        in_memory=in_memory,
+    valid_seqs = seqs(valid_lines, names[1]) if valid_lines is not None else None
+    examples = line_examples(cfg, seqs(train_lines, names[0]), valid_seqs, in_memory)
+    counts = examples["counts"]
+    train, valid = train_valid_sources(
+        **examples,
         collate=collate,
         batch_size=batch_size,
         seed=seed,

@@ -25,7 +25,7 @@ from tokenizers import Tokenizer
 from torch import Tensor
 
 from engine.data.config import DataConfig
-from engine.data.source import DataBundle, line_sources, pad_batch
+from engine.data.source import DataBundle, line_examples, pad_batch, train_valid_sources
 from engine.data.tokenizer import load_tokenizer
 
 __all__ = ["sentence_tokenizer", "collate_sentences", "build_sentence_data", "nonblank"]
@@ -78,11 +78,11 @@ def build_sentence_data(
     def examples(lines: Callable[[], Iterable[tuple[int, str]]]) -> Callable[[], Any]:
         return lambda: nonblank(lines())
 
-    train, valid, counts = line_sources(
-        cfg,
-        examples(train_lines),
-        examples(valid_lines) if valid_lines is not None else None,
-        in_memory=in_memory,
+    valid_ex = examples(valid_lines) if valid_lines is not None else None
+    kept = line_examples(cfg, examples(train_lines), valid_ex, in_memory)
+    counts = kept["counts"]
+    train, valid = train_valid_sources(
+        **kept,
         collate=lambda ex, _seed: collate_sentences(ex, tok, pad_id, length),
         batch_size=batch_size,
         seed=seed,

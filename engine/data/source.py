@@ -58,7 +58,7 @@ __all__ = [
     "pad_batch",
     "read_lines",
     "train_valid_sources",
-    "line_sources",
+    "line_examples",
 ]
 
 Collate = Callable[[list[Any], int], dict[str, Tensor]]  # (examples, batch_seed) -> batch
@@ -325,21 +325,16 @@ def train_valid_sources(
     return train, valid
 
 
-def line_sources(
+def line_examples(
     cfg: DataConfig,
-    train_examples: Callable[[], Iterable[Any]],
-    valid_examples: Callable[[], Iterable[Any]] | None,
-    *,
+    train: Callable[[], Iterable[Any]],
+    valid: Callable[[], Iterable[Any]] | None,
     in_memory: bool,
-    collate: Collate,
-    batch_size: int,
-    seed: int,
-    length: Callable[[Any], int],
-) -> tuple[StreamSource, StreamSource | None, tuple[int | None, int | None]]:
-    """:func:`train_valid_sources` with ``cfg``'s loader settings over examples read from
-    text lines, and the example counts. ``in_memory``: each split is read once and kept (its
-    count known; a shuffling training source buffers all of it), else streamed (counts
-    ``None``)."""
+) -> dict[str, Any]:
+    """The examples, counts and ``cfg``'s loader settings that :func:`train_valid_sources`
+    takes, for examples read from text lines. ``in_memory``: each split is read once and
+    kept (its count known; a shuffling training source buffers all of it), else streamed
+    (counts ``None``)."""
 
     def kept(examples: Callable[[], Iterable[Any]]) -> Callable[[], Iterable[Any]]:
         if not in_memory:
@@ -347,22 +342,19 @@ def line_sources(
         cached = list(examples())
         return lambda: cached
 
-    train_ex = kept(train_examples)
-    valid_ex = kept(valid_examples) if valid_examples is not None else None
+    train_ex = kept(train)
+    valid_ex = kept(valid) if valid is not None else None
     counts: tuple[int | None, int | None] = (None, None)
     if in_memory:
         counts = (len(train_ex()), len(valid_ex()) if valid_ex is not None else None)
-    train, valid = train_valid_sources(
-        train_ex,
-        valid_ex,
-        collate=collate,
-        batch_size=batch_size,
-        seed=seed,
-        drop_last=cfg.drop_last,
-        valid_every=cfg.valid_every,
-        counts=counts,
-        shuffle_buffer=(counts[0] or 0) if cfg.shuffle_buffer and in_memory else cfg.shuffle_buffer,
-        length_buckets=cfg.length_buckets,
-        length=length,
-    )
-    return train, valid, counts
+    return {
+        "train_examples": train_ex,
+        "valid_examples": valid_ex,
+        "counts": counts,
+        "shuffle_buffer": (counts[0] or 0)
+        if cfg.shuffle_buffer and in_memory
+        else cfg.shuffle_buffer,
+        "drop_last": cfg.drop_last,
+        "valid_every": cfg.valid_every,
+        "length_buckets": cfg.length_buckets,
+    }
