@@ -42,10 +42,8 @@ data, written to the work directory unless ``--out`` is given).
 from __future__ import annotations
 
 import argparse
-import copy
 import hashlib
 import json
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -54,155 +52,24 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.common import RESULTS, machine_info, write_json
+from bench.ablation_jobs import (
+    DLRM_MODEL,
+    NLI_DATA,
+    NLI_MODEL,
+    TARGETS,
+    TOLERANCE,
+    dlrm_jobs,
+    nli_jobs,
+)
+from bench.common import RESULTS, load_avg, machine_info, write_json
 from engine.data import DataConfig, build_data
 from engine.rank import compression_summary, rank_snapshot
 from engine.train import FunctionCallback, JobConfig, Trainer, TrainResult
 
-TARGETS = (0.8, 0.5, 0.2)
-TOLERANCE = 0.01  # accuracy: the fidelity guard's default max_metric_drop (1 point)
 LIMIT_S = 180.0  # every run must finish within 3 minutes on the 2-core machine
-NLI_PARAMS = {
-    "n_words": 32,
-    "n_topics": 4,
-    "min_premise": 4,
-    "max_premise": 8,
-    "min_hypothesis": 2,
-    "max_hypothesis": 4,
-}
-NLI_DATA = {
-    "kind": "synthetic",
-    "generator": "nli",
-    "n_train": 20_000,
-    "n_valid": 2_000,
-    "max_len": 32,
-    "vocab_size": 1000,
-    "synthetic_seed": 0,
-    "params": NLI_PARAMS,
-}
-NLI_MODEL = {
-    "arch": "transformer",
-    "config": {"d_model": 64, "n_heads": 4, "d_ff": 128, "n_layers": 2, "max_len": 32},
-}
-NLI_COMPRESSION = {
-    "max_rank": 8,
-    "layers": ["embeddings.word", "encoder.*.ffn.*"],
-    "penalty": "cost_weighted",
-    "shrink_every": 50,
-}
-NLI_EPOCHS = 8
-NLI_DENSE_LR = {"cores": 1e-3, "gates": 0.0, "others": 1e-3}
-NLI_EARLY = {"gamma": 0.2, "lr": {"cores": 3e-3, "gates": 3e-3, "others": 1e-3}}
-NLI_LATE = {"steps": 400, "loss_ref": 0.1, "lr": {"cores": 1e-3, "gates": 1e-2, "others": 1e-3}}
-NLI_FINETUNE = {"steps": 150, "lr": {"cores": 1e-3, "gates": 0.0, "others": 1e-3}}
-DLRM_DATA = {
-    "kind": "synthetic",
-    "generator": "criteo",
-    "n_train": 100_000,
-    "n_valid": 50_000,
-    "num_rows": 10_000,
-    "synthetic_seed": 0,
-}
-DLRM_MODEL = {
-    "arch": "dlrm",
-    "config": {"embedding_dim": 16, "bottom_widths": [64, 16], "top_widths": [64, 32]},
-}
-DLRM_COMPRESSION = {
-    "max_rank": 8,
-    "layers": ["embeddings.*"],
-    "penalty": "cost_weighted",
-    "shrink_every": 50,
-}
-DLRM_EPOCHS = 6
-DLRM_DENSE_LR = {"cores": 1e-3, "gates": 0.0, "others": 1e-3}
-DLRM_EARLY = {"gamma": 0.02, "lr": {"cores": 3e-3, "gates": 1e-2, "others": 1e-3}}
-
-
-# -- job configs ------------------------------------------------------------------------------
-def _job(
-    name: str,
-    method: str,
-    model: dict,
-    data: dict,
-    compression: dict,
-    schedule: list,
-    batch_size: int,
-) -> dict[str, Any]:
-    return {
-        "name": name,
-        "method": method,
-        "model": copy.deepcopy(model),
-        "data": copy.deepcopy(data),
-        "compression": copy.deepcopy(compression),
-        "schedule": schedule,
-        "training": {"batch_size": batch_size, "seed": 0, "log_every": 10},
-    }
-
-
-def nli_jobs(tokenizer: str, quick: bool) -> dict[str, dict[str, Any]]:
-    data = {**NLI_DATA, "tokenizer": tokenizer}
-    length = {"epochs": NLI_EPOCHS}
-    late, finetune = dict(NLI_LATE), dict(NLI_FINETUNE)
-    if quick:
-        data.update(n_train=2_000, n_valid=500)
-        length = {"steps": 60}
-        late["steps"], finetune["steps"] = 30, 10
-    early = {"kind": "early", **length, **NLI_EARLY}
-    jobs = {
-        "nli-dense": _job(
-            "nli-dense",
-            "dense",
-            NLI_MODEL,
-            data,
-            NLI_COMPRESSION,
-            [{"kind": "early", **length, "lr": NLI_DENSE_LR}],
-            64,
-        ),
-        "nli-early": _job("nli-early", "comera", NLI_MODEL, data, NLI_COMPRESSION, [early], 64),
-    }
-    for ratio in TARGETS:
-        name = f"nli-late-{ratio}"
-        stages = [
-            early,
-            {"kind": "late", "target_ratio": ratio, "name": f"late-{ratio}", **late},
-            {"kind": "finetune", **finetune},
-        ]
-        jobs[name] = _job(name, "comera", NLI_MODEL, data, NLI_COMPRESSION, stages, 64)
-    return jobs
-
-
-def dlrm_jobs(quick: bool) -> dict[str, dict[str, Any]]:
-    data, length = dict(DLRM_DATA), {"epochs": DLRM_EPOCHS}
-    if quick:
-        data.update(n_train=5_000, n_valid=2_000)
-        length = {"epochs": 1}
-    return {
-        "dlrm-dense": _job(
-            "dlrm-dense",
-            "dense",
-            DLRM_MODEL,
-            data,
-            DLRM_COMPRESSION,
-            [{"kind": "early", **length, "lr": DLRM_DENSE_LR}],
-            256,
-        ),
-        "dlrm-comera": _job(
-            "dlrm-comera",
-            "comera",
-            DLRM_MODEL,
-            data,
-            DLRM_COMPRESSION,
-            [{"kind": "early", **length, **DLRM_EARLY}],
-            256,
-        ),
-    }
 
 
 # -- one run ----------------------------------------------------------------------------------
-def _load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
 def _selected_dense(model: nn.Module, job: JobConfig) -> int:
     """Dense weight entries of the layers CoMERA tensorizes (pattern and ``min_size``)."""
     opts = job.compression.options
@@ -224,7 +91,7 @@ def run(cfg: dict[str, Any], workdir: Path, resume: Path | None = None) -> dict[
         if event["event"] == "step" and event.get("kind") == "late" and "lambda" in event:
             lambdas.append(event["lambda"])
 
-    load0, t0 = _load(), time.perf_counter()
+    load0, t0 = load_avg(), time.perf_counter()
     trainer = Trainer(job, workdir=workdir, resume=resume, callbacks=[FunctionCallback(on_event)])
     result: TrainResult = trainer.run()
     wall = time.perf_counter() - t0
@@ -234,7 +101,7 @@ def run(cfg: dict[str, Any], workdir: Path, resume: Path | None = None) -> dict[
         "wall_seconds": round(wall, 2),
         "under_limit": wall < LIMIT_S,
         "load_before": load0,
-        "load_after": _load(),
+        "load_after": load_avg(),
         "steps": report["steps"],
         "status": result.status,
         "valid_accuracy": metrics.get("accuracy"),
@@ -392,7 +259,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="comera_ablation_"))
     work.mkdir(parents=True, exist_ok=True)
-    print(f"work directory {work}; threads {torch.get_num_threads()}; load {_load()}", flush=True)
+    print(
+        f"work directory {work}; threads {torch.get_num_threads()}; load {load_avg()}", flush=True
+    )
 
     tok_path, tok_info = train_tokenizer(work / "tokenizer", args.quick)
     nli_cfg = nli_jobs(tok_path, args.quick)
@@ -438,7 +307,7 @@ def main() -> None:
         "quick": args.quick,
         "machine": machine_info(),
         "threads": torch.get_num_threads(),
-        "load_end": _load(),
+        "load_end": load_avg(),
         "limit_seconds": LIMIT_S,
         "reduced_width": {"nli": NLI_MODEL["config"], "dlrm": DLRM_MODEL["config"]},
         "nli_tokenizer": tok_info,

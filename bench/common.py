@@ -76,6 +76,11 @@ def fwd_bwd_step(
     return run
 
 
+def load_avg() -> list[float]:
+    """The 1, 5 and 15 minute load averages, rounded to 0.01 (other work skews timings)."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def write_json(name: str, payload: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"

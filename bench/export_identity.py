@@ -58,6 +58,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.common import load_avg
 from bench.identity_compare import EXCLUDED, compare_dirs
 from bench.identity_runs import (
     ENV,
@@ -69,7 +70,6 @@ from bench.identity_runs import (
     git,
     job_config,
     list_jobs,
-    load_avg,
     resolve,
     run_job,
     set_path,

@@ -210,10 +210,6 @@ def run_job(
     return {**info, "reused": False}
 
 
-def load_avg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
 def list_jobs(before: Checkout, after: Checkout) -> list[str]:
     names = [{p.stem for p in (co.path / EXAMPLES).glob("*.json")} for co in (before, after)]
     return sorted(names[0] | names[1])
