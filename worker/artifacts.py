@@ -222,6 +222,18 @@ def drop_partial(
     return [r.id for r in rows]
 
 
+def _resumable_newest_first(session: Session, *, tenant_id: str, job_id: str) -> list[Checkpoint]:
+    """The job's complete resumable checkpoints (``latest``, ``partial``) of any attempt,
+    newest first."""
+    return complete_checkpoints(
+        session=session,
+        tenant_id=tenant_id,
+        job_id=job_id,
+        kinds=RESUMABLE_KINDS,
+        newest_first=True,
+    )
+
+
 def enforce_keep(
     session: Session,
     *,
@@ -234,13 +246,7 @@ def enforce_keep(
     """Keep the ``keep`` newest complete resumable checkpoints of the job, of any attempt (and
     those in ``protect``); delete the files of the rest and mark their rows ``deleted``.
     Returns the ids deleted, oldest first. Final checkpoints and exports are not touched."""
-    rows = complete_checkpoints(
-        session=session,
-        tenant_id=tenant_id,
-        job_id=job_id,
-        kinds=RESUMABLE_KINDS,
-        newest_first=True,
-    )
+    rows = _resumable_newest_first(session, tenant_id=tenant_id, job_id=job_id)
     old = [r for r in rows[keep:] if r.id not in protect]
     kept_paths = {r.path for r in rows if r not in old}
     for r in reversed(old):
@@ -301,13 +307,7 @@ def find_checkpoint(
             kinds=(*RESUMABLE_KINDS, "final"),
         )
         return row if row is not None and _usable(row, artifacts) else None
-    newest = complete_checkpoints(
-        session=session,
-        tenant_id=tenant_id,
-        job_id=job_id,
-        kinds=RESUMABLE_KINDS,
-        newest_first=True,
-    )
+    newest = _resumable_newest_first(session, tenant_id=tenant_id, job_id=job_id)
     for row in newest:
         if _usable(row, artifacts):
             return row

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +74,36 @@ class Attempt:
         if cap is not None:
             cap.restore()
 
+    def move(
+        self, s: Session, from_states: Iterable[JobState], to_state: JobState, **values: Any
+    ) -> Job | None:
+        """Compare-and-set this attempt's job from one of ``from_states`` to ``to_state``
+        (:func:`~service.store.db.crud.jobs.transition`: ``values`` are the other columns and
+        the ``event``); None when the job was in none of them or is on another attempt."""
+        return transition(
+            session=s,
+            job_id=self.job_id,
+            from_states=from_states,
+            to_state=to_state,
+            attempt=self.attempt,
+            **values,
+        )
+
+    def retain(
+        self, s: Session, *, tenant_id: str, keep: int, protect: tuple[str, ...] = ()
+    ) -> None:
+        """:func:`worker.artifacts.retain` for this attempt: the job's ``keep`` newest
+        resumable checkpoints (and ``protect``) stay."""
+        retain(
+            s,
+            job_id=self.job_id,
+            tenant_id=tenant_id,
+            attempt=self.attempt,
+            artifacts=self.settings.artifacts,
+            keep=keep,
+            protect=protect,
+        )
+
     def status(self) -> dict[str, Any]:
         p = self.recorder.progress
         out = {"step": p.get("step"), "stage": p.get("stage_name")}
@@ -99,12 +130,10 @@ def start_running(
     # the config prepared at submission stays as stored; one the worker prepared is kept
     stored = {} if is_prepared(job.engine_config) else {"engine_config": config.to_dict()}
     with session_scope(run.factory) as s:
-        running = transition(
-            session=s,
-            job_id=run.job_id,
-            from_states=[JobState.STARTING],
-            to_state=JobState.RUNNING,
-            attempt=run.attempt,
+        running = run.move(
+            s,
+            [JobState.STARTING],
+            JobState.RUNNING,
             engine_version=ENGINE_VERSION,
             message="running",
             event={"device": device, "resumed_from": resumed.id if resumed else None, **event},
@@ -115,12 +144,9 @@ def start_running(
                 session=s, job_id=run.job_id, attempt=run.attempt, checkpoint_id=resumed.id
             )
         if running is not None:  # checkpointing.keep spans attempts: the older ones go
-            retain(
+            run.retain(
                 s,
-                job_id=run.job_id,
                 tenant_id=job.tenant_id,
-                attempt=run.attempt,
-                artifacts=run.settings.artifacts,
                 keep=config.checkpoint.keep,
                 protect=(resumed.id,) if resumed is not None else (),
             )

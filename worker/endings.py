@@ -29,10 +29,10 @@ from sqlalchemy.orm import Session
 from api_schemas import JobState
 from service.store.db.crud.attempts import cancel_saves_partial, requeue_preempted
 from service.store.db.crud.job_actions import end_attempt, mark_sent
-from service.store.db.crud.jobs import append_event, get_job, transition
+from service.store.db.crud.jobs import append_event, get_job
 from service.store.db.models import Job, utcnow
 from service.store.db.session import session_scope
-from worker.artifacts import drop_partial, export_rows, retain
+from worker.artifacts import drop_partial, export_rows
 from worker.attempt import Attempt
 from worker.lease import Stopper
 from worker.problems import JobTimeout, Preempted, problem_for
@@ -110,24 +110,10 @@ def succeed(
     outcome = ["succeeded"]
 
     def finish(s: Session) -> None:
-        done = transition(
-            session=s,
-            job_id=run.job_id,
-            from_states=[S.RUNNING],
-            to_state=S.SUCCEEDED,
-            attempt=run.attempt,
-            message=message,
-        )
+        done = run.move(s, [S.RUNNING], S.SUCCEEDED, message=message)
         if done is not None:
             close_attempt(s, job_id=run.job_id, attempt=run.attempt, reason="completed")
-            retain(
-                s,
-                job_id=run.job_id,
-                tenant_id=job.tenant_id,
-                attempt=run.attempt,
-                artifacts=run.settings.artifacts,
-                keep=keep,
-            )
+            run.retain(s, tenant_id=job.tenant_id, keep=keep)
         else:  # a cancel arrived after the last step, or the lease was lost
             outcome[0] = cancel(s, run, "cancelled after training completed")
 
@@ -152,21 +138,10 @@ def cancel(s: Session, run: Attempt, message: str) -> str:
     """CANCELLING (if not already) -> CANCELLED for our attempt; "lost" if it is not ours."""
     current = get_job(session=s, job_id=run.job_id)
     if current is not None and current.attempt == run.attempt:
-        transition(
-            session=s,
-            job_id=run.job_id,
-            from_states=[S.STARTING, S.RUNNING],
-            to_state=S.CANCELLING,
-            attempt=run.attempt,
+        run.move(s, [S.STARTING, S.RUNNING], S.CANCELLING)
+        current = run.move(s, [S.CANCELLING], S.CANCELLED, message=message) or get_job(
+            session=s, job_id=run.job_id
         )
-        current = transition(
-            session=s,
-            job_id=run.job_id,
-            from_states=[S.CANCELLING],
-            to_state=S.CANCELLED,
-            attempt=run.attempt,
-            message=message,
-        ) or get_job(session=s, job_id=run.job_id)
     ours = current is not None and current.attempt == run.attempt
     cancelled = ours and current is not None and current.state == S.CANCELLED.value
     close_attempt(
@@ -286,12 +261,10 @@ def fail(run: Attempt, exc: Exception, spec: dict[str, Any] | None = None) -> st
     except Exception:
         log.exception("job %s: could not flush the last points", run.job_id)
     with session_scope(run.factory) as s:
-        transition(
-            session=s,
-            job_id=run.job_id,
-            from_states=[S.STARTING, S.RUNNING, S.CANCELLING],
-            to_state=S.FAILED,
-            attempt=run.attempt,
+        run.move(
+            s,
+            [S.STARTING, S.RUNNING, S.CANCELLING],
+            S.FAILED,
             error=problem,
             message=f"{problem['title']}: {problem['detail']}",
         )
