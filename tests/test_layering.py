@@ -134,7 +134,7 @@ def _module_level_imports(path: Path) -> set[str]:
 def test_client_depends_only_on_httpx_api_schemas_typer_and_rich():
     """The client installs without torch or the server: its modules import only these at load
     time (``comera run`` and the server commands import the engine or service when run)."""
-    import subprocess
+    from tests.helpers.services import run_python
 
     offenders = {}
     for path in sorted((ROOT / "client").rglob("*.py")):
@@ -147,14 +147,7 @@ def test_client_depends_only_on_httpx_api_schemas_typer_and_rich():
         f"import sys, client, {modules}; "
         f"print(sorted(m for m in {CLIENT_FORBIDDEN!r} if m in sys.modules))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-        check=True,
-    )
+    done = run_python("-c", probe, cwd=ROOT, timeout=60, check=True)
     assert done.stdout.strip() == "[]", f"importing the client loaded {done.stdout.strip()}"
 
 

@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 
 from tests.helpers.hf_bert import minilm_dir
 
-__all__ = ["SIZES", "bert_config", "write_bert_dir", "write_bin_only_dir"]
+__all__ = ["BLOCK_LINEARS", "SIZES", "bert_config", "write_bert_dir", "write_bin_only_dir"]
 
 SIZES = {
     "hidden_size": 32,
@@ -29,6 +29,15 @@ SIZES = {
     "intermediate_size": 64,
     "max_position_embeddings": 64,
 }
+# BertModel's names of the six linears of an encoder block
+BLOCK_LINEARS = (
+    "attention.self.query",
+    "attention.self.key",
+    "attention.self.value",
+    "attention.output.dense",
+    "intermediate.dense",
+    "output.dense",
+)
 VOCAB = 30522  # the MiniLM tokenizer's
 
 
@@ -67,14 +76,11 @@ def _weights(cfg: dict[str, Any], g: torch.Generator) -> dict[str, torch.Tensor]
     }
     for i in range(cfg["num_hidden_layers"]):
         p = f"encoder.layer.{i}"
-        for name, (o, n) in {
-            "attention.self.query": (h, h),
-            "attention.self.key": (h, h),
-            "attention.self.value": (h, h),
-            "attention.output.dense": (h, h),
+        shapes = dict.fromkeys(BLOCK_LINEARS, (h, h)) | {
             "intermediate.dense": (f, h),
             "output.dense": (h, f),
-        }.items():
+        }
+        for name, (o, n) in shapes.items():
             out[f"{p}.{name}.weight"], out[f"{p}.{name}.bias"] = rand(o, n), rand(o)
         out |= norm(f"{p}.attention.output.LayerNorm") | norm(f"{p}.output.LayerNorm")
     return out

@@ -36,6 +36,7 @@ __all__ = [
     "package",
     "path_dataset",
     "stage_spec",
+    "stages",
     "synthetic_data",
     "synthetic_dataset",
     "text_data",
@@ -197,3 +198,9 @@ def late_stage(**fields: Any) -> dict[str, Any]:
 
 def finetune_stage(**fields: Any) -> dict[str, Any]:
     return stage_spec("finetune", **fields)
+
+
+def stages(**by_kind: dict[str, Any]) -> list[dict[str, Any]]:
+    """A schedule of one stage of each kind given, in the order given, each with its fields:
+    ``stages(early={"steps": 5}, late={"steps": 5, "target_ratio": 0.5}, finetune={})``."""
+    return [stage_spec(kind, **fields) for kind, fields in by_kind.items()]

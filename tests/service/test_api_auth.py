@@ -9,7 +9,6 @@ import logging
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,9 +21,8 @@ from service.ratelimit import RateLimiter
 from service.store.auth import hash_key, looks_like_key
 from service.store.db.models import ApiKey, Checkpoint, utcnow
 from service.store.settings import Settings
+from tests.helpers.services import run_python
 from tests.service.api_helpers import NO_KEY, Api, issue_key, job_body, make_job
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _as(api: Api, key: str | None) -> dict[str, str]:
@@ -229,14 +227,7 @@ def test_keys_commands_create_list_and_revoke(tmp_path: Path):
     env["COMERA_HOME"] = str(tmp_path)
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "service.cli", *args],
-            env=env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        return run_python("-m", "service.cli", *args, env=env)
 
     assert cli("migrate").returncode == 0
     made = cli("keys", "create", "--tenant", "acme", "--scope", "jobs:read")

@@ -12,16 +12,8 @@ import pytest
 from sqlalchemy import select
 
 from service.store.db.models import Job
-from tests.helpers.hf_dirs import write_bert_dir, write_bin_only_dir
-from tests.helpers.specs import (
-    api_job,
-    early_stage,
-    finetune_stage,
-    hf_dir,
-    late_stage,
-    model_spec,
-    path_dataset,
-)
+from tests.helpers.hf_dirs import BLOCK_LINEARS, write_bert_dir, write_bin_only_dir
+from tests.helpers.specs import api_job, hf_dir, model_spec, path_dataset, stages
 from tests.service.api_helpers import Api
 
 SENTENCES = [
@@ -40,7 +32,9 @@ BODY: dict[str, Any] = api_job(
     ),
     dataset=path_dataset("text/train.txt", "text", valid_path="text/valid.txt", max_len=24),
     compression={"max_rank": 6, "d": 2, "shrink_every": 2},
-    schedule=[early_stage(steps=4), late_stage(steps=2, target_ratio=0.8), finetune_stage(steps=2)],
+    schedule=stages(
+        early={"steps": 4}, late={"steps": 2, "target_ratio": 0.8}, finetune={"steps": 2}
+    ),
     training={"batch_size": 8, "log_every": 2},
 )
 
@@ -76,15 +70,7 @@ def test_hf_dir_and_package_specs_validate_and_reach_the_engine_config(api: Api)
     assert resp.status_code == 200, resp.text
     plan = resp.json()
     names = [layer["name"] for layer in plan["layers"]]
-    linears = (  # BertModel's names of a block's six linears
-        "attention.self.query",
-        "attention.self.key",
-        "attention.self.value",
-        "attention.output.dense",
-        "intermediate.dense",
-        "output.dense",
-    )
-    assert names == [f"encoder.layer.{i}.{n}" for i in range(2) for n in linears]
+    assert names == [f"encoder.layer.{i}.{n}" for i in range(2) for n in BLOCK_LINEARS]
     assert plan["params_after"] < plan["params_before"]
     config = plan["engine_config"]["model"]["config"]
     assert config["path"] == str((root / "models" / "tiny").resolve())

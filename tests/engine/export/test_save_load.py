@@ -31,6 +31,20 @@ def _header_len(path) -> int:
         return struct.unpack("<Q", f.read(8))[0]
 
 
+def _built_and_exported(cfg, opts, out, *, tensorized: bool):
+    """A freshly built transformer of ``cfg`` (in eval mode) and its export to ``out``."""
+    model = get_workload("transformer").build(cfg, tensorized=tensorized, options=opts).eval()
+    info = export_compressed(
+        model,
+        out,
+        arch="transformer",
+        model_config=cfg.to_dict(),
+        options=opts.to_dict(),
+        tensorized=tensorized,
+    )
+    return model, info
+
+
 def test_round_trip_logits_equal(trained, tmp_path):
     info = export_compressed(trained.model, tmp_path, **trained.export_kwargs())
     loaded, manifest = load_compressed(tmp_path)
@@ -117,16 +131,8 @@ def test_file_size_and_counts(trained, tmp_path):
 def test_paper_size_file_within_five_percent(tmp_path):
     """MNLI shapes: the file is the stored entries x 4 bytes plus a header under 5%."""
     cfg, opts = TransformerConfig.mnli(), TensorizeOptions(max_rank=30, shapes="paper")
-    model = get_workload("transformer").build(cfg, tensorized=True, options=opts)
+    model, info = _built_and_exported(cfg, opts, tmp_path, tensorized=True)
     stored = sum(p.numel() for n, p in model.named_parameters() if ".gates." not in n)
-    info = export_compressed(
-        model,
-        tmp_path,
-        arch="transformer",
-        model_config=cfg.to_dict(),
-        options=opts.to_dict(),
-        tensorized=True,
-    )
     manifest_bytes = info.manifest_path.stat().st_size
     assert 4 * stored <= info.file_bytes <= 1.05 * 4 * stored
     assert info.file_bytes + manifest_bytes <= 1.05 * 4 * stored
@@ -205,15 +211,7 @@ def test_no_pickle_only_two_files(trained, tmp_path):
 
 def test_dense_model_exports_and_loads(tmp_path):
     cfg, opts = TransformerConfig.tiny(), TensorizeOptions()
-    model = get_workload("transformer").build(cfg, tensorized=False, options=opts).eval()
-    info = export_compressed(
-        model,
-        tmp_path,
-        arch="transformer",
-        model_config=cfg.to_dict(),
-        options=opts.to_dict(),
-        tensorized=False,
-    )
+    model, info = _built_and_exported(cfg, opts, tmp_path, tensorized=False)
     totals = info.manifest["totals"]
     n = sum(p.numel() for p in model.parameters())
     assert info.manifest["layers"] == []

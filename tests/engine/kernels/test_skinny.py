@@ -142,16 +142,8 @@ def test_tt_linear_matches_dense_reference(bias, act, device):
     dead and negative gates: output and the gradients of x, every core, gate and the bias
     against autograd through the dense float64 weight."""
     torch.manual_seed(0)
-    layer = TTLinear(
-        29,
-        19,
-        bias=bias,
-        in_modes=(5, 6),
-        out_modes=(4, 5),
-        ranks=(1, 3, 2, 4, 1),
-        kernel="triton",
-        device=device,
-    )
+    shape = {"in_modes": (5, 6), "out_modes": (4, 5), "ranks": (1, 3, 2, 4, 1)}
+    layer = TTLinear(29, 19, bias=bias, **shape, kernel="triton", device=device)
     with torch.no_grad():
         layer.gates[0][0] = -0.3
         layer.gates[2][1] = layer.gate_threshold  # exactly tau: dead
@@ -159,15 +151,7 @@ def test_tt_linear_matches_dense_reference(bias, act, device):
     x = _rand((7, 29), torch.float32, device, 1).requires_grad_(True)
     y = layer(x, act)  # (7, 19)
     ref_layer = TTLinear(
-        29,
-        19,
-        bias=bias,
-        in_modes=(5, 6),
-        out_modes=(4, 5),
-        ranks=(1, 3, 2, 4, 1),
-        plan="reference",
-        dtype=torch.float64,
-        device=device,
+        29, 19, bias=bias, **shape, plan="reference", dtype=torch.float64, device=device
     )
     ref_layer.load_state_dict({k: v.double() for k, v in layer.state_dict().items()})
     x64 = x.detach().double().requires_grad_(True)

@@ -209,16 +209,24 @@ def run_step(cfg, tensorized, seed=0):
     return logits.detach(), {n: p.grad for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("tensorized", [False, True])
-def test_recompute_gives_identical_outputs_and_gradients(tensorized):
+def same_logits(tensorized: bool, **change) -> tuple[torch.Tensor, dict, dict]:
+    """``run_step`` of the tiny config, then of it with ``change``: the logits must be equal;
+    the logits and both runs' gradients."""
     cfg = TransformerConfig.tiny()
     logits, g = run_step(cfg, tensorized)
-    logits_r, g_r = run_step(cfg.replace(recompute=True), tensorized)
+    logits_r, g_r = run_step(cfg.replace(**change), tensorized)
     assert torch.equal(logits, logits_r)
     assert g.keys() == g_r.keys()
+    return logits, g, g_r
+
+
+@pytest.mark.parametrize("tensorized", [False, True])
+def test_recompute_gives_identical_outputs_and_gradients(tensorized):
+    logits, g, g_r = same_logits(tensorized, recompute=True)
     for name in g:
         assert torch.equal(g[name], g_r[name]), name
-    other, _ = run_step(cfg, tensorized, seed=5)  # dropout is on: another seed differs
+    # dropout is on: another seed differs
+    other, _ = run_step(TransformerConfig.tiny(), tensorized, seed=5)
     assert not torch.equal(logits, other)
 
 
@@ -394,10 +402,7 @@ def test_recompute_tt_outputs_rebuilds_views_exactly():
 
 @pytest.mark.parametrize("tensorized", [False, True])
 def test_recompute_tt_outputs_in_the_model_gives_the_same_gradients(tensorized):
-    cfg = TransformerConfig.tiny()
-    logits, g = run_step(cfg, tensorized)
-    logits_r, g_r = run_step(cfg.replace(recompute_tt_outputs=True), tensorized)
-    assert torch.equal(logits, logits_r)
+    _, g, g_r = same_logits(tensorized, recompute_tt_outputs=True)
     for name in g:
         assert_close_rel(g_r[name], g[name], 1e-5, name)
 

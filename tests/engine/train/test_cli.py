@@ -4,66 +4,33 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from engine.export import load_compressed
-from tests.helpers.specs import (
-    early_stage,
-    engine_job,
-    finetune_stage,
-    late_stage,
-    synthetic_data,
-    transformer_model,
-)
+from tests.helpers.services import train_cli
+from tests.helpers.specs import engine_job, stages, synthetic_data, transformer_model
 
-ROOT = Path(__file__).resolve().parents[3]
 JOB = engine_job(
     name="tiny-nli",
     method="comera",
     model=transformer_model(),
     data=synthetic_data("nli", n_train=96, n_valid=32, max_len=24, vocab_size=120),
     compression={"max_rank": 4, "shrink_every": 3},
-    schedule=[
-        early_stage(epochs=1, gamma=0.1, lr={"gates": 0.05}),
-        late_stage(steps=4, target_ratio=0.6),
-        finetune_stage(steps=2),
-    ],
+    schedule=stages(
+        early={"epochs": 1, "gamma": 0.1, "lr": {"gates": 0.05}},
+        late={"steps": 4, "target_ratio": 0.6},
+        finetune={"steps": 2},
+    ),
     training={"batch_size": 16, "log_every": 2},
 )
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "engine.train", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
-def _run(tmp_path: Path, job: dict) -> subprocess.CompletedProcess:
-    cfg = tmp_path / "job.json"
-    cfg.write_text(json.dumps(job))
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "engine.train",
-            "--config",
-            str(cfg),
-            "--out",
-            str(tmp_path / "out"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def _run(tmp_path: Path, job: dict, *args: str) -> subprocess.CompletedProcess:
+    """``python -m engine.train --config job.json --out out *args`` in ``tmp_path``."""
+    return train_cli(tmp_path, job, tmp_path / "out", *args, timeout=300)
 
 
 def test_one_job_writes_metrics_ranks_checkpoint_and_report(tmp_path):
@@ -140,21 +107,13 @@ def test_a_malformed_data_row_exits_2_naming_file_and_line(tmp_path):
 def test_nproc_per_node_runs_the_job_under_torchrun_and_rank_0_writes(tmp_path):
     """Two processes under torchrun (a real subprocess, the rendezvous on a free port): the
     same outputs as one process, the report says how it ran, the events file follows it."""
-    config, out = tmp_path / "job.json", tmp_path / "out"
-    config.write_text(json.dumps(JOB))
-    events = tmp_path / "events.jsonl"
-    proc = _cli(
-        "--config",
-        str(config),
-        "--out",
-        str(out),
-        "--nproc-per-node",
-        "2",
-        "--events",
-        str(events),
-        "--no-progress",
-        "--export-extra",
-        json.dumps({"job_id": "job_1"}),
+    out, events = tmp_path / "out", tmp_path / "events.jsonl"
+    extra = json.dumps({"job_id": "job_1"})
+    proc = _run(
+        tmp_path,
+        JOB,
+        *("--nproc-per-node", "2", "--events", str(events), "--no-progress"),
+        *("--export-extra", extra),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
@@ -169,20 +128,9 @@ def test_nproc_per_node_runs_the_job_under_torchrun_and_rank_0_writes(tmp_path):
 
 
 def test_a_stop_file_stops_every_process_with_a_partial_checkpoint(tmp_path):
-    config, out, stop = tmp_path / "job.json", tmp_path / "out", tmp_path / "stop"
-    config.write_text(json.dumps(JOB))
+    out, stop = tmp_path / "out", tmp_path / "stop"
     stop.touch()  # present from the start: the job stops before its first step
-    proc = _cli(
-        "--config",
-        str(config),
-        "--out",
-        str(out),
-        "--nproc-per-node",
-        "2",
-        "--stop-file",
-        str(stop),
-        "--no-progress",
-    )
+    proc = _run(tmp_path, JOB, "--nproc-per-node", "2", "--stop-file", str(stop), "--no-progress")
     assert proc.returncode != 0  # torchrun reports the ranks' status 3 as a failure
     assert list((out / "checkpoints").glob("step-*-partial.safetensors"))
     assert json.loads((out / "report.json").read_text())["status"] == "cancelled"
@@ -190,14 +138,10 @@ def test_a_stop_file_stops_every_process_with_a_partial_checkpoint(tmp_path):
 
 @pytest.mark.parametrize("extra", ["[1]", "{"])
 def test_export_extra_must_be_a_json_object(tmp_path, extra):
-    config = tmp_path / "job.json"
-    config.write_text(json.dumps(JOB))
-    proc = _cli("--config", str(config), "--out", str(tmp_path / "o"), "--export-extra", extra)
+    proc = _run(tmp_path, JOB, "--export-extra", extra)
     assert proc.returncode == 2 and "--export-extra" in proc.stderr
 
 
 def test_a_batch_that_does_not_divide_among_the_processes_exits_2(tmp_path):
-    config = tmp_path / "job.json"
-    config.write_text(json.dumps({**JOB, "training": {"batch_size": 15}}))
-    proc = _cli("--config", str(config), "--out", str(tmp_path / "o"), "--nproc-per-node", "2")
+    proc = _run(tmp_path, {**JOB, "training": {"batch_size": 15}}, "--nproc-per-node", "2")
     assert proc.returncode == 2 and "training.batch_size" in proc.stderr

@@ -8,14 +8,7 @@ import pytest
 
 from engine.train.config import ConfigError
 from engine.train.job import JobConfig
-from tests.helpers.specs import (
-    early_stage,
-    engine_job,
-    finetune_stage,
-    late_stage,
-    synthetic_data,
-    transformer_model,
-)
+from tests.helpers.specs import engine_job, stages, synthetic_data, transformer_model
 
 BASE = engine_job(
     name="t",
@@ -23,7 +16,9 @@ BASE = engine_job(
     model=transformer_model(max_len=32),
     data=synthetic_data("nli"),
     compression={"max_rank": 4, "penalty": "uniform"},
-    schedule=[early_stage(steps=5), late_stage(steps=5, target_ratio=0.5), finetune_stage(steps=2)],
+    schedule=stages(
+        early={"steps": 5}, late={"steps": 5, "target_ratio": 0.5}, finetune={"steps": 2}
+    ),
     training={"batch_size": 8, "seed": 3},
     galore={"rank": 8},
     checkpoint={"keep": 3},

@@ -8,7 +8,6 @@ it; gates updated in place by the replayed optimizer; capture again after a phys
 from __future__ import annotations
 
 import copy
-import shutil
 
 import pytest
 import torch
@@ -16,10 +15,10 @@ import torch.nn.functional as F
 
 from engine.models.transformer import TransformerConfig, build_transformer
 from engine.rank import GateIndex, shrink_model_
-from engine.train import ConfigError, FunctionCallback, JobConfig, Trainer
+from engine.train import ConfigError, JobConfig, Trainer
 from engine.train.cuda_graphs import GraphedStep, graphs_supported, prepare_optimizer_
 from engine.train.fast_path import FastPath
-from tests.engine.train.test_trainer import MODEL, make_job
+from tests.engine.train.test_trainer import MODEL, make_job, train_steps
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -169,15 +168,9 @@ def test_trainer_with_graphs_tracks_eager_across_stages_and_shrinks(tmp_path):
                 "cuda_graph": mode,
             },
         )
-        workdir = tmp_path / mode
-        if mode == "off":  # the same trained tokenizer (its trainer is not deterministic)
-            workdir.mkdir()
-            shutil.copy(tmp_path / "on" / "tokenizer.json", workdir / "tokenizer.json")
-        events: list[dict] = []
-        runs[mode] = Trainer(
-            job, workdir=workdir, callbacks=[FunctionCallback(events.append)]
-        ).run()
-        objectives[mode] = [e["objective"] for e in events if e["event"] == "step"]
+        tokenizer_from = tmp_path / "on" if mode == "off" else None
+        runs[mode], steps = train_steps(job, tmp_path / mode, tokenizer_from)
+        objectives[mode] = [e["objective"] for e in steps]
     ex = runs["on"].report["execution"]["cuda_graph"]
     assert ex["used"] and ex["failure"] is None
     assert ex["captures"] >= 2 and ex["replays"] > 0  # one capture per stage at least

@@ -17,11 +17,9 @@ import torch.multiprocessing as mp
 from engine.train import FunctionCallback, JobConfig, Trainer
 from engine.train.distributed import BACKEND, backend
 from tests.helpers.specs import (
-    early_stage,
     engine_job,
-    finetune_stage,
-    late_stage,
     mlp_model,
+    stages,
     synthetic_data,
     transformer_model,
 )
@@ -42,11 +40,11 @@ JOB: dict[str, Any] = engine_job(
         "max_metric_drop": None,
         "layers": ["hidden.*"],
     },
-    schedule=[
-        early_stage(steps=30, gamma=3.0, lr=LR),
-        late_stage(steps=20, target_ratio=0.5, lr=LR),
-        finetune_stage(steps=5),
-    ],
+    schedule=stages(
+        early={"steps": 30, "gamma": 3.0, "lr": LR},
+        late={"steps": 20, "target_ratio": 0.5, "lr": LR},
+        finetune={"steps": 5},
+    ),
     training={"batch_size": 32, "seed": 7, "log_every": 5},
     checkpoint={"every_steps": 12, "keep": 10},
 )
@@ -183,11 +181,11 @@ def test_a_layer_cut_to_rank_zero_keeps_ddp_working_and_follows_one_process(tmp_
     job["data"] = synthetic_data("nli", n_train=128, n_valid=32, max_len=16, vocab_size=100)
     job["compression"]["layers"] = ["encoder.*.ffn.*"]
     job["compression"]["min_rank_fraction"] = 0.0
-    job["schedule"] = [
-        early_stage(steps=6, lr=LR),
-        late_stage(steps=12, target_ratio=0.01, lr=LR),
-        finetune_stage(steps=4),
-    ]
+    job["schedule"] = stages(
+        early={"steps": 6, "lr": LR},
+        late={"steps": 12, "target_ratio": 0.01, "lr": LR},
+        finetune={"steps": 4},
+    )
     two = run_world(tmp_path, 2, job, tag="dead")  # dropout 0.1 everywhere (the default)
     one = run_world(tmp_path / "one", 1, job)[0]
     assert ranks_at_shrinks(two[0]["events"]) == ranks_at_shrinks(one["events"])

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import shutil
 
 import pytest
 import torch
@@ -15,9 +14,9 @@ from engine.models.transformer import TransformerConfig, build_transformer
 from engine.nn.premerge import PremergeSession
 from engine.nn.tt_linear import TTLinear
 from engine.rank import GateIndex, shrink_model_
-from engine.train import FunctionCallback, Trainer
+from engine.train import Trainer
 from engine.train.fast_path import FastPath, supports_fast_path
-from tests.engine.train.test_trainer import make_job
+from tests.engine.train.test_trainer import make_job, train_steps
 
 
 def _model(dtype=torch.float64, max_rank: int = 4, **cfg):
@@ -185,15 +184,9 @@ def test_trainer_steps_match_with_and_without_the_fast_path(tmp_path):
             training={"batch_size": 8, "seed": 1, "fast_path": fast_path, "log_every": 1},
             compression={"max_rank": 4, "shrink_every": 0},
         )
-        workdir = tmp_path / str(fast_path)
-        if not fast_path:  # the same trained tokenizer (its trainer is not deterministic)
-            workdir.mkdir()
-            shutil.copy(tmp_path / "True" / "tokenizer.json", workdir / "tokenizer.json")
-        events: list[dict] = []
-        results[fast_path] = Trainer(
-            job, workdir=workdir, callbacks=[FunctionCallback(events.append)]
-        ).run()
-        objectives[fast_path] = [e["objective"] for e in events if e["event"] == "step"]
+        tokenizer_from = None if fast_path else tmp_path / "True"
+        results[fast_path], steps = train_steps(job, tmp_path / str(fast_path), tokenizer_from)
+        objectives[fast_path] = [e["objective"] for e in steps]
     # float32 rounding only (measured: parameters within 1e-6, objectives to 1e-7)
     assert objectives[True] == pytest.approx(objectives[False], rel=1e-6)
     a, b = (r.model.state_dict() for r in (results[True], results[False]))

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import copy
-import shutil
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from engine.models.transformer import TransformerConfig, build_transformer
-from engine.train import ConfigError, FunctionCallback, JobConfig, Trainer
+from engine.train import ConfigError, JobConfig
 from engine.train.fast_path import FastPath
 from engine.train.precision import autocast
-from tests.engine.train.test_trainer import MODEL, make_job
+from tests.engine.train.test_trainer import MODEL, make_job, train_steps
 
 
 def _run(tmp_path, method: str, precision: str, tokenizer_from=None):
@@ -27,13 +26,7 @@ def _run(tmp_path, method: str, precision: str, tokenizer_from=None):
         training={"batch_size": 8, "seed": 1, "precision": precision, "log_every": 1},
     )
     workdir = tmp_path / f"{method}-{precision}"
-    if tokenizer_from is not None:  # the same trained tokenizer (not deterministic)
-        workdir.mkdir()
-        shutil.copy(tokenizer_from / "tokenizer.json", workdir / "tokenizer.json")
-    events: list[dict] = []
-    result = Trainer(job, workdir=workdir, callbacks=[FunctionCallback(events.append)]).run()
-    steps = [e for e in events if e["event"] == "step"]
-    return result, steps, workdir
+    return *train_steps(job, workdir, tokenizer_from), workdir
 
 
 @pytest.mark.parametrize("method", ["comera", "dense"])

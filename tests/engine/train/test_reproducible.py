@@ -12,38 +12,33 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers.specs import early_stage, engine_job, late_stage, mlm_model, synthetic_data
+from tests.helpers.services import train_cli
+from tests.helpers.specs import engine_job, mlm_model, stages, synthetic_data
 
-ROOT = Path(__file__).resolve().parents[3]
 JOB = engine_job(
     name="tiny-mlm",
     method="comera",
     model=mlm_model(),
     data=synthetic_data("mlm", n_train=160, n_valid=16, max_len=24, vocab_size=150),
     compression={"max_rank": 4, "shrink_every": 2, "layers": ["encoder.*", "embeddings.word"]},
-    schedule=[
-        early_stage(steps=4, gamma=0.01, lr={"cores": 0.005, "gates": 0.003}),
-        late_stage(steps=3, target_ratio=0.7),
-    ],
+    schedule=stages(
+        early={"steps": 4, "gamma": 0.01, "lr": {"cores": 0.005, "gates": 0.003}},
+        late={"steps": 3, "target_ratio": 0.7},
+    ),
     training={"batch_size": 16, "seed": 0, "log_every": 1},
     checkpoint={"every_steps": 3, "keep": 10},
 )
 
 
 def _train(tmp_path: Path, out: Path, hash_seed: int, *args: str) -> None:
-    cfg = tmp_path / "job.json"
-    cfg.write_text(json.dumps(JOB))
     env = {**os.environ, "PYTHONHASHSEED": str(hash_seed), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "engine.train", "--config", str(cfg), "--out", str(out), *args]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    proc = train_cli(tmp_path, JOB, out, *args, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 

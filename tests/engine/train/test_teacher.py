@@ -23,14 +23,7 @@ from engine.train.state import TrainState
 from engine.train.teacher import StageTeacher, distill_kl, teacher_output, teacher_weight
 from tests.engine.train.test_rank_control import LR, mlp_job
 from tests.engine.train.test_trainer import _assert_bitwise, _params
-from tests.helpers.specs import (
-    early_stage,
-    engine_job,
-    finetune_stage,
-    late_stage,
-    mlp_model,
-    synthetic_data,
-)
+from tests.helpers.specs import engine_job, mlp_model, stages, synthetic_data
 
 ROOT = Path(__file__).resolve().parents[3]
 EARLY = 30
@@ -91,11 +84,11 @@ def test_defaults_and_opt_out():
         engine_job(
             model=mlp_model(),
             data=synthetic_data(params={"shape": [4], "num_classes": 2}),
-            schedule=[
-                early_stage(steps=1),
-                late_stage(steps=1, target_ratio=0.5),
-                finetune_stage(steps=1, teacher_weight=0.5),
-            ],
+            schedule=stages(
+                early={"steps": 1},
+                late={"steps": 1, "target_ratio": 0.5},
+                finetune={"steps": 1, "teacher_weight": 0.5},
+            ),
         )
     ).schedule
     mlp, bert = get_workload("mlp"), get_workload("hf_bert")

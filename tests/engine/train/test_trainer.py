@@ -10,23 +10,16 @@ import torch
 
 from engine.rank import model_size, stored_size
 from engine.train import FunctionCallback, JobConfig, Trainer
-from tests.helpers.specs import (
-    early_stage,
-    engine_job,
-    finetune_stage,
-    late_stage,
-    synthetic_data,
-    transformer_model,
-)
+from tests.helpers.specs import engine_job, stages, synthetic_data, transformer_model
 
 MODEL = transformer_model()
 DATA = synthetic_data("nli", n_train=80, n_valid=24, max_len=24, vocab_size=120, shuffle_buffer=32)
-COMERA_SCHEDULE = [
-    early_stage(steps=6, gamma=1.0, lr={"gates": 0.3}),
-    late_stage(steps=6, target_ratio=0.5, lr={"gates": 0.3}),
-    finetune_stage(steps=3),
-]
-PLAIN_SCHEDULE = [early_stage(steps=9, lr={"cores": 1e-3}), finetune_stage(epochs=1)]
+COMERA_SCHEDULE = stages(
+    early={"steps": 6, "gamma": 1.0, "lr": {"gates": 0.3}},
+    late={"steps": 6, "target_ratio": 0.5, "lr": {"gates": 0.3}},
+    finetune={"steps": 3},
+)
+PLAIN_SCHEDULE = stages(early={"steps": 9, "lr": {"cores": 1e-3}}, finetune={"epochs": 1})
 
 
 def make_job(method: str = "comera", **changes) -> JobConfig:
@@ -43,6 +36,18 @@ def make_job(method: str = "comera", **changes) -> JobConfig:
     )
     cfg.update(changes)
     return JobConfig.from_dict(cfg)
+
+
+def train_steps(job: JobConfig, workdir, tokenizer_from=None):
+    """``job`` trained in ``workdir`` (a new directory): the result and its step events.
+    ``tokenizer_from``: a run's directory whose trained tokenizer this run takes (the
+    tokenizer's trainer is not deterministic), so that two runs see the same batches."""
+    if tokenizer_from is not None:
+        workdir.mkdir()
+        shutil.copy(tokenizer_from / "tokenizer.json", workdir / "tokenizer.json")
+    events: list[dict] = []
+    result = Trainer(job, workdir=workdir, callbacks=[FunctionCallback(events.append)]).run()
+    return result, [e for e in events if e["event"] == "step"]
 
 
 def _params(model) -> dict[str, torch.Tensor]:
