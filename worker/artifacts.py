@@ -268,15 +268,23 @@ def retain(
 ) -> None:
     """:func:`enforce_keep`, with a ``checkpoint`` event (state ``deleted``, reason
     ``checkpointing.keep``) for each checkpoint it deleted."""
-    for cid in enforce_keep(
+    deleted = enforce_keep(
         session,
         job_id=job_id,
         tenant_id=tenant_id,
         artifacts=artifacts,
         keep=keep,
         protect=protect,
-    ):
-        data = {"id": cid, "state": "deleted", "reason": "checkpointing.keep"}
+    )
+    log_deleted(session, job_id=job_id, attempt=attempt, ids=deleted, reason="checkpointing.keep")
+
+
+def log_deleted(
+    session: Session, *, job_id: str, attempt: int, ids: list[str], reason: str
+) -> None:
+    """A ``checkpoint`` event (state ``deleted``, ``reason``) for each checkpoint of ``ids``."""
+    for cid in ids:
+        data = {"id": cid, "state": "deleted", "reason": reason}
         append_event(session=session, job_id=job_id, attempt=attempt, kind="checkpoint", data=data)
 
 

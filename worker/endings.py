@@ -29,10 +29,10 @@ from sqlalchemy.orm import Session
 from api_schemas import JobState
 from service.store.db.crud.attempts import cancel_saves_partial, requeue_preempted
 from service.store.db.crud.job_actions import end_attempt, mark_sent
-from service.store.db.crud.jobs import append_event, get_job
+from service.store.db.crud.jobs import get_job
 from service.store.db.models import Job, utcnow
 from service.store.db.session import session_scope
-from worker.artifacts import drop_partial, export_rows
+from worker.artifacts import drop_partial, export_rows, log_deleted
 from worker.attempt import Attempt
 from worker.lease import Stopper
 from worker.problems import JobTimeout, Preempted, problem_for
@@ -175,15 +175,8 @@ def interrupted(run: Attempt, reason: str) -> str:
                     attempt=run.attempt,
                     artifacts=run.callback.artifacts,
                 )
-                for cid in dropped:
-                    data = {"id": cid, "state": "deleted", "reason": "save_partial false"}
-                    append_event(
-                        session=s,
-                        job_id=run.job_id,
-                        attempt=run.attempt,
-                        kind="checkpoint",
-                        data=data,
-                    )
+                reason = "save_partial false"
+                log_deleted(s, job_id=run.job_id, attempt=run.attempt, ids=dropped, reason=reason)
             outcome[0] = cancel(s, run, message)
 
         run.recorder.flush(extra=finish)

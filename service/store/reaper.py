@@ -134,22 +134,26 @@ def _recover(s: Session, job: Job, now: datetime, settings: Settings, report: Re
     """Step 1 for one job whose lease expired (a compare-and-set on its lease)."""
     still_lost = [Job.lease_expires_at < now, Job.lease_owner == job.lease_owner]
     state, job_id, n = S(job.state), job.id, job.attempt
-    if state == S.CANCELLING:
-        if (
-            transition(
-                session=s,
-                job_id=job_id,
-                from_states=[state],
-                to_state=S.CANCELLED,
-                version=job.version,
-                attempt=n,
-                where=still_lost,
-                event={"reason": "worker_lost"},
-                message="cancelled (its worker was lost)",
-            )
-            is not None
-        ):
+
+    def end(to_state: S, **values: Any) -> bool:
+        """``to_state`` and the attempt closed, if the lease is still the lost one."""
+        moved = transition(
+            session=s,
+            job_id=job_id,
+            from_states=[state],
+            to_state=to_state,
+            version=job.version,
+            attempt=n,
+            where=still_lost,
+            event={"reason": "worker_lost"},
+            **values,
+        )
+        if moved is not None:
             end_attempt(session=s, job_id=job_id, attempt=n, reason="worker_lost")
+        return moved is not None
+
+    if state == S.CANCELLING:
+        if end(S.CANCELLED, message="cancelled (its worker was lost)"):
             report.cancelled.append(job_id)
     elif n < job.max_attempts:
         delay = backoff_seconds(settings, n)
@@ -168,22 +172,7 @@ def _recover(s: Session, job: Job, now: datetime, settings: Settings, report: Re
             report.requeued.append(job_id)
     else:
         problem = _lost_problem(job)
-        if (
-            transition(
-                session=s,
-                job_id=job_id,
-                from_states=[state],
-                to_state=S.FAILED,
-                version=job.version,
-                attempt=n,
-                where=still_lost,
-                error=problem,
-                event={"reason": "worker_lost"},
-                message=f"{problem['title']}: {problem['detail']}",
-            )
-            is not None
-        ):
-            end_attempt(session=s, job_id=job_id, attempt=n, reason="worker_lost")
+        if end(S.FAILED, error=problem, message=f"{problem['title']}: {problem['detail']}"):
             report.failed.append(job_id)
 
 
