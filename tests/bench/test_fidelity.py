@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from bench import fidelity, fidelity_encoder
+from bench import fidelity, fidelity_data, fidelity_encoder
 from engine.models.hf_bert import load_pretrained
 from engine.models.hf_bert.config import check_model_dir, read_architecture
 from engine.train import JobConfig
+from engine.train.guard import FidelityGuard
 from tests.helpers.hf_bert import MINILM
 
 
@@ -88,15 +91,126 @@ def encoder_payload() -> dict:
     }
 
 
+def test_the_late_branches_set_the_teacher_by_variant_and_the_plan_runs_the_ablation():
+    base = fidelity.job(Path("t.npz"), Path("v.npz"), "comera", 0, 720)
+    assert base["compression"]["layers"] == ["*"]  # every tensorizable layer of the MLP
+    assert fidelity.job(Path("t"), Path("v"), "comera", 0, 720, "hidden.1")["compression"][
+        "layers"
+    ] == ["hidden.1"]
+    for variant, (teacher, _) in fidelity.VARIANTS.items():
+        late, finetune = fidelity.late_job(base, 0.2, variant)["schedule"][1:]
+        weight = fidelity.TEACHER_WEIGHT if teacher else 0.0
+        assert late["target_ratio"] == 0.2
+        assert late["teacher_weight"] == finetune["teacher_weight"] == weight
+        JobConfig.from_dict(fidelity.late_job(base, 0.2, variant))
+    main = fidelity.plan(fidelity.MAIN)
+    assert {(t, v) for t in (0.5, 0.2) for v in fidelity.VARIANTS} <= set(main)
+    assert fidelity.plan("hidden.1") == [(0.8, "full"), (0.5, "full"), (0.2, "full")]
+    text = fidelity.text_job(Path("t.jsonl"), Path("v.jsonl"), "comera", 0, 100)
+    assert text["model"]["arch"] == "transformer" and text["data"]["kind"] == "jsonl"
+    JobConfig.from_dict(fidelity.late_job(text, 0.5, "neither"))
+
+
+def test_the_guard_without_back_off_stops_where_the_engine_retries():
+    def failed_cut(guard):
+        guard.reference = 0.9
+        guard.accepted = {"step": 0, "size": 100, "metric": 0.9}
+        guard.cut_made(10, 10, 100, 40)
+        return guard.back_off(35, 40, {"accuracy": 0.5}, one_rank=5, final=False)
+
+    assert failed_cut(FidelityGuard("accuracy", 1.0, interval=25))["decision"] == "back_off"
+    with fidelity.guard_stops():
+        entry = failed_cut(FidelityGuard("accuracy", 1.0, interval=25))
+        assert entry["decision"] == "stop" and entry["next_cut"] is None
+    assert failed_cut(FidelityGuard("accuracy", 1.0, interval=25))["decision"] == "back_off"
+
+
+def _fast_protocol(monkeypatch):
+    monkeypatch.setattr(fidelity, "EARLY_STEPS", 30)
+    monkeypatch.setattr(fidelity, "EARLY_EPOCHS", 1)
+    monkeypatch.setattr(fidelity, "TEXT_EARLY_EPOCHS", 1)
+    monkeypatch.setattr(fidelity, "LATE_STEPS", 40)
+    monkeypatch.setattr(fidelity, "FINETUNE_STEPS", 10)
+    monkeypatch.setattr(fidelity, "TEXT_MODEL", {**fidelity.TEXT_MODEL, "d_model": 32, "d_ff": 64})
+    monkeypatch.setattr(fidelity, "TEXT_DATA", {"vocab_size": 200, "max_len": 16})
+    # the teacher's pair of the ablation, both guards stopping (guard_stops)
+    monkeypatch.setattr(
+        fidelity, "plan", lambda layers, text=False: [(0.5, "no-back-off"), (0.5, "neither")]
+    )
+
+
+def test_a_fold_runs_every_path_and_the_checks_and_tables_follow(monkeypatch, tmp_path, capsys):
+    """Both workloads, a fold each, with a short protocol (< 20 s): the MLP on wine with every
+    layer tensorized, the transformer on 200 sentences of 10 classes."""
+    _fast_protocol(monkeypatch)
+    torch.set_num_threads(1)
+    x, y, info = fidelity_data.load("wine")
+    rows = fidelity.run_split("wine", 0, tmp_path, x, y, ("all",))
+    assert {"dense", "all/early", "all/late-0.5/no-back-off", "all/late-0.5/neither"} <= set(rows)
+    late = rows["all/late-0.5/neither"]
+    assert late["size_start"] == rows["all/early"]["size"]
+    assert set(late["ranks"]) == {"hidden.0", "hidden.1"}
+    assert late["room"] > 1 and late["late_ratio"] >= 1
+    assert all(r["decision"] != "back_off" for r in late["retries"])  # it stops instead
+    words = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "theta", "kappa", "zeta"]
+    sentences = [
+        f"{words[i % 9]} {words[(i * 7) % 9]} item {i % 10} of the pool" for i in range(200)
+    ]
+    labels = np.arange(200) % 10
+    text = fidelity.run_split("stdlib_modules_text", 0, tmp_path, sentences, labels)
+    assert {"dense", "encoder/early", "encoder/late-0.5/neither"} <= set(text)
+    assert any(k.startswith("encoder.") for k in text["encoder/early"]["ranks"])
+    results = {}
+    for name, fold, sets in (
+        ("wine", rows, ("all",)),
+        ("stdlib_modules_text", text, ("encoder",)),
+    ):
+        agg = fidelity.aggregate([fold])
+        checks = {s: fidelity.checks(name, agg, [fold], s) for s in sets}
+        assert checks[sets[0]]["no_run_ends_below_tolerance"] in (True, False)
+        info = {"rows": 178 if name == "wine" else 200, "features": 13, "n_classes": 3}
+        results[name] = {"info": info, "runs": agg, "checks": checks}
+    abl = {"mlp": fidelity.ablation({"wine": results["wine"]})}
+    assert set(abl["mlp"]["parts"]) == {"teacher"}  # no-back-off against neither
+    summary = fidelity.summary_checks(results, abl)
+    assert "wine:no_run_ends_below_tolerance" in summary
+    assert "stdlib_modules_text:early_at_least_10x" in summary
+    assert "ablation:mlp:teacher_adds" in summary
+    fidelity.print_markdown({"datasets": results, "encoder": None})
+    out = capsys.readouterr().out
+    assert "| wine | all | 0.5 |" in out and "| stdlib_modules_text | encoder | 0.5 |" in out
+
+
+def test_the_text_folds_are_the_folds_of_the_embedded_set(tmp_path):
+    y = np.arange(50) % 5
+    sentences = [f"sentence {i}" for i in range(50)]
+    train, valid, info = fidelity_data.split_text("t", sentences, y, 2, tmp_path)
+    rows = [json.loads(line) for line in valid.read_text().splitlines()]
+    _, va = fidelity_data.fold_indices(y, 2)
+    assert [r["text"] for r in rows] == [sentences[i] for i in va]
+    assert info == {"train": 40, "valid": 10, "features": "text"}
+
+
 def test_the_tables_print_from_a_payload(capsys):
     run = {"accuracy": 0.95, "accuracy_per_split": [0.95], "seconds": 1.0, "at_chance": False}
-    late = {**run, "ratio": 12.0, "target_reached": [True], "reasons": [None]}
+    late = {
+        **run,
+        "ratio": 12.0,
+        "late_ratio": 2.5,
+        "target_reached": [True],
+        "reached_within_tolerance": [True],
+        "reasons": [None],
+    }
     payload = {
-        "protocol": {"job": fidelity.job(Path("t.npz"), Path("v.npz"), "comera", 0, 720)},
         "datasets": {
             "wine": {
                 "info": {"rows": 178, "features": 13, "n_classes": 3},
-                "runs": {"dense": run, "early": {**run, "ratio": 12.0}, "late-0.5": late},
+                "runs": {
+                    "dense": run,
+                    "all/early": {**run, "ratio": 12.0},
+                    "all/late-0.5/full": late,
+                    "all/late-0.5/neither": {**late, "reached_within_tolerance": [False]},
+                },
             }
         },
         "encoder": encoder_payload(),
@@ -104,6 +218,14 @@ def test_the_tables_print_from_a_payload(capsys):
     fidelity.print_markdown(payload)
     fidelity_encoder.print_table(payload["encoder"])
     out = capsys.readouterr().out
-    assert "| wine (178 x 13, 3) | MLP [256, 256], 64 | late-0.5 | 95.00% | 12.0x | 1/1 |" in out
+    assert "| wine (178) | all | 95.00% | 95.00% at 12.0x | - |" in out
+    assert "| wine | all | 0.5 | 95.00%, 2.50x, 1/1 | - | - | 95.00%, 2.50x, 0/1 |" in out
     assert "0.900 held out, 0.880 Language Reference | 5.00x" in out
     assert "recipe 5x" in out
+
+
+def test_skip_encoder_keeps_the_last_minilm_pass(tmp_path):
+    out = tmp_path / "fidelity.json"
+    assert fidelity._previous(str(out)) == {}
+    out.write_text(json.dumps({"encoder": {"points": []}}))
+    assert fidelity._previous(str(out))["encoder"] == {"points": []}
