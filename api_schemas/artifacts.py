@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from api_schemas.common import Page
+
 __all__ = [
     "AttemptPublic",
     "AttemptsPublic",
@@ -95,9 +97,8 @@ class DatasetPublic(BaseModel):
     created_at: datetime
 
 
-class DatasetsPublic(BaseModel):
-    items: list[DatasetPublic]
-    next_cursor: str | None = None
+class DatasetsPublic(Page[DatasetPublic]):
+    pass
 
 
 class ModelFilePublic(BaseModel):
@@ -118,9 +119,8 @@ class UploadedModelPublic(BaseModel):
     created_at: datetime
 
 
-class UploadedModelsPublic(BaseModel):
-    items: list[UploadedModelPublic]
-    next_cursor: str | None = None
+class UploadedModelsPublic(Page[UploadedModelPublic]):
+    pass
 
 
 class LayerReport(BaseModel):

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from api_schemas.common import Problem
+from api_schemas.common import Page, Problem
 from api_schemas.jobs import JobState
 
 __all__ = ["JobPublic", "JobsPublic", "ProgressPublic"]
@@ -47,6 +47,5 @@ class JobPublic(BaseModel):
     links: dict[str, str] = Field(default_factory=dict)
 
 
-class JobsPublic(BaseModel):
-    items: list[JobPublic]
-    next_cursor: str | None = None
+class JobsPublic(Page[JobPublic]):
+    pass

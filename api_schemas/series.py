@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from api_schemas.common import Page
+
 __all__ = [
     "EventPublic",
     "EventsPublic",
@@ -69,6 +71,5 @@ class EventPublic(BaseModel):
     t: datetime
 
 
-class EventsPublic(BaseModel):
-    items: list[EventPublic]
-    next_cursor: str | None = None
+class EventsPublic(Page[EventPublic]):
+    pass
