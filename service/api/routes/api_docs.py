@@ -13,7 +13,9 @@ and mounts these instead.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import fastapi_offline
 from fastapi import APIRouter, FastAPI, Request
@@ -42,33 +44,40 @@ def _openapi_url(request: Request) -> str:
     return request.scope.get("root_path", "") + (request.app.openapi_url or "/openapi.json")
 
 
+def _page(
+    request: Request, render: Callable[..., HTMLResponse], name: str, **files: Any
+) -> HTMLResponse:
+    """``render``'s page on this service's OpenAPI document, titled ``name``, under :data:`CSP`."""
+    page = render(openapi_url=_openapi_url(request), title=f"{request.app.title} - {name}", **files)
+    page.headers["Content-Security-Policy"] = CSP
+    return page
+
+
 @router.get("/docs", response_class=HTMLResponse)
 def swagger_ui(request: Request) -> HTMLResponse:
     """Swagger UI on this service's OpenAPI document, with its files from ``/docs-assets``."""
-    page = get_swagger_ui_html(
-        openapi_url=_openapi_url(request),
-        title=f"{request.app.title} - Swagger UI",
+    return _page(
+        request,
+        get_swagger_ui_html,
+        "Swagger UI",
         swagger_js_url=SWAGGER_JS,
         swagger_css_url=SWAGGER_CSS,
         swagger_favicon_url=FAVICON,
         swagger_ui_parameters={"validatorUrl": None},  # the badge would call an outside host
     )
-    page.headers["Content-Security-Policy"] = CSP
-    return page
 
 
 @router.get("/redoc", response_class=HTMLResponse)
 def redoc(request: Request) -> HTMLResponse:
     """ReDoc on this service's OpenAPI document, with its script from ``/docs-assets``."""
-    page = get_redoc_html(
-        openapi_url=_openapi_url(request),
-        title=f"{request.app.title} - ReDoc",
+    return _page(
+        request,
+        get_redoc_html,
+        "ReDoc",
         redoc_js_url=REDOC_JS,
         redoc_favicon_url=FAVICON,
         with_google_fonts=False,
     )
-    page.headers["Content-Security-Policy"] = CSP
-    return page
 
 
 def install_api_docs(app: FastAPI) -> None:
