@@ -91,6 +91,10 @@ class EncoderSizes(ConfigMethods):
     max_len: int = spec(512, ge=1, le=MAX_LEN)
     type_vocab: int = spec(2, ge=1, le=MAX_TYPE_VOCAB)
 
+    def encoder_config(self) -> TransformerConfig:
+        """The config the encoder classes (:class:`EncoderModel`) read."""
+        raise NotImplementedError
+
     @classmethod
     def tiny(cls, **changes: Any) -> Self:
         """A small model for tests and smoke runs (a classifier: use ``shapes="auto"``)."""
@@ -130,7 +134,6 @@ class TransformerConfig(EncoderSizes):
             )
 
     def encoder_config(self) -> TransformerConfig:
-        """The config the encoder classes read: this one."""
         return self
 
     @classmethod
@@ -264,7 +267,7 @@ class EncoderModel(nn.Module):
 
     def __init__(
         self,
-        config: Any,
+        config: EncoderSizes,
         make_linear: MakeLinear | None = None,
         make_embedding: MakeEmbedding | None = None,
     ) -> None:
