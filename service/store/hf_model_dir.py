@@ -118,14 +118,19 @@ def check_hf_config(data: Any, pointer: str, where: str) -> dict[str, Any]:
     return data
 
 
-def _read_config(file: Path, pointer: str, where: str) -> dict[str, Any]:
+def read_config_json(file: Path, pointer: str, where: str) -> Any:
+    """The JSON value in the ``config.json`` ``file`` (at most ``MAX_CONFIG_BYTES``, nested at
+    most ``json_limits.MAX_DEPTH``); ``where`` names it in messages."""
     if file.stat().st_size > MAX_CONFIG_BYTES:
         raise SpecError(pointer, f"{where} is larger than {MAX_CONFIG_BYTES} bytes")
     try:
-        data = json_limits.loads(file.read_bytes())
+        return json_limits.loads(file.read_bytes())
     except ValueError as err:  # not JSON, not UTF-8, or nested deeper than MAX_DEPTH
         raise SpecError(pointer, f"{where} is not valid JSON ({err})") from None
-    return check_hf_config(data, pointer, where)
+
+
+def _read_config(file: Path, pointer: str, where: str) -> dict[str, Any]:
+    return check_hf_config(read_config_json(file, pointer, where), pointer, where)
 
 
 def _check_weights(file: Path, pointer: str, where: str, cfg: dict[str, Any]) -> None:

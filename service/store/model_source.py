@@ -47,9 +47,9 @@ from sqlalchemy.orm import Session
 from api_schemas.engine_spec import SpecError, package_path
 from api_schemas.hf_model import BERT_TOKEN_TYPES, HFConfigSource, UploadedSource
 from api_schemas.jobs import HFDirSource, ModelSpec
-from service.store import json_limits, paths
+from service.store import paths
 from service.store.db.crud.uploads import MODELS
-from service.store.hf_model_dir import check_hf_files
+from service.store.hf_model_dir import MAX_CONFIG_BYTES, check_hf_files, read_config_json
 from service.store.model_files import check_tokenizer, read_header
 
 __all__ = [
@@ -64,7 +64,6 @@ __all__ = [
 
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 PICKLED = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
-MAX_CONFIG_BYTES = 1 << 20
 MAX_HEADER_BYTES = 16 << 20
 MAX_PARAMS = 500_000_000  # BERT-large has 335 M
 MAX_WEIGHT_BYTES = 4 * MAX_PARAMS + MAX_HEADER_BYTES + 8  # float32 at most
@@ -114,12 +113,7 @@ def estimate_params(cfg: dict[str, int]) -> int:
 
 
 def _check_config(file: Path, pointer: str, shown: str) -> dict[str, Any]:
-    if file.stat().st_size > MAX_CONFIG_BYTES:
-        raise SpecError(pointer, f"{shown}/config.json is larger than {MAX_CONFIG_BYTES} bytes")
-    try:
-        data = json_limits.loads(file.read_bytes())
-    except ValueError as err:  # not JSON, not UTF-8, or nested deeper than MAX_DEPTH
-        raise SpecError(pointer, f"{shown}/config.json is not valid JSON ({err})") from None
+    data = read_config_json(file, pointer, f"{shown}/config.json")
     if not isinstance(data, dict):
         raise SpecError(pointer, f"{shown}/config.json must hold a JSON object")
     for name, wanted, default in FIXED:
