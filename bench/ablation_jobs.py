@@ -8,7 +8,6 @@ import copy
 from typing import Any
 
 TARGETS = (0.8, 0.5, 0.2)
-TOLERANCE = 0.01  # accuracy: the fidelity guard's default max_metric_drop (1 point)
 NLI_PARAMS = {
     "n_words": 32,
     "n_topics": 4,
