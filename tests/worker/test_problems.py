@@ -9,7 +9,6 @@ ever committing the memory (the refused ``mmap`` never touches a page).
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers.services import run_python
 from tests.helpers.specs import mlp_model
 from tests.worker.jobs import factory_for, get, make_job, settings_for, tiny_spec
 from worker.problems import problem_for
@@ -114,14 +114,8 @@ def test_a_job_whose_model_does_not_fit_fails_as_oom(sqlite_url, tmp_path):
         "OMP_NUM_THREADS": "1",
         "HOME": str(tmp_path),
     }
-    child = subprocess.run(
-        [sys.executable, "-c", CHILD, sqlite_url, str(tmp_path / "home"), job_id, str(HEADROOM)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    args = ("-c", CHILD, sqlite_url, str(tmp_path / "home"), job_id, str(HEADROOM))
+    child = run_python(*args, env=env, timeout=300)
     assert child.returncode == 0, child.stderr[-4000:]
     assert "outcome: failed" in child.stdout, (child.stdout, child.stderr[-4000:])
     job, [attempt] = get(factory, job_id)

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -22,16 +21,7 @@ from service.store.db.crud.job_actions import cancel_job
 from service.store.db.crud.jobs import get_job
 from service.store.db.session import session_scope
 from tests.helpers.specs import early_stage, engine_job, mlp_model, synthetic_data
-from tests.worker.jobs import (
-    checkpoints,
-    factory_for,
-    get,
-    make_job,
-    metric_series,
-    rank_series,
-    settings_for,
-    tiny_spec,
-)
+from tests.worker import jobs
 from worker.pipeline import run_job
 from worker.processes import Outcome, _Events, descendants, prepare
 
@@ -102,16 +92,16 @@ def test_descendants_include_grandchildren_in_sessions_of_their_own():
 
 
 def test_a_two_device_job_runs_in_processes_and_is_recorded_as_one(pg_url, tmp_path):
-    settings, factory = settings_for(tmp_path, pg_url), factory_for(pg_url)
-    job_id = make_job(factory, tiny_spec(training=TWO))
+    settings, factory = jobs.settings_for(tmp_path, pg_url), jobs.factory_for(pg_url)
+    job_id = jobs.make_job(factory, jobs.tiny_spec(training=TWO))
     assert run_job(job_id=job_id, attempt=1, settings=settings, factory=factory) == "succeeded"
-    job, [attempt] = get(factory, job_id)
+    job, [attempt] = jobs.get(factory, job_id)
     assert job.state == "SUCCEEDED" and attempt.exit_reason == "completed"
     assert job.progress["step"] == 35 and job.progress["fraction"] == 1.0
-    series = metric_series(factory, job_id)
+    series = jobs.metric_series(factory, job_id)
     assert max(series["loss"]) == 35 and series["val_loss"]
-    assert rank_series(factory, job_id)
-    [export] = [c for c in checkpoints(factory, job_id) if c.kind == "export"]
+    assert jobs.rank_series(factory, job_id)
+    [export] = [c for c in jobs.checkpoints(factory, job_id) if c.kind == "export"]
     assert export.path.endswith("attempt-1/export/model.safetensors")
     distributed = export.manifest["extra"]["execution"]["distributed"]
     assert distributed["world_size"] == 2 and distributed["backend"] == "gloo"
@@ -149,27 +139,29 @@ def _preempt_at(root: Path, step: int, deadline: float) -> None:
 def test_sigterm_stops_the_processes_and_the_next_attempt_resumes(sqlite_url, tmp_path):
     """SIGTERM to the worker (a preemption): the stop file stops both ranks with a partial
     checkpoint, the job is requeued as attempt 2, which resumes from it in 2 new processes."""
-    settings, factory = settings_for(tmp_path, sqlite_url), factory_for(sqlite_url)
-    job_id = make_job(factory, tiny_spec(training={**TWO, "log_every": 1}))
-    killer = threading.Thread(target=_preempt_at, args=(tmp_path, 12, time.monotonic() + 150))
-    killer.start()
-    try:
-        outcome = run_job(job_id=job_id, attempt=1, settings=settings, factory=factory)
-    finally:
-        killer.join()
+    settings, factory = jobs.settings_for(tmp_path, sqlite_url), jobs.factory_for(sqlite_url)
+    job_id = jobs.make_job(factory, jobs.tiny_spec(training={**TWO, "log_every": 1}))
+    deadline = time.monotonic() + 150
+    outcome, _ = jobs.run_beside(
+        lambda: _preempt_at(tmp_path, 12, deadline),
+        job_id=job_id,
+        settings=settings,
+        factory=factory,
+    )
     assert outcome == "preempted"
-    job, (first, second) = get(factory, job_id)
-    [partial] = [c for c in checkpoints(factory, job_id) if c.kind == "partial"]
+    job, (first, second) = jobs.get(factory, job_id)
+    [partial] = [c for c in jobs.checkpoints(factory, job_id) if c.kind == "partial"]
     assert (job.state, job.attempt) == ("QUEUED", 2) and first.exit_reason == "preempted"
     assert 12 <= partial.step < 35 and second.resume_from == partial.id
     attempt_dir = (settings.artifacts / partial.path).parent.parent
     assert json.loads((attempt_dir / "report.json").read_text())["status"] != "completed"
 
     assert run_job(job_id=job_id, attempt=2, settings=settings, factory=factory) == "succeeded"
-    job, (_, second) = get(factory, job_id)
+    job, (_, second) = jobs.get(factory, job_id)
     assert job.state == "SUCCEEDED" and job.progress["step"] == 35
     assert second.resume_from == partial.id and second.exit_reason == "completed"
-    assert min(metric_series(factory, job_id)["loss"]) <= partial.step  # attempt 1's points kept
+    loss = jobs.metric_series(factory, job_id)["loss"]
+    assert min(loss) <= partial.step  # attempt 1's points kept
 
 
 def _stand_in(monkeypatch, code: str) -> None:
@@ -201,10 +193,10 @@ def test_processes_that_fail_fail_the_job_with_their_reason(
     sqlite_url, tmp_path, monkeypatch, code, kind, detail
 ):
     _stand_in(monkeypatch, code)
-    settings, factory = settings_for(tmp_path, sqlite_url), factory_for(sqlite_url)
-    job_id = make_job(factory, tiny_spec(training=TWO))
+    settings, factory = jobs.settings_for(tmp_path, sqlite_url), jobs.factory_for(sqlite_url)
+    job_id = jobs.make_job(factory, jobs.tiny_spec(training=TWO))
     assert run_job(job_id=job_id, attempt=1, settings=settings, factory=factory) == "failed"
-    job, [attempt] = get(factory, job_id)
+    job, [attempt] = jobs.get(factory, job_id)
     assert job.state == "FAILED" and attempt.exit_reason == kind
     assert job.error["detail"] == detail
 
@@ -223,11 +215,11 @@ def test_processes_that_ignore_the_stop_are_killed_and_the_cancel_completes(
         "worker.processes.torchrun_command",
         lambda args, nproc: [sys.executable, "-c", code, str(marker)],
     )
-    settings = settings_for(
+    settings = jobs.settings_for(
         tmp_path, sqlite_url, process_stop_grace_seconds=0.5, cancel_kill_after_seconds=0.5
     )
-    factory = factory_for(sqlite_url)
-    job_id = make_job(factory, tiny_spec(training=TWO))
+    factory = jobs.factory_for(sqlite_url)
+    job_id = jobs.make_job(factory, jobs.tiny_spec(training=TWO))
 
     def cancel_when_started() -> None:
         deadline = time.monotonic() + 120
@@ -238,15 +230,11 @@ def test_processes_that_ignore_the_stop_are_killed_and_the_cancel_completes(
                 session=s, job=get_job(session=s, job_id=job_id), mode="graceful", save_partial=True
             )
 
-    canceller = threading.Thread(target=cancel_when_started)
-    canceller.start()
-    t0 = time.monotonic()
-    try:
-        outcome = run_job(job_id=job_id, attempt=1, settings=settings, factory=factory)
-    finally:
-        canceller.join()
-    assert outcome == "cancelled" and time.monotonic() - t0 < 20  # not the stand-in's 120 s
-    job, [attempt] = get(factory, job_id)
+    outcome, seconds = jobs.run_beside(
+        cancel_when_started, job_id=job_id, settings=settings, factory=factory
+    )
+    assert outcome == "cancelled" and seconds < 20  # not the stand-in's 120 s
+    job, [attempt] = jobs.get(factory, job_id)
     assert job.state == "CANCELLED" and attempt.exit_reason == "cancelled"
 
 

@@ -16,12 +16,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
 
 from engine.data import DataConfig, DataError, build_data
-from tests.helpers.file_mutations import damaged
+from tests.helpers.fuzz import fuzz_files
 from tests.helpers.hf_bert import minilm_dir
-from tests.helpers.peak_memory import peak_memory
 
 TOKENIZER = str(minilm_dir() / "tokenizer.json")
 # (arch, format, DataConfig fields, examples)
@@ -49,39 +47,17 @@ def _epoch(arch: str, fmt: str, fields: dict, path: Path, workdir: Path) -> int:
 def test_damaged_files_load_or_raise_data_error(case: str, tmp_path: Path):
     arch, fmt, fields, examples = CASES[case]
     path = tmp_path / f"train.{fmt}"
-    seen = {"files": 0, "loaded": 0, "refused": 0, "traced": 0, "rss": 0, "largest": 0}
 
-    @settings(
-        max_examples=examples,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(damaged(fmt))
-    def load(data: bytes) -> None:
-        path.write_bytes(data)
+    def load() -> None:
         workdir = Path(tempfile.mkdtemp(dir=tmp_path))  # no labels or tokenizer kept
         try:
-            with peak_memory() as peak:
-                try:
-                    _epoch(arch, fmt, fields, path, workdir)
-                    seen["loaded"] += 1
-                except DataError:
-                    seen["refused"] += 1
+            _epoch(arch, fmt, fields, path, workdir)
         finally:
             shutil.rmtree(workdir)
-        seen["files"] += 1
-        seen["largest"] = max(seen["largest"], len(data))
-        seen["traced"] = max(seen["traced"], peak.traced)
-        seen["rss"] = max(seen["rss"], peak.rss)
-        assert peak.traced <= MAX_TRACED and peak.rss <= MAX_RSS, (len(data), peak)
 
-    load()
+    seen = fuzz_files(fmt, path, examples, load, DataError, max_traced=MAX_TRACED, max_rss=MAX_RSS)
     print(
-        f"loader {case}: {seen['files']} files (largest {seen['largest']} bytes), "
-        f"{seen['loaded']} loaded, {seen['refused']} DataError, 0 other exceptions; "
-        f"peak traced {seen['traced'] / 2**20:.2f} MiB, "
-        f"peak RSS growth {seen['rss'] / 2**20:.2f} MiB"
+        f"loader {case}: {seen.files} files (largest {seen.largest} bytes), "
+        f"{seen.accepted} loaded, {seen.refused} DataError, 0 other exceptions; {seen.peaks()}"
     )
-    assert seen["files"] == examples == seen["loaded"] + seen["refused"]
+    assert seen.files == examples == seen.accepted + seen.refused
