@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -327,47 +327,32 @@ SERVER = {
 }
 
 
-def _server(name: str, args: list[str]) -> None:
-    from service.cli import app as server_app
-
-    server_app(args=[name, *args], prog_name="comera")
-
-
-@app.command(**SERVER)
-def up(ctx: typer.Context) -> None:
-    """Run the API and a local worker with an embedded store and broker (see up --help)."""
-    _server("up", ctx.args)
-
-
-@app.command(**SERVER)
-def migrate(ctx: typer.Context) -> None:
-    """Apply the database migrations (see migrate --help)."""
-    _server("migrate", ctx.args)
+# name -> help; each passes its arguments to service.cli's command of that name
+SERVER_COMMANDS = {
+    "up": "Run the API and a local worker with an embedded store and broker (see up --help).",
+    "migrate": "Apply the database migrations (see migrate --help).",
+    "api": "Serve only the API; workers run separately (see api --help).",
+    "worker": "Run one worker: one job at a time, on one GPU (see worker --help).",
+    "reaper": (
+        "Requeue jobs of lost workers, resend lost messages, force cancels (see reaper --help)."
+    ),
+    "keys": "API keys: create --tenant NAME [--scope S], list, revoke ID (see keys --help).",
+}
 
 
-@app.command(**SERVER)
-def api(ctx: typer.Context) -> None:
-    """Serve only the API; workers run separately (see api --help)."""
-    _server("api", ctx.args)
+def _server(name: str) -> Callable[[typer.Context], None]:
+    """The command ``comera <name> ARGS...``: ``service.cli``'s ``<name> ARGS...``."""
+
+    def command(ctx: typer.Context) -> None:
+        from service.cli import app as server_app
+
+        server_app(args=[name, *ctx.args], prog_name="comera")
+
+    return command
 
 
-@app.command(**SERVER)
-def worker(ctx: typer.Context) -> None:
-    """Run one worker: one job at a time, on one GPU (see worker --help)."""
-    _server("worker", ctx.args)
-
-
-@app.command(**SERVER)
-def reaper(ctx: typer.Context) -> None:
-    """Requeue jobs of lost workers, resend lost messages, force cancels (see reaper --help)."""
-    _server("reaper", ctx.args)
-
-
-@app.command(**SERVER)
-def keys(ctx: typer.Context) -> None:
-    """API keys: create --tenant NAME [--scope S], list, revoke ID (see keys --help)."""
-    _server("keys", ctx.args)
-
+for _name, _help in SERVER_COMMANDS.items():
+    app.command(_name, help=_help, **SERVER)(_server(_name))
 
 if __name__ == "__main__":
     sys.exit(app())
