@@ -47,7 +47,7 @@ size (``worker.memory_cap``), so an estimate that falls short ends the job as ``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from torch import nn
@@ -100,15 +100,7 @@ class MemoryEstimate:
         return self.processes * self.total + self.launcher_bytes
 
     def to_dict(self) -> dict[str, int]:
-        return {
-            "model_bytes": self.model_bytes,
-            "activation_bytes": self.activation_bytes,
-            "data_bytes": self.data_bytes,
-            "baseline_bytes": self.baseline_bytes,
-            "slack_bytes": self.slack_bytes,
-            "processes": self.processes,
-            "launcher_bytes": self.launcher_bytes,
-        }
+        return asdict(self)
 
 
 def processes(cfg: JobConfig) -> int:
