@@ -16,15 +16,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
 
 from api_schemas import JobCreate
 from api_schemas.engine_spec import to_engine
-from engine.data import build_data
 from engine.export import load_compressed
-from engine.models.registry import get_workload
-from engine.train import JobConfig
 from tests.helpers.db import migrated_postgres, postgres_available
+from tests.helpers.metrics import validation_metrics
 from tests.helpers.services import (
     TINY_JOB,
     auth_headers,
@@ -103,27 +100,11 @@ def _run_job_and_check(client: httpx.Client, logs: list[Path], workdir: Path) ->
     (folder / "manifest.json").write_text(json.dumps(manifest["manifest"]))
     model, _ = load_compressed(folder)
     engine_config = client.get(f"/v1/jobs/{job_id}").json()["spec"]
-    measured = _evaluate(model, to_engine(JobCreate.model_validate(engine_config)), workdir)
+    measured = validation_metrics(
+        model, to_engine(JobCreate.model_validate(engine_config)), workdir / "eval"
+    )
     assert measured["accuracy"] == pytest.approx(report["metrics"]["accuracy"], abs=1e-9)
     assert measured["loss"] == pytest.approx(report["metrics"]["loss"], rel=1e-5)
-
-
-def _evaluate(model, engine_config: dict, workdir: Path) -> dict[str, float]:
-    """Validation metrics of ``model`` on the job's validation data, with engine functions."""
-    cfg = JobConfig.from_dict(engine_config)
-    data = build_data(
-        cfg.data,
-        arch=cfg.model.arch,
-        batch_size=cfg.training.batch_size,
-        seed=cfg.training.seed,
-        workdir=workdir / "eval",
-    )
-    workload, sums = get_workload(cfg.model.arch), {}
-    with torch.no_grad():
-        for batch in data.valid.batches(0):
-            for k, v in workload.forward_loss(model, batch).sums.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
-    return workload.summarize(sums)
 
 
 def test_embedded_comera_up_runs_a_job_end_to_end(tmp_path):

@@ -25,16 +25,7 @@ from service.store.db.session import session_scope
 from service.store.queue import enqueue
 from service.store.settings import Settings
 from tests.service.api_helpers import issue_key
-from tests.worker.jobs import (
-    TENANT,
-    checkpoints,
-    factory_for,
-    get,
-    make_job,
-    metric_series,
-    rank_series,
-    tiny_spec,
-)
+from tests.worker import jobs
 from tests.worker.test_celery import _queue, celery_worker, purge_redis, wait_terminal
 from worker.processes import _start_time
 
@@ -79,8 +70,8 @@ def _ranks(found: dict[int, int]) -> list[int]:
 def test_a_two_device_job_runs_through_a_worker_and_its_export_downloads(pg_url, tmp_path):
     broker = f"redis://127.0.0.1:6379/{random.randint(1, 15)}"
     settings = Settings(home=tmp_path, database_url=pg_url, broker_url=broker, queue=_queue())
-    factory, log = factory_for(pg_url), tmp_path / "worker.log"
-    job_id = make_job(factory, tiny_spec(training=TWO))
+    factory, log = jobs.factory_for(pg_url), tmp_path / "worker.log"
+    job_id = jobs.make_job(factory, jobs.tiny_spec(training=TWO))
     try:
         with celery_worker(settings, log, devices=2, env=ONE_THREAD):
             assert enqueue(
@@ -91,12 +82,13 @@ def test_a_two_device_job_runs_through_a_worker_and_its_export_downloads(pg_url,
         purge_redis(broker, settings.queue)  # also QUEUE.x2
     assert job.state == "SUCCEEDED", (job.error, log.read_text()[-4000:])
     assert attempt.exit_reason == "completed" and int(attempt.worker.rsplit(":")[1]) != os.getpid()
-    assert max(metric_series(factory, job_id)["loss"]) == 35 and rank_series(factory, job_id)
-    assert {c.kind for c in checkpoints(factory, job_id)} >= {"latest", "export"}
+    assert max(jobs.metric_series(factory, job_id)["loss"]) == 35
+    assert jobs.rank_series(factory, job_id)
+    assert {c.kind for c in jobs.checkpoints(factory, job_id)} >= {"latest", "export"}
 
     app = create_app(settings)
     with TestClient(app) as client:
-        client.headers["Authorization"] = f"Bearer {issue_key(app, tenant=TENANT)}"
+        client.headers["Authorization"] = f"Bearer {issue_key(app, tenant=jobs.TENANT)}"
         items = client.get(f"/v1/jobs/{job_id}/checkpoints").json()["items"]
         export = next(c for c in items if c["kind"] == "export")
         content = client.get(f"/v1/jobs/{job_id}/checkpoints/{export['id']}/content")
@@ -113,15 +105,15 @@ def test_cancel_of_a_running_two_device_job_ends_both_processes(tmp_path):
     settings = Settings(home=tmp_path, queue=_queue())  # SQLite store and SQLite broker
     settings.ensure_dirs()
     upgrade(settings.db_url)
-    factory, log = factory_for(settings.db_url), tmp_path / "worker.log"
-    spec = tiny_spec(training=TWO, schedule=[{"kind": "early", "steps": 100_000}])
-    job_id = make_job(factory, spec)
+    factory, log = jobs.factory_for(settings.db_url), tmp_path / "worker.log"
+    spec = jobs.tiny_spec(training=TWO, schedule=[{"kind": "early", "steps": 100_000}])
+    job_id = jobs.make_job(factory, spec)
     out = settings.artifacts / "jobs" / job_id / "attempt-1"
     with celery_worker(settings, log, devices=2, env=ONE_THREAD):
         assert enqueue(settings=settings, job_id=job_id, attempt=1, max_wall_time_s=600, devices=2)
         deadline, found = time.monotonic() + 120, {}
         while time.monotonic() < deadline:  # both ranks training
-            job, _ = get(factory, job_id)
+            job, _ = jobs.get(factory, job_id)
             found = _training_processes(out)
             if job.state == "RUNNING" and job.progress.get("step", 0) >= 3:
                 break
@@ -137,5 +129,5 @@ def test_cancel_of_a_running_two_device_job_ends_both_processes(tmp_path):
     assert job.state == "CANCELLED" and attempt.exit_reason == "cancelled", log.read_text()[-4000:]
     alive = [pid for pid, start in found.items() if _start_time(pid) == start]
     assert alive == [] and _training_processes(out) == {}
-    [partial] = [c for c in checkpoints(factory, job_id) if c.kind == "partial"]
+    [partial] = [c for c in jobs.checkpoints(factory, job_id) if c.kind == "partial"]
     assert partial.id in job.message and partial.step >= 3

@@ -18,15 +18,7 @@ from service.reports import compression_report
 from service.store.db.models import Job
 from service.store.db.session import session_scope
 from tests.helpers.hf_dirs import write_bert_dir
-from tests.helpers.specs import (
-    api_job,
-    early_stage,
-    finetune_stage,
-    hf_dir,
-    late_stage,
-    model_spec,
-    path_dataset,
-)
+from tests.helpers.specs import api_job, hf_dir, model_spec, path_dataset, stages
 from tests.worker.jobs import checkpoints, factory_for, get, make_job, settings_for
 from worker.pipeline import run_job
 
@@ -57,11 +49,11 @@ def hf_spec(path: str = "models/tiny") -> dict[str, Any]:
         ),
         dataset=path_dataset("text/train.txt", "text", valid_path="text/valid.txt", max_len=24),
         compression={"max_rank": 6, "d": 2, "shrink_every": 2},
-        schedule=[
-            early_stage(steps=4, gamma=0.05, lr={"cores": 3e-3, "gates": 0.05, "others": 1e-3}),
-            late_stage(steps=2, target_ratio=0.8),
-            finetune_stage(steps=2),
-        ],
+        schedule=stages(
+            early={"steps": 4, "gamma": 0.05, "lr": {"cores": 3e-3, "gates": 0.05, "others": 1e-3}},
+            late={"steps": 2, "target_ratio": 0.8},
+            finetune={"steps": 2},
+        ),
         training={"batch_size": 8, "seed": 1, "log_every": 2, "device": "cpu"},
     )
 
