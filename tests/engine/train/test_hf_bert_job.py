@@ -35,9 +35,9 @@ from tests.helpers.specs import (
 RECIPE = Path(__file__).resolve().parents[3] / "examples" / "engine" / "minilm_hf.json"
 
 
-def small_recipe(every: int) -> dict:
+def small_recipe() -> dict:
     """``examples/engine/minilm_hf.json`` on 128 calibration sentences (and the 16 probe
-    sentences after them), 12 distillation steps of 16, a checkpoint every ``every`` steps,
+    sentences after them), 12 distillation steps of 16,
     sentences of the standard library only (the recipe's ``packages`` take ~30 s to parse),
     half the recipe's learning rate."""
     job = json.loads(RECIPE.read_text())
@@ -49,7 +49,6 @@ def small_recipe(every: int) -> dict:
     # sentences at that lr end below the fit (0.51 vs 0.66), at half of it above (0.63)
     job["schedule"][-1]["lr"]["cores"] /= 2
     job["training"].update(batch_size=16, log_every=6)
-    job["checkpoint"] = {"every_steps": every}
     return job
 
 
@@ -94,12 +93,11 @@ def export(result, trainer: Trainer, job: JobConfig, out) -> None:
     )
 
 
-# the heaviest tests (39-46 s on an idle 2-core host): the suite's 60 s limit would fail them
-# on a busy CI host, so they get 120 s; the suite's other tests stay under 60 s
-@pytest.mark.timeout(120)
+# the suite's heaviest test (a real MiniLM: the sequential start's calibration and rank plan
+# take most of it); bitwise resume of the same workload is checked on a tiny BERT below
 @pytest.mark.slow
-def test_minilm_recipe_compresses_5x_beats_svd_resumes_and_exports(tmp_path, one_thread):
-    spec = small_recipe(every=6)
+def test_minilm_recipe_compresses_5x_beats_svd_and_exports(tmp_path, one_thread):
+    spec = small_recipe()
     job = JobConfig.from_dict(spec)
     trainer = Trainer(job, workdir=tmp_path / "a")
     model, teacher = trainer.model, trainer.model.teacher
@@ -120,7 +118,6 @@ def test_minilm_recipe_compresses_5x_beats_svd_resumes_and_exports(tmp_path, one
     assert 5.0 <= ratio < 5.05  # the budget is spent, not exceeded
     assert svd_cosine < 0.35 < 0.55 < min(fit, end)  # measured: svd 0.26, fit 0.66, end 0.63
     assert end == pytest.approx(cosine(result.model, teacher, valid), abs=1e-5)
-    assert_resume_is_bitwise(job, tmp_path, result.model)  # from the middle
     # export and reload: the same embeddings without the original
     export(result, trainer, job, tmp_path / "model")
     manifest = json.loads((tmp_path / "model" / "manifest.json").read_text())
