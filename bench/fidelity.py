@@ -2,7 +2,7 @@
 the late stage's parts (stage-start teacher, the guard's back-off) ablated.
 
     python -m bench.fidelity [--reps N] [--datasets a,b] [--jobs 2] [--skip-encoder] [--out PATH]
-                             [--layer-sets all,hidden.1] [--skip-text]
+                             [--layer-sets all,hidden.1] [--skip-text] [--text-reps N] [--update]
 
 Every claim of "a smaller model at the same accuracy" is measured here, on data nobody here
 generated and that installs offline (:mod:`bench.fidelity_data`): scikit-learn's digits,
@@ -57,6 +57,7 @@ import math
 import multiprocessing
 import shutil
 import statistics
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -483,6 +484,11 @@ def main() -> None:
     parser.add_argument("--early-steps", type=int, default=EARLY_STEPS)
     parser.add_argument("--lr-schedule", default=LR_SCHEDULE, choices=("constant", "cosine"))
     parser.add_argument("--note", default=None, help="recorded in the JSON (a partial run)")
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help="replace only the data sets run now in the results file (keep the others)",
+    )
     args = parser.parse_args()
     _set_protocol(args.early_steps, args.lr_schedule)
     torch.set_num_threads(args.threads)
@@ -525,10 +531,13 @@ def main() -> None:
                 "seconds": round(sum(r["seconds"] for r in agg.values()), 1),
             }
             print_dataset(name, results[name])
+    previous = _previous(args.out)
+    if args.update:  # the data sets run now replace theirs; the others stay as they were
+        results = {**previous.get("datasets", {}), **results}
     mlp = {n: r for n, r in results.items() if n not in fidelity_data.TEXT_DATASETS}
     text_rows = {n: r for n, r in results.items() if n in fidelity_data.TEXT_DATASETS}
     abl = {"mlp": ablation(mlp), "transformer": ablation(text_rows, "encoder")}
-    encoder, previous = None, _previous(args.out)
+    encoder = None
     if not args.skip_encoder:
         encoder = fidelity_encoder.run(threads=args.encoder_threads)
         fidelity_encoder.print_table(encoder)
@@ -567,11 +576,38 @@ def main() -> None:
         "encoder": encoder,
         "seconds": round(time.perf_counter() - t_all, 1),
     }
+    if args.update and previous:
+        _merge(payload, previous, names, args)
     if args.out:
         Path(args.out).write_text(json.dumps(payload, indent=2) + "\n")
     else:
         write_json("fidelity", payload)
     print_markdown(payload)
+
+
+def _merge(payload: dict[str, Any], previous: dict[str, Any], names: list[str], args: Any) -> None:
+    """``--update``: the previous run's protocol with the fold counts of the data sets run
+    now, its time plus this run's, and this run listed under ``updates``."""
+    protocol = {**previous.get("protocol", {})}
+    if any(n in fidelity_data.TEXT_DATASETS for n in names):
+        protocol["text_reps"] = args.text_reps
+        protocol["text_job"] = payload["protocol"]["text_job"]
+        protocol["text_plan"] = payload["protocol"]["text_plan"]
+    if any(n not in fidelity_data.TEXT_DATASETS for n in names):
+        protocol["reps"] = args.reps
+    update = {
+        "datasets": names,
+        "argv": sys.argv[1:],
+        "seconds": payload["seconds"],
+        "machine": payload["machine"],
+    }
+    payload.update(
+        protocol=protocol,
+        machine=previous.get("machine", payload["machine"]),
+        note=previous.get("note") if args.note is None else args.note,
+        seconds=round(previous.get("seconds", 0.0) + payload["seconds"], 1),
+        updates=[*previous.get("updates", []), update],
+    )
 
 
 def summary_checks(results: dict[str, Any], abl: dict[str, Any]) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -229,3 +230,27 @@ def test_skip_encoder_keeps_the_last_minilm_pass(tmp_path):
     assert fidelity._previous(str(out)) == {}
     out.write_text(json.dumps({"encoder": {"points": []}}))
     assert fidelity._previous(str(out))["encoder"] == {"points": []}
+
+
+def test_update_keeps_the_other_data_sets_and_lists_the_run():
+    previous = {
+        "protocol": {"reps": 5, "text_reps": 2, "text_job": {"old": 1}},
+        "machine": {"cpus": 2},
+        "note": None,
+        "seconds": 100.0,
+    }
+    payload = {
+        "protocol": {"text_job": {"new": 1}, "text_plan": ["late-0.5/full"]},
+        "machine": {"cpus": 4},
+        "seconds": 50.0,
+    }
+    args = argparse.Namespace(text_reps=5, reps=5, note=None)
+    fidelity._merge(payload, previous, ["stdlib_modules_text"], args)
+    assert payload["protocol"] == {
+        "reps": 5,
+        "text_reps": 5,
+        "text_job": {"new": 1},
+        "text_plan": ["late-0.5/full"],
+    }
+    assert payload["seconds"] == 150.0 and payload["machine"] == {"cpus": 2}
+    assert payload["updates"][0]["datasets"] == ["stdlib_modules_text"]
