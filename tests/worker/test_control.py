@@ -42,13 +42,13 @@ def test_a_cancelled_job_stops_with_a_partial_checkpoint(db_url, tmp_path, via_s
     settings, factory = jobs.settings_for(tmp_path, db_url), jobs.factory_for(db_url)
     job_id = jobs.make_job(factory, jobs.tiny_spec(schedule=LONG))
     deadline = time.monotonic() + 60
-    outcome, seconds = jobs.run_beside(
+    outcome, _ = jobs.run_beside(
         lambda: _cancel_when(factory, job_id, 20, via_state=via_state, deadline=deadline),
         job_id=job_id,
         settings=settings,
         factory=factory,
     )
-    assert outcome == "cancelled" and seconds < 30
+    assert outcome == "cancelled"  # not the end of its 200,000 steps (the partial's step below)
 
     job, [attempt] = jobs.get(factory, job_id)
     assert job.state == "CANCELLED" and attempt.exit_reason == "cancelled" and attempt.ended_at
