@@ -284,4 +284,7 @@ class ValidationReport(BaseModel):
     memory: MemoryPlan | None = None
     memory_capacity_bytes: int | None = None
     total_steps: int | None = None
+    # what the run chooses itself (max_rank / gamma "auto"): the rule, the bounds, what the
+    # plan assumed in its place and where the run reports the values it chose
+    automatic: dict[str, Any] | None = None
     warnings: list[str] = []

@@ -315,5 +315,7 @@ def plan_table(plan: ValidationReport) -> Group:
         f"memory ~{plan.estimated_memory_bytes / 2**20:.1f} MiB; "
         f"steps {plan.total_steps or '?'}"
     ]
+    for name, choice in (plan.automatic or {}).items():  # max_rank / gamma "auto"
+        lines.append(f"{name}: auto, chosen by the run ({choice.get('rule', '')})")
     lines += [f"[yellow]warning:[/] {w}" for w in plan.warnings]
     return Group(t, *lines)

@@ -182,12 +182,17 @@ def estimate_memory(
     teacher_params: int = 0,
     baseline: ProcessBaseline | None = None,
     train_sentences: int | None = None,
+    calibration: nn.Module | None = None,
 ) -> MemoryEstimate:
     """The estimate for ``model`` (as it trains: tensorized when the job is) and its data, per
     process of a data-parallel job (module doc); ``teacher_params``: the frozen original a
     pretrained ``hf`` / ``hf_bert`` model distils from, held outside the model;
     ``baseline``: this host's (None: :data:`~worker.process_baseline.DEFAULT_BASELINE`);
-    ``train_sentences``: the training split's size when known (``hf_bert``'s table)."""
+    ``train_sentences``: the training split's size when known (``hf_bert``'s table);
+    ``calibration``: with ``max_rank: "auto"``, the dense twin that every process trains
+    alone for the calibration steps before the TT model exists
+    (:mod:`engine.train.auto_rank`): the model and activations are those of the larger of
+    the two phases."""
     baseline = baseline or DEFAULT_BASELINE
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     frozen = teacher_params + sum(p.numel() for p in model.parameters() if not p.requires_grad)
@@ -203,6 +208,11 @@ def estimate_memory(
         model, cfg, model_config, teacher=stage_teacher or teacher_params > 0
     )
     model_bytes = 16 * trainable + 4 * frozen + buckets + _guard_bytes(model, cfg)
+    if calibration is not None:  # weights, gradients, AdamW moments; no teacher, no DDP
+        dense = 16 * sum(p.numel() for p in calibration.parameters() if p.requires_grad)
+        dense_activations = _activation_bytes(calibration, cfg, model_config, teacher=False)
+        if dense + dense_activations > model_bytes + activations:
+            model_bytes, activations = dense, dense_activations
     data = data_bytes + _teacher_table_bytes(cfg, model_config, train_sentences)
     return MemoryEstimate(
         model_bytes=model_bytes,

@@ -38,6 +38,7 @@ from engine.nn.ttm_embedding import TTMEmbedding
 from engine.rank.size import tensorized_layers
 from engine.train.config import ConfigError, as_config_error
 from engine.train.job import JobConfig
+from worker.automatic import automatic_choices
 from worker.data_facts import DataFacts, data_facts
 from worker.memory_estimate import estimate_memory
 from worker.plan_checks import check_capacity, check_data_sizes, check_modes
@@ -160,6 +161,7 @@ def plan_job(
     # beside it
     pretrained = cfg.model.arch in PRETRAINED_ARCHS and bool(cfg.model.config.get("path"))
     teacher = sum(p.numel() for p in dense.parameters()) if pretrained else 0
+    auto_rank = cfg.tensorized and cfg.compression.options.max_rank == "auto"
     memory = estimate_memory(
         model,
         cfg,
@@ -170,6 +172,7 @@ def plan_job(
         train_sentences=None
         if facts.per_epoch is None
         else facts.per_epoch * cfg.training.batch_size,
+        calibration=dense if auto_rank else None,
     )
     if capacity_bytes is not None:
         data_pointer = dataset_pointer if cfg.data.kind != "synthetic" else "/dataset/n_train"
@@ -191,5 +194,6 @@ def plan_job(
         "memory": memory.to_dict(),
         "memory_capacity_bytes": capacity_bytes,
         "total_steps": total,
+        "automatic": automatic_choices(cfg),
         "warnings": warnings,
     }

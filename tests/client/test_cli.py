@@ -86,6 +86,16 @@ def test_validate_reads_yaml(server, tmp_path: Path):
     result = comera(server, "validate", str(spec_file))
     assert result.exit_code == 0, result.output
     assert "plan" in result.stdout and "steps 70" in result.stdout
+    assert "chosen by the run" not in result.stdout
+    only_target = spec(schedule=[{"kind": "early", "steps": 20, "target_ratio": 0.5}])
+    only_target["compression"] = {
+        k: v for k, v in only_target["compression"].items() if k != "max_rank"
+    }
+    spec_file.write_text(yaml.safe_dump(only_target))
+    result = comera(server, "validate", str(spec_file))
+    assert result.exit_code == 0, result.output
+    assert "max_rank: auto, chosen by the run" in result.stdout
+    assert "gamma: auto, chosen by the run" in result.stdout
 
 
 def test_console_script_is_the_client(server):

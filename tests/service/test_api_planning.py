@@ -225,3 +225,21 @@ def test_stdlib_text_packages_are_checked_at_submission_but_not_parsed(api_lite:
     assert bad.status_code == 422, bad.text
     assert _pointers(bad) == ["/dataset/params/packages"]
     assert "'no_such_package_here' is not an installed package" in bad.text
+
+
+def test_validate_states_what_the_run_will_choose_when_only_a_target_is_given(api_lite: Api):
+    """Only ``target_ratio``: ``max_rank`` and ``gamma`` default to "auto", and the dry run
+    says so (the rule, the calibration's length, the cap the layers are planned at); with
+    ``max_rank`` given nothing is left to the run."""
+    body = job_body(schedule=[early_stage(steps=30, target_ratio=0.5)])
+    del body["compression"]["max_rank"]
+    plan = api_lite.client.post("/v1/jobs:validate", json=body)
+    assert plan.status_code == 200, plan.text
+    report = plan.json()
+    assert report["spec"]["compression"]["max_rank"] == "auto"
+    auto = report["automatic"]
+    assert auto["max_rank"]["calibration_steps"] == 30 and auto["max_rank"]["planned_at"] == 64
+    assert "relative error <= 0.3" in auto["max_rank"]["rule"]
+    assert auto["gamma"]["stages"] == [0]
+    fixed = api_lite.client.post("/v1/jobs:validate", json=job_body())
+    assert fixed.status_code == 200 and fixed.json()["automatic"] is None

@@ -149,3 +149,23 @@ def test_hf_bert_counts_its_frozen_original_and_its_inference_forward(tmp_path):
     # cosine_embedding: the teacher's table of the training split's embeddings, 4 B x hidden
     table = plan_job(_hf_bert_job(tmp_path), baseline=BASELINE)["memory"]["data_bytes"]
     assert table > memory["data_bytes"]
+
+
+def test_max_rank_auto_is_planned_at_the_cap_with_the_calibration_phase_counted():
+    """``max_rank: "auto"``: the layers at the cap (64), the dense twin's training (weights,
+    gradients, two AdamW moments: 16 B a parameter) as the larger phase of this MLP, and the
+    rule stated; a fixed rank states nothing and plans the TT model alone."""
+    job = _job()
+    job["compression"]["max_rank"] = "auto"
+    job["schedule"] = [early_stage(steps=40, target_ratio=0.5)]
+    plan = plan_job(job)
+    assert all(max(layer["initial_ranks"]) <= 64 for layer in plan["layers"])
+    assert max(max(layer["initial_ranks"]) for layer in plan["layers"]) > 8
+    assert plan["memory"]["model_bytes"] == 16 * plan["params_before"]  # no frozen weights
+    auto = plan["automatic"]
+    assert auto["max_rank"]["calibration_steps"] == 40  # min(100, the first stage's steps)
+    assert (auto["max_rank"]["cap"], auto["max_rank"]["planned_at"]) == (64, 64)
+    assert auto["gamma"]["stages"] == [0]  # a target and no gamma: "auto"
+    fixed = plan_job(_job())
+    assert fixed["automatic"] is None
+    assert fixed["memory"]["model_bytes"] < 16 * fixed["params_before"]
