@@ -419,7 +419,8 @@ def checks(
 def ablation(results: dict[str, Any], layers: str = MAIN) -> dict[str, Any]:
     """What the teacher and the back-off each add, over the data sets and
     :data:`ABLATION_TARGETS`: folds that reached S* within the tolerance and mean accuracy,
-    with the part and without it (the other part on, and off). A part *adds* when the runs
+    with the part and without it (the other part on, and off; ``both``: ``full`` against
+    ``neither``). A part *adds* when the runs
     with it reach S* within the tolerance in more folds, or in as many at a higher mean
     accuracy."""
     table: dict[str, dict[str, Any]] = {}
@@ -442,6 +443,7 @@ def ablation(results: dict[str, Any], layers: str = MAIN) -> dict[str, Any]:
     parts = {
         "teacher": (("full", "no-teacher"), ("no-back-off", "neither")),
         "back_off": (("full", "no-back-off"), ("no-teacher", "neither")),
+        "both": (("full", "neither"),),  # the text row runs these two only
     }
     summary: dict[str, Any] = {}
     for part, pairs in parts.items():

@@ -172,7 +172,7 @@ def test_a_fold_runs_every_path_and_the_checks_and_tables_follow(monkeypatch, tm
         info = {"rows": 178 if name == "wine" else 200, "features": 13, "n_classes": 3}
         results[name] = {"info": info, "runs": agg, "checks": checks}
     abl = {"mlp": fidelity.ablation({"wine": results["wine"]})}
-    assert set(abl["mlp"]["parts"]) == {"teacher"}  # no-back-off against neither
+    assert set(abl["mlp"]["parts"]) == {"teacher"}  # no-back-off against neither only
     summary = fidelity.summary_checks(results, abl)
     assert "wine:no_run_ends_below_tolerance" in summary
     assert "stdlib_modules_text:early_at_least_10x" in summary
