@@ -237,6 +237,11 @@ class CompressionReport(BaseModel):
     target: dict[str, Any] | None = None
     # the final accuracy against chance: value, majority, uniform, chance, at_chance
     chance: dict[str, Any] | None = None
+    # max_rank "auto": the rule, the calibration and each layer's chosen rank (its TT-SVD
+    # error, whether the cap held it)
+    auto_rank: dict[str, Any] | None = None
+    # what the run found to fix, e.g. {"code": "raise_max_rank", "fix": ..., "reason": ...}
+    advice: list[dict[str, Any]] | None = None
     baseline: BaselineReport | None = None  # a dense job of the same spec, when one exists
     execution: ExecutionReport | None = None  # how the steps ran (data parallelism included)
 

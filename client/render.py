@@ -232,6 +232,15 @@ def report_tables(report: CompressionReport) -> Group:
         totals.add_row("chance", line)
     if (line := distributed_line(report)) is not None:
         totals.add_row("data parallel", line)
+    if (auto := report.auto_rank) is not None:
+        capped = f", capped: {', '.join(auto['capped'])}" if auto.get("capped") else ""
+        totals.add_row(
+            "max_rank auto",
+            f"started at rank {auto.get('build_rank')} after "
+            f"{(auto.get('probe') or {}).get('steps')} calibration steps{capped}",
+        )
+    for advice in report.advice or []:
+        totals.add_row("advice", f"{advice.get('fix')} ({advice.get('reason')})")
     if (f := report.fidelity) is not None:
         totals.add_row(
             "fidelity",

@@ -106,7 +106,8 @@ def compression_report(*, session: Session, settings: Settings, job: Job) -> Com
     params = int(totals.get("stored_params", 0))
     params_dense = int(totals.get("dense_equivalent_params", params))
     dense_bytes = int(weights.get("dense_equivalent_bytes") or 4 * params_dense)
-    stages = (manifest.get("extra") or {}).get("stages") or stage_events(
+    extra = manifest.get("extra") or {}  # what the worker added to the export's manifest
+    stages = extra.get("stages") or stage_events(
         session=session, tenant_id=job.tenant_id, job_id=job.id
     )
     metrics = _metrics(manifest, ckpt)
@@ -128,9 +129,11 @@ def compression_report(*, session: Session, settings: Settings, job: Job) -> Com
         fidelity=_fidelity(manifest),
         deploy=_deploy(manifest),
         baseline=_baseline(session, settings, job, metrics),
-        execution=(manifest.get("extra") or {}).get("execution"),
-        target=(manifest.get("extra") or {}).get("target"),
-        chance=(manifest.get("extra") or {}).get("chance"),
+        execution=extra.get("execution"),
+        target=extra.get("target"),
+        chance=extra.get("chance"),
+        auto_rank=extra.get("auto_rank"),
+        advice=extra.get("advice"),
     )
 
 

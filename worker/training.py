@@ -183,6 +183,8 @@ def export_model(
                 "execution": result.report.get("execution"),
                 "target": result.report.get("target"),
                 "chance": result.report.get("chance"),
+                "auto_rank": result.report.get("auto_rank"),
+                "advice": result.report.get("advice"),
             },
         )
         publish_dir(tmp, out)

@@ -199,3 +199,32 @@ def test_devices_reach_the_engine_config(api: Api):
         engine = s.get(Job, resp.json()["id"]).engine_config
     assert (engine["training"]["devices"], engine["training"]["nodes"]) == (2, 1)
     assert JobConfig.from_dict(engine).training.devices == 2
+
+
+def test_the_rank_choice_and_the_advice_reach_the_report_and_the_cli(api: Api):
+    """Only a target: ``max_rank: "auto"`` calibrates, and the report carries each layer's
+    choice; a rank every bond is stuck at (1) is advised against, in the report and in
+    ``comera report``."""
+    auto_body = {
+        **LEARNS,
+        "name": "auto-rank",
+        "compression": {"d": 2, "min_size": 256, "layers": ["hidden.1"]},
+        "schedule": [{"kind": "early", "steps": 20, "target_ratio": 0.5, "lr": LR}],
+    }
+    _, report, _ = _run(api, auto_body)
+    auto = report["auto_rank"]
+    assert set(auto["layers"]) == {"hidden.1"} and auto["probe"]["steps"] == 20
+    assert auto["build_rank"] == auto["layers"]["hidden.1"]["rank"] >= 1
+    assert "max_rank auto" in _text(report_tables(CompressionReport.model_validate(report)))
+    stuck = {
+        **LEARNS,
+        "name": "rank-one",
+        "compression": {"max_rank": 1, "d": 2, "min_size": 256, "layers": ["hidden.1"]},
+        "schedule": [{"kind": "early", "steps": 10, "lr": LR}],
+    }
+    _, report, _ = _run(api, stuck)
+    assert report["auto_rank"] is None
+    [advice] = report["advice"]
+    assert advice["code"] == "raise_max_rank" and advice["saturated"]
+    text = _text(report_tables(CompressionReport.model_validate(report)))
+    assert "raise max_rank" in text
