@@ -90,33 +90,10 @@ def _reference(model_dir: Path, seed: int) -> dict:
     return {"ids": ids.tolist(), "mask": mask.tolist(), "out": out.tolist()}
 
 
-def test_the_export_loads_with_transformers_alone_and_matches_the_checkpoint(tmp_path):
-    """``python -m engine.train`` on a LLaMA (grouped-query attention) directory and jobs on
-    GPT-2 (Conv1D) and BERT; each ``model/hf/`` (and LLaMA's ``model/dense/``) loaded in a
-    process where importing this project fails, outputs equal to ``load_compressed``."""
-    llama = tmp_path / "llama"
-    llama.mkdir()
-    spec = _job(llama, {**_model(llama, "llama", "causal_lm", "dir"), "export_dense": True})
-    (llama / "job.json").write_text(json.dumps(spec))
-    run = subprocess.run(
-        [sys.executable, "-m", "engine.train", "--config", str(llama / "job.json")]
-        + ["--out", str(llama / "out"), "--no-progress"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    cases = [(llama / "out" / "model", "AutoModelForCausalLM", "hf")]
-    cases.append((llama / "out" / "model", "AutoModelForCausalLM", "dense"))
-    for family, task, auto in (
-        ("gpt2", "causal_lm", "AutoModelForCausalLM"),
-        ("bert", "masked_lm", "AutoModelForMaskedLM"),
-    ):
-        root = tmp_path / family
-        root.mkdir()
-        run_job(JobConfig.from_dict(_job(root, _model(root, family, task, "dir"))), root / "out")
-        cases.append((root / "out" / "model", auto, "hf"))
+def _loaded_alone(tmp_path: Path, cases: list[tuple[Path, str, str]]) -> list[dict]:
+    """Each ``(model dir, Auto class, "hf" | "dense")`` loaded in a process where importing
+    this project fails; its outputs checked against ``load_compressed`` to 1e-5 and, for a
+    causal LM, ``generate()`` run. Returns the loader's rows."""
     requests = []
     for i, (model_dir, auto, kind) in enumerate(cases):
         ref = _reference(model_dir, seed=i)
@@ -138,7 +115,46 @@ def test_the_export_loads_with_transformers_alone_and_matches_the_checkpoint(tmp
         assert res["max_abs_diff"] < 1e-5, (req["dir"], res)
         if req["auto"] == "AutoModelForCausalLM":
             assert res["generated"] == 5
+    return results
+
+
+def test_a_llama_export_from_the_cli_loads_with_transformers_alone(tmp_path):
+    """``python -m engine.train`` on a LLaMA (grouped-query attention) directory: its
+    ``model/hf/`` (remote code) and ``model/dense/`` (the standard class) load without this
+    project, outputs equal to ``load_compressed``, and generate."""
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    spec = _job(llama, {**_model(llama, "llama", "causal_lm", "dir"), "export_dense": True})
+    (llama / "job.json").write_text(json.dumps(spec))
+    run = subprocess.run(
+        [sys.executable, "-m", "engine.train", "--config", str(llama / "job.json")]
+        + ["--out", str(llama / "out"), "--no-progress"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    model = llama / "out" / "model"
+    cases = [(model, "AutoModelForCausalLM", "hf"), (model, "AutoModelForCausalLM", "dense")]
+    results = _loaded_alone(tmp_path, cases)
     assert results[0]["class"] == "ComeraTTModel" and results[1]["class"] == "LlamaForCausalLM"
+
+
+def test_gpt2_and_bert_exports_load_with_transformers_alone(tmp_path):
+    """GPT-2 (``Conv1D``, transposed) and BERT (masked LM) jobs: each ``model/hf/`` loads
+    without this project, outputs equal to ``load_compressed``; GPT-2 generates."""
+    cases = []
+    for family, task, auto in (
+        ("gpt2", "causal_lm", "AutoModelForCausalLM"),
+        ("bert", "masked_lm", "AutoModelForMaskedLM"),
+    ):
+        root = tmp_path / family
+        root.mkdir()
+        run_job(JobConfig.from_dict(_job(root, _model(root, family, task, "dir"))), root / "out")
+        cases.append((root / "out" / "model", auto, "hf"))
+    results = _loaded_alone(tmp_path, cases)
+    assert [r["class"] for r in results] == ["ComeraTTModel", "ComeraTTModel"]
 
 
 def test_sequence_classification_from_jsonl(tmp_path):
