@@ -67,14 +67,16 @@ class Api:
             return get_or_create_tenant(session=s, name="default").id
 
 
-def serve_api(db_url: str, tmp_path: Path) -> Iterator[Api]:
-    """The app on ``db_url`` with a recording queue and a key of tenant ``default``."""
+def serve_api(db_url: str, tmp_path: Path, **overrides: Any) -> Iterator[Api]:
+    """The app on ``db_url`` with a recording queue and a key of tenant ``default``
+    (``overrides``: more settings)."""
     settings = Settings(
         home=tmp_path / "home",
         database_url=db_url,
         broker_url="memory://",
         max_body_bytes=16 * 1024,
         max_upload_bytes=64 * 1024,
+        **overrides,
     )
     app = create_app(settings)
     box: dict[str, Api] = {}
