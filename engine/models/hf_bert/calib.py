@@ -69,6 +69,7 @@ __all__ = [
 ]
 
 RIDGE = 1e-6
+MAX_RIDGE_STEPS = 6  # RIDGE .. 1e-1 of the mean variance
 RIDGE_SEQUENTIAL = 1e-2  # what prepare uses: measured best on MiniLM (bench/minilm_fidelity.py)
 # what prepare uses: no anchor. On MiniLM (held-out cosine at 5x) a = 0.25 helps with 1024
 # calibration sentences (0.826 -> 0.831) but hurts with 4000 (0.855 -> 0.848)
@@ -131,8 +132,17 @@ class AffineStats:
         cov = self.xx / n - torch.outer(mx, mx)  # (in, in)
         cxy = self.xy / n - torch.outer(mx, my)  # (in, out)
         eye = torch.eye(cov.shape[0], dtype=cov.dtype, device=cov.device)
-        cov = cov + ridge * cov.diagonal().mean().clamp_min(1e-30) * eye  # (in, in)
-        s = torch.linalg.cholesky(cov).mT  # (in, in) upper
+        scale = cov.diagonal().mean().clamp_min(1e-30) * eye  # (in, in)
+        # fewer calibration rows than inputs leave cov singular, and its rounding may leave
+        # it indefinite beyond the ridge: a ridge 10x larger until it factors
+        for _ in range(MAX_RIDGE_STEPS):
+            lower, info = torch.linalg.cholesky_ex(cov + ridge * scale)  # (in, in)
+            if int(info) == 0:
+                break
+            ridge *= 10
+        else:
+            raise ValueError(f"the calibration covariance does not factor at ridge {ridge:g}")
+        s = lower.mT  # (in, in) upper
         m = torch.linalg.solve_triangular(s.mT, cxy, upper=False)  # (in, out)
         return Whitened(s, m, mx + self.shift.double(), my)
 

@@ -178,3 +178,29 @@ def test_prepare_probes_a_few_calibration_sentences_when_the_split_has_no_more(t
     layers = [m for m in model.modules() if isinstance(m, TTLinear)]
     dense = sum(m.dense_parameters() for m in layers)
     assert sum(sum(c.numel() for c in m.cores) for m in layers) <= dense / 3.0
+
+
+def test_a_covariance_that_does_not_factor_gets_a_larger_ridge():
+    """Rounding can leave the covariance of few calibration rows indefinite beyond the
+    ridge (64 MiniLM sentences did at 1e-6): the ridge grows 10x until it factors, and the
+    factor is that of the covariance plus the ridge that worked; past 1e-1 it is an error."""
+    stats = AffineStats(
+        count=1.0,
+        shift=torch.zeros(3, dtype=torch.float64),
+        sum_x=torch.zeros(3, dtype=torch.float64),
+        sum_y=torch.zeros(2, dtype=torch.float64),
+        xx=torch.diag(torch.tensor([1.0, 1.0, -1e-3], dtype=torch.float64)),  # (in, in)
+        xy=torch.ones(3, 2, dtype=torch.float64),  # (in, out)
+    )
+    w = stats.whitened(ridge=1e-6)
+    mean = (2.0 - 1e-3) / 3  # ridge x mean diagonal > 1e-3 first at 1e-2
+    want = stats.xx + 1e-2 * mean * torch.eye(3, dtype=torch.float64)
+    assert torch.allclose(w.s.mT @ w.s, want, rtol=0, atol=1e-12)
+    stats.xx = torch.diag(torch.tensor([1.0, -10.0], dtype=torch.float64))
+    stats.shift, stats.sum_x = (
+        torch.zeros(2, dtype=torch.float64),
+        torch.zeros(2, dtype=torch.float64),
+    )
+    stats.xy = torch.ones(2, 2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="does not factor"):
+        stats.whitened()
