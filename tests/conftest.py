@@ -21,7 +21,7 @@ import pytest
 import torch
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # one of several test processes sharing the cores (scripts/test.sh runs two): one thread
+    # one of several test processes sharing the cores (scripts/test.sh runs three): one thread
     # each, here and in the processes the tests start, so they do not wait on each other
     torch.set_num_threads(1)
     os.environ["OMP_NUM_THREADS"] = "1"
