@@ -187,7 +187,7 @@ def main() -> None:
     if args.out:
         Path(args.out).write_text(json.dumps(payload, indent=2) + "\n")
     else:
-        write_json("memory_plan.json", payload)
+        write_json("memory_plan", payload)
 
 
 if __name__ == "__main__":
