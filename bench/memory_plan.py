@@ -53,14 +53,16 @@ WORKLOADS = ("mlp", "transformer", "mlm", "dlrm", "hf_bert", "hf")
 TWO_PROCESSES = ("mlp", "hf_bert")
 
 
-def models(tmp: Path) -> dict[str, dict[str, Any]]:
+def models(tmp: Path, names: set[str]) -> dict[str, dict[str, Any]]:
+    """The model and data of each workload of ``names``; the model directories are written
+    only for the workloads that read them."""
     text = tmp / "train.txt"
     text.write_text("\n".join(TEXT) + "\n")
     lines = text_data(text, valid_every=4, max_len=16)
-    bert = str(write_bert_dir(tmp / "bert"))
-    hf = str(make_model_dir(tmp, "bert", "masked_lm"))
+    bert = str(write_bert_dir(tmp / "bert")) if "hf_bert" in names else ""
+    hf = str(make_model_dir(tmp, "bert", "masked_lm")) if "hf" in names else ""
     rows = {"n_train": 256, "n_valid": 32}
-    return {
+    specs = {
         "mlp": {
             "model": mlp_model(64, 64),
             "data": synthetic_data(**rows, params={"shape": [8, 8], "num_classes": 4}),
@@ -89,6 +91,7 @@ def models(tmp: Path) -> dict[str, dict[str, Any]]:
         },
         "hf": {"model": model_spec("hf", {"task": "masked_lm", "path": hf}), "data": lines},
     }
+    return {name: spec for name, spec in specs.items() if name in names}
 
 
 def job(model: dict[str, Any], devices: int) -> dict[str, Any]:
@@ -126,7 +129,8 @@ def measure(runs: Iterable[tuple[str, int]], tmp: Path) -> list[dict[str, Any]]:
     """Start every ``(workload, processes)`` job of ``runs`` at once, wait for them, and
     return one row per process: the plan's estimate, the measured peak, whether it is
     within [peak, MARGIN x peak]."""
-    specs = models(tmp)
+    runs = list(runs)
+    specs = models(tmp, {name for name, _ in runs})
     started = {
         (name, devices): start(job(specs[name], devices), tmp / f"{name}-{devices}")
         for name, devices in runs
