@@ -60,7 +60,7 @@ def models(tmp: Path, names: set[str]) -> dict[str, dict[str, Any]]:
     text.write_text("\n".join(TEXT) + "\n")
     lines = text_data(text, valid_every=4, max_len=16)
     bert = str(write_bert_dir(tmp / "bert")) if "hf_bert" in names else ""
-    hf = str(make_model_dir(tmp, "bert", "masked_lm")) if "hf" in names else ""
+    hf = str(make_model_dir(tmp / "hf", "bert", "masked_lm")) if "hf" in names else ""
     rows = {"n_train": 256, "n_valid": 32}
     specs = {
         "mlp": {
