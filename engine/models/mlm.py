@@ -1,7 +1,7 @@
 """BERT-style encoder with a masked-language-model head, for pre-training; dense or tensorized.
 
 The encoder is the transformer's (``Embeddings`` and post-LN ``EncoderBlock`` from
-:mod:`engine.models.transformer`, imported, not copied). The head follows BERT::
+:mod:`engine.models.encoder`, imported, not copied). The head follows BERT::
 
     h      = encoder(input_ids)                    # (B, S, D)
     logits = decoder(LN(gelu(transform(h))))       # (B, S, V)
@@ -27,19 +27,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.configs import spec, validate
+from engine.models.encoder import ENCODER_SLOTS, EncoderModel, MakeLinear
+from engine.models.encoder_config import EncoderSizes, TransformerConfig
 from engine.models.limits import (
     MAX_LAYERS,
 )
 from engine.models.tensorize import (
     TensorizeOptions,
     build_model,
-)
-from engine.models.transformer import (
-    ENCODER_SLOTS,
-    EncoderModel,
-    EncoderSizes,
-    MakeLinear,
-    TransformerConfig,
 )
 
 __all__ = ["MLMConfig", "MLMHead", "MaskedLM", "build_mlm", "masked_lm_loss", "IGNORE_INDEX"]

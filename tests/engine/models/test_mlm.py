@@ -9,10 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.models.encoder import EncoderBlock
+from engine.models.encoder_config import TransformerConfig
 from engine.models.mlm import MaskedLM, MLMConfig, build_mlm
 from engine.models.registry import get_workload
 from engine.models.tensorize import TensorizeOptions
-from engine.models.transformer import EncoderBlock, TransformerConfig
 from engine.nn.tt_linear import TTLinear
 from engine.nn.ttm_embedding import TTMEmbedding
 from tests.helpers.assertions import assert_close_rel
