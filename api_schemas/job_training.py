@@ -33,6 +33,7 @@ __all__ = [
 MAX_STEPS = 1_000_000
 MAX_EPOCHS = 1_000
 DEFAULT_GAMMA = 0.01  # a stage's gamma when none is given and it is not chosen automatically
+DEFAULT_AUTO_MAX_STEPS = 2_000  # a steps "auto" stage's bound when it gives none
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][\w.\- ]*$")]
 
 
@@ -48,7 +49,10 @@ class StageSpec(StrictModel):
     kind: Literal["early", "late", "finetune"]
     name: Name | None = None
     epochs: StrictInt | None = Field(default=None, ge=1, le=MAX_EPOCHS)
-    steps: StrictInt | None = Field(default=None, ge=1, le=MAX_STEPS)
+    # "auto" (late stages): the cuts are paced by the measured recovery and the stage ends when
+    # an accepted cut reaches the target, at most max_steps (null with "auto": 2,000)
+    steps: Annotated[StrictInt, Field(ge=1, le=MAX_STEPS)] | Literal["auto"] | None = None
+    max_steps: StrictInt | None = Field(default=None, ge=1, le=MAX_STEPS)
     lr: LearningRatesSpec = Field(default_factory=LearningRatesSpec)
     lr_schedule: Literal["constant", "cosine"] = "constant"
     warmup_steps: StrictInt = Field(default=0, ge=0, le=MAX_STEPS)
@@ -70,6 +74,12 @@ class StageSpec(StrictModel):
     def _length(self) -> StageSpec:
         if (self.epochs is None) == (self.steps is None):
             raise ValueError("give exactly one of epochs and steps")
+        if self.steps == "auto" and self.kind != "late":
+            raise ValueError("steps 'auto' is for 'late' stages")
+        if self.max_steps is not None and self.steps != "auto":
+            raise ValueError("max_steps is for a stage with steps 'auto'")
+        if self.steps == "auto" and self.max_steps is None:
+            object.__setattr__(self, "max_steps", DEFAULT_AUTO_MAX_STEPS)
         if self.kind == "early" and self.teacher_weight:
             raise ValueError("teacher_weight is for 'late' and 'finetune' stages")
         if self.gamma is None:  # the default is filled here (fields_set still says not given)

@@ -9,9 +9,9 @@ A job ``B`` is the *dense baseline* of job ``J`` when all of these hold:
   for ``hf_bert``, source and distillation) and equal ``dataset`` sections;
 * equal ``training`` sections, ``log_every`` aside (it changes what is logged, not what is
   trained);
-* the same schedule length: the total ``steps`` and the total ``epochs`` of all stages
-  (a dense run has only ``early`` stages, so the stage kinds, learning rates and names
-  cannot be compared);
+* the same schedule length: the total ``steps`` and the total ``epochs`` of all stages, a
+  ``steps: "auto"`` stage counted at its ``max_steps`` (a dense run has only ``early``
+  stages, so the stage kinds, learning rates and names cannot be compared);
 * ``B`` has a complete export checkpoint (the metrics compared are the export's).
 
 Among those, the newest by ``finished_at`` (then ``created_at``) wins. At most
@@ -48,9 +48,15 @@ def baseline_key(spec: dict[str, Any]) -> dict[str, Any] | None:
         "model": norm["model"],
         "dataset": norm["dataset"],
         "training": training,
-        "steps": sum(s.get("steps") or 0 for s in stages),
+        "steps": sum(_steps(s) for s in stages),
         "epochs": sum(s.get("epochs") or 0 for s in stages),
     }
+
+
+def _steps(stage: dict[str, Any]) -> int:
+    """A stage's steps; a ``steps: "auto"`` stage's bound."""
+    steps = stage.get("max_steps") if stage.get("steps") == "auto" else stage.get("steps")
+    return int(steps or 0)
 
 
 def find_baseline(*, session: Session, job: Job) -> tuple[Job, Checkpoint] | None:

@@ -97,8 +97,8 @@ def _layer_plan(name: str, layer: TTLinear | TTMEmbedding) -> dict[str, Any]:
 def _total_steps(cfg: JobConfig, per_epoch: int | None) -> int | None:
     total = 0
     for stage in cfg.schedule:
-        if stage.steps is not None:
-            total += stage.steps
+        if stage.step_limit is not None:
+            total += stage.step_limit
         elif per_epoch is None:
             return None
         else:

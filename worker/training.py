@@ -152,8 +152,8 @@ def total_steps(trainer: Trainer, config: JobConfig) -> int | None:
     per_epoch = trainer.data.train.num_batches()
     total = 0
     for stage in config.schedule:
-        if stage.steps is not None:
-            total += stage.steps
+        if stage.step_limit is not None:
+            total += stage.step_limit
         elif per_epoch is not None and stage.epochs is not None:
             total += per_epoch * stage.epochs
         else:

@@ -217,7 +217,7 @@ def choose_layer_ranks(
 def probe_steps(job: Any) -> int:
     """Steps of the calibration run: :data:`PROBE_STEPS`, at most the first stage's steps."""
     first = job.schedule[0]
-    return PROBE_STEPS if first.steps is None else min(PROBE_STEPS, first.steps)
+    return PROBE_STEPS if first.step_limit is None else min(PROBE_STEPS, first.step_limit)
 
 
 def calibrate(

@@ -16,6 +16,9 @@ Stages run in order. Each has a kind and a length (``epochs`` or ``steps``, not 
   validation loss at the stage start. The size bound falls from S to S* over the stage and
   gate entries are cut to it gradually, cheapest loss per parameter first, under the fidelity
   guard ``compression.max_metric_drop`` (:mod:`engine.train.rank_control`). ``comera`` only.
+  ``steps: "auto"`` (late stages) paces the cuts by the measured recovery instead: each cut
+  comes once the last one has been judged within tolerance, and the stage ends when ``S*``
+  is reached by an accepted cut, or at ``max_steps`` (docs/method.md#recovery-paced-stages).
 * ``finetune``: task loss only, gates frozen, so S cannot grow back (the fine-tune after
   pruning). Allowed for every method.
 
@@ -64,6 +67,7 @@ CUDA_GRAPH_MODES = ("auto", "on", "off")
 MAX_STEPS = 1_000_000
 MAX_EPOCHS = 1_000
 MAX_GAMMA = 1000.0
+DEFAULT_AUTO_MAX_STEPS = 2_000  # the bound of a ``steps: "auto"`` stage that gives none
 DEFAULT_GAMMA = 0.01  # a stage's gamma when none is given and it is not chosen automatically
 MAX_TEACHER_WEIGHT = 1000.0
 MAX_TEMPERATURE = 100.0
@@ -93,7 +97,9 @@ class LearningRates(ConfigMethods):
 class StageConfig(ConfigMethods):
     kind: str = spec(choices=STAGE_KINDS)
     epochs: int | None = spec(None, ge=1, le=MAX_EPOCHS)
-    steps: int | None = spec(None, ge=1, le=MAX_STEPS)
+    # "auto" (late stages): as many steps as the recovery-paced cuts take, at most max_steps
+    steps: int | str | None = spec(None, ge=1, le=MAX_STEPS, choices=("auto",))
+    max_steps: int | None = spec(None, ge=1, le=MAX_STEPS)  # steps "auto": the bound
     lr: LearningRates = spec(factory=LearningRates)
     lr_schedule: str = spec("constant", choices=LR_SCHEDULES)
     warmup_steps: int = spec(0, ge=0, le=MAX_STEPS)
@@ -114,10 +120,16 @@ class StageConfig(ConfigMethods):
         if self.gamma is None:
             auto = self.kind == "early" and self.target_ratio is not None
             object.__setattr__(self, "gamma", "auto" if auto else DEFAULT_GAMMA)
+        if self.steps == "auto" and self.max_steps is None:
+            object.__setattr__(self, "max_steps", DEFAULT_AUTO_MAX_STEPS)
         validate(self)
         kind = self.kind
         if (self.epochs is None) == (self.steps is None):
             raise ConfigError("", "give exactly one of 'epochs' or 'steps'")
+        if self.steps == "auto" and kind != "late":
+            raise ConfigError("steps", f"'auto' is for 'late' stages, not {kind!r}")
+        if self.max_steps is not None and self.steps != "auto":
+            raise ConfigError("max_steps", "only applies to a stage with steps 'auto'")
         if self.gamma == "auto" and kind != "early":
             raise ConfigError("gamma", f"'auto' is for 'early' stages, not {kind!r}")
         if kind == "late" and self.target_ratio is None:
@@ -148,6 +160,17 @@ class StageConfig(ConfigMethods):
     @property
     def label(self) -> str:
         return self.name or self.kind
+
+    @property
+    def auto_steps(self) -> bool:
+        """Whether the stage's length is paced by its cuts (``steps: "auto"``)."""
+        return self.steps == "auto"
+
+    @property
+    def step_limit(self) -> int | None:
+        """The most steps the stage runs: ``steps``, ``max_steps`` when ``steps`` is
+        ``"auto"``, None for a stage given in epochs."""
+        return self.max_steps if self.steps == "auto" else self.steps  # type: ignore[return-value]
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)

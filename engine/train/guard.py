@@ -35,10 +35,14 @@ from torch import Tensor, nn
 
 from engine.train import checkpoint as ckpt
 
-__all__ = ["FidelityGuard", "POINTS", "MAX_WAIT_FACTOR"]
+__all__ = ["FidelityGuard", "POINTS", "MAX_WAIT_FACTOR", "AUTO_MAX_WAIT"]
 
 POINTS = 100.0  # metric points per unit of the metric (accuracy 0.95 = 95 points)
 MAX_WAIT_FACTOR = 4  # a retried cut recovers for at most this many prune intervals
+# steps "auto": a cut under the floor recovers for up to this many prune intervals before it is
+# undone (stdlib_modules, 5 folds at 0.5: 4 intervals left every run short of S* after 1,500
+# steps, rank-1 cuts failing by a point after 100 steps; 10 reached sizes 20-40% nearer S*)
+AUTO_MAX_WAIT = 10
 _EXTRA = "extra/"  # snapshot keys of the caller's extra tensors (the importance window)
 
 
@@ -102,6 +106,24 @@ class FidelityGuard:
             self.retries.append(self._entry(step, pending, size, metrics, "accept"))
         if pending is not None:
             self.wait = self.interval
+
+    def recovering(self, stage_step: int) -> bool:
+        """Whether the cut on trial may recover longer before it is judged failed: it has had
+        fewer than :data:`AUTO_MAX_WAIT` prune intervals (``steps: "auto"`` stages)."""
+        pending = self.pending
+        return pending is not None and (
+            stage_step - pending["stage_step"] < AUTO_MAX_WAIT * self.interval
+        )
+
+    def extend(self, step: int, size: int, metrics: Mapping[str, float]) -> dict[str, Any]:
+        """The cut on trial is under the floor but may recover longer: it is judged again
+        after one more prune interval (``recover``; the model and the cut stay)."""
+        assert self.pending is not None
+        self.wait += self.interval
+        entry = self._entry(step, self.pending, size, metrics, "recover")
+        entry["next_wait"] = self.wait
+        self.retries.append(entry)
+        return entry
 
     def back_off(
         self,

@@ -13,6 +13,10 @@ At a prune event of a guarded late stage, :func:`rank_event`
    makes it the snapshot (so a back-off restores the model that was cut, not an older one);
 3. cuts to the size bound (capped after a back-off) and shrinks.
 
+A ``steps: "auto"`` stage ends at the event where an accepted model is at or below ``S*``
+(:meth:`RankControl.reached`); its cuts wait for the last one's verdict (the event of a cut
+still recovering only trains), so the pace is the measured recovery.
+
 Every verdict is a ``guard`` event (step, sizes before and after, metric, decision) and an
 entry of the stage report's ``retries`` when it concerns a back-off or a retried cut.
 :func:`end_cuts` judges a cut still on trial, then (if it passed) makes the final cut to ``S*``
@@ -41,9 +45,14 @@ def rank_event(t: Trainer, index: int, stage: StageConfig) -> None:
         if control.dirty and not control.judge_due(s.stage_step):
             return  # the cut on trial is still recovering
         metrics = t._evaluate(stage)
-        if metrics and _verdict(t, stage, metrics, final=False) == "stop":
+        verdict = _verdict(t, stage, metrics, final=False) if metrics else None
+        if verdict == "stop":
             s.stage_stopped = True
-            return
+        if verdict in ("stop", "recover"):
+            return  # "recover": the cut on trial recovers one more interval
+    if control.reached(s.global_step):  # steps "auto": the target, accepted: the stage ends
+        s.stage_stopped = True
+        return
     if control.wants_snapshot(s.global_step) and control.cut_planned(s.stage_step):
         metrics = t._evaluate(stage)
         if control.refresh(s.global_step, metrics):
@@ -51,6 +60,8 @@ def rank_event(t: Trainer, index: int, stage: StageConfig) -> None:
     if control.cut(s.stage_step, s.global_step) is not None:
         t._shrink()
         t._emit_ranks(index)
+        if not control.guarded() and control.reached(s.global_step):
+            s.stage_stopped = True  # steps "auto" with no guard: the last cut reached S*
 
 
 def end_cuts(t: Trainer, stage: StageConfig) -> tuple[dict[str, Any] | None, dict[str, float]]:
@@ -85,8 +96,8 @@ def _verdict(t: Trainer, stage: StageConfig, metrics: dict[str, float], *, final
     assert control is not None and control.guard is not None
     size = model_size(t.model)
     pending = control.guard.pending
-    decision = control.judge(s.global_step, metrics, final=final)
-    if decision != "accept":
+    decision = control.judge(s.global_step, metrics, final=final, stage_step=s.stage_step)
+    if decision not in ("accept", "recover"):
         t._restored()
     _emit(t, stage, decision, size, pending, metrics, final=final)
     return decision

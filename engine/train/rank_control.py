@@ -23,6 +23,13 @@ Per stage kind:
   comes back, with its optimizer state and importance window) and retried smaller after more
   recovery steps, until the target is reached, the budget is spent (``target_reached:
   false``) or a one-rank cut failed (the stage stops).
+  A late stage with ``steps: "auto"`` is **recovery-paced** instead: ``J = L`` (the
+  penalty's push on the gates killed entries outside the guard's control: a restored model
+  lost the same gates again on every retry), each cut removes at most ``(S0 - S*) / 8``
+  (halved after a back-off, doubled back after an accepted cut), the next cut waits for the
+  guard's verdict on the last one, a cut under the floor recovers up to ten prune intervals
+  before it is undone, and the stage ends at the first accepted model at or below ``S*`` or
+  at ``max_steps``.
 * ``finetune``: ``J = L``.
 
 All of this state (window of importances, penalty weight, guard snapshot, prune events) is in
@@ -61,6 +68,7 @@ from engine.tt.shapes import bond_rank_bounds
 __all__ = ["RankControl", "EVENTS_PER_STAGE"]
 
 EVENTS_PER_STAGE = 20  # prune events of a late stage when the job never shrinks
+AUTO_CUTS = 8  # steps: "auto": the first cut removes 1/8 of the way from S0 to S*
 
 
 def _active_ranks(model: nn.Module) -> dict[str, list[int]]:
@@ -120,6 +128,8 @@ class RankControl:
             "floors": {k: list(v) for k, v in floors.items()},
             "ranks0": _active_ranks(self.model),
         }
+        if stage.auto_steps and target is not None:  # recovery-paced: a cut's largest size
+            self.info["auto_cut"] = max(1, math.ceil((size0 - target) / AUTO_CUTS))
         self._setup(stage)
 
     def _setup(self, stage: StageConfig) -> None:
@@ -129,12 +139,21 @@ class RankControl:
         cuts = stage.kind == "late" or (stage.kind == "early" and stage.target_ratio is not None)
         self.importance = GateImportance(self.index) if cuts else None
         self.guard = None
-        if stage.kind == "late" and self.max_metric_drop is not None:
+        if stage.kind in ("late", "finetune") and self.max_metric_drop is not None:
             interval = self.shrink_every or max(1, self.info.get("total", 0) // EVENTS_PER_STAGE)
             self.guard = FidelityGuard(self.metric, self.max_metric_drop, interval=interval)
 
-    def start_guard(self, step: int, metrics: Mapping[str, float]) -> None:
-        """The stage-start model is the first snapshot (``metrics``: evaluated at the start)."""
+    def start_guard(
+        self, step: int, metrics: Mapping[str, float], reference: float | None = None
+    ) -> None:
+        """The stage-start model is the first snapshot (``metrics``: evaluated at the start).
+        A finetune stage is guarded against the ``reference`` of the late stage before it
+        (none: not guarded): it ends with its start model back if it fell under that floor."""
+        if self.guard is not None and self.stage is not None and self.stage.kind == "finetune":
+            if reference is None:
+                self.guard = None
+                return
+            self.guard.reference = reference
         if self.guard is not None and metrics.get(self.metric) is not None:
             self._accept(step, model_size(self.model), metrics)
         elif self.guard is not None:
@@ -160,6 +179,9 @@ class RankControl:
         if stage.kind == "early":
             self._coefs = (1.0, gamma)
             return early_objective(loss, penalty, gamma), extra
+        if stage.auto_steps:  # recovery-paced: only the cuts change the size (see the doc)
+            self._coefs = (1.0, 0.0)
+            return loss, extra
         j, lam = late_objective(
             loss,
             penalty,
@@ -199,9 +221,13 @@ class RankControl:
         return bool(self.info.get("dirty"))
 
     def bound(self, stage_step: int) -> float | None:
+        """The size the model is cut to at ``stage_step``: the cubic schedule of a stage of
+        known length; ``steps: "auto"``, one step of ``auto_cut`` below the size now."""
         target = self.info.get("target")
         if target is None:
             return None
+        if self.info.get("auto_cut") is not None:
+            return max(target, model_size(self.model) - self.info["auto_cut"])
         begin, end = (
             (EARLY_BEGIN, EARLY_END) if self.stage.kind == "early" else (LATE_BEGIN, LATE_END)
         )
@@ -276,6 +302,17 @@ class RankControl:
             return False
         return model_size(self.model) < self.guard.accepted["size"]
 
+    def reached(self, step: int) -> bool:
+        """``steps: "auto"``: whether the target is reached by a model the guard accepted (by
+        the last cut, with no guard); the stage is then over (``reached_at``: ``step``)."""
+        target = self.info.get("target")
+        if self.info.get("auto_cut") is None or target is None:
+            return False
+        if (self.guard is not None and self.dirty) or model_size(self.model) > target:
+            return False
+        self.info["reached_at"] = step
+        return True
+
     def wants_snapshot(self, step: int) -> bool:
         """Whether a cut is about to be made on a model that is not the snapshot (the
         snapshot would then restore an older model than the one cut)."""
@@ -289,11 +326,16 @@ class RankControl:
         self._accept(step, model_size(self.model), metrics)
         return True
 
-    def judge(self, step: int, metrics: Mapping[str, float], *, final: bool) -> str:
+    def judge(
+        self, step: int, metrics: Mapping[str, float], *, final: bool, stage_step: int = 0
+    ) -> str:
         """After an evaluation of the cut model: keep it (``accept``), or restore the last
         accepted model and retry smaller (``back_off``), end the stage there (``stop``: the
         next cut would be smaller than one rank) or, at the stage's end, keep the restored
-        model (``restore``). The logged entry is the guard's last retry."""
+        model (``restore``). A ``steps: "auto"`` stage first gives a failing cut up to
+        :data:`engine.train.guard.AUTO_MAX_WAIT` prune intervals of recovery (``recover``:
+        the cut stays and is judged again one interval later). The logged entry is the
+        guard's last retry."""
         guard = self.guard
         assert guard is not None
         size = model_size(self.model)
@@ -301,7 +343,14 @@ class RankControl:
         if guard.check(metrics):
             self._accept(step, size, metrics)
             guard.passed(step, size, metrics)
+            if guard.cap is not None and self.info.get("auto_cut") is not None:
+                # recovery-paced: an accepted cut lets the next one be twice as large again
+                guard.cap = None if 2 * guard.cap >= self.info["auto_cut"] else 2 * guard.cap
             return "accept"
+        if self.info.get("auto_cut") is not None and not final and guard.recovering(stage_step):
+            guard.extend(step, size, metrics)  # recovery-paced: more steps before a verdict
+            self.info["dirty"] = True
+            return "recover"
         window = guard.restore(self.model, self.optimizer, self.names)
         self.index.refresh()
         if self.importance is not None:
@@ -353,7 +402,7 @@ class RankControl:
         if self.info.get("events"):
             out["prune_events"] = self.info["events"]
         retries = self.guard.retries if self.guard is not None else []
-        backs = [r for r in retries if r["decision"] != "accept"]
+        backs = [r for r in retries if r["decision"] not in ("accept", "recover")]
         if self.info.get("stopped"):
             out["stopped"] = self.info["stopped"]
             out["reason"] = self.info["stopped"]["reason"]
@@ -376,6 +425,12 @@ class RankControl:
                 out["retries"] = retries
         elif "guard" in self.info:
             out["guard"] = self.info["guard"]
+        if self.info.get("auto_cut") is not None:
+            out["paced"] = {
+                "first_cut": self.info["auto_cut"],
+                "max_steps": self.info["total"],
+                "reached_at": self.info.get("reached_at"),
+            }
         if self.auto is not None:
             out["gamma"] = {"share": float(self.auto.share), "last": float(self.auto.gamma)}
         return out

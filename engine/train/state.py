@@ -25,7 +25,7 @@ class TrainState:
     stages: list[dict[str, Any]] = field(default_factory=list)  # reports of finished stages
     last_ranks: dict[str, list[int]] = field(default_factory=dict)  # active ranks last emitted
     stage_total: int | None = None  # steps of the current stage (None: unknown, not needed)
-    stage_stopped: bool = False  # the fidelity guard ended the current stage early
+    stage_stopped: bool = False  # the guard ended the stage early, or an "auto" one reached S*
     control: dict[str, Any] = field(default_factory=dict)  # rank control of the stage (JSON)
     window_steps: int = 0  # steps in the logging window (its sums are checkpoint tensors)
 

@@ -69,6 +69,16 @@ def _float(t: Tensor | float) -> float:
     return float(t.item()) if isinstance(t, Tensor) else float(t)
 
 
+def _late_reference(stages: list[dict[str, Any]]) -> float | None:
+    """The guard's reference (the metric at its start) of the last late stage, if guarded: a
+    finetune after it must not end more than the tolerance below it."""
+    for report in reversed(stages):
+        if report["kind"] == "late":
+            guard = report.get("guard")
+            return guard.get("reference") if isinstance(guard, dict) else None
+    return None
+
+
 class Trainer:
     def __init__(
         self,
@@ -117,8 +127,8 @@ class Trainer:
 
     # -- data ---------------------------------------------------------------------------------
     def _stage_length(self, stage: StageConfig) -> int | None:
-        if stage.steps is not None:
-            return stage.steps
+        if stage.step_limit is not None:
+            return stage.step_limit
         per_epoch = self.data.train.num_batches()
         return None if per_epoch is None else per_epoch * (stage.epochs or 0)
 
@@ -128,13 +138,14 @@ class Trainer:
         while True:
             if s.stage_stopped:
                 return
-            if stage.steps is not None and s.stage_step >= stage.steps:
+            limit = stage.step_limit
+            if limit is not None and s.stage_step >= limit:
                 return
             if stage.epochs is not None and s.epoch >= s.stage_epoch0 + stage.epochs:
                 return
             for batch in self.data.train.batches(s.epoch, start=s.batch):  # resume mid-epoch
                 yield batch
-                if s.stage_stopped or (stage.steps is not None and s.stage_step >= stage.steps):
+                if s.stage_stopped or (limit is not None and s.stage_step >= limit):
                     return
             s.epoch, s.batch = s.epoch + 1, 0
 
@@ -162,17 +173,21 @@ class Trainer:
             metrics = self._evaluate(stage) or s.last_eval
             if stage.loss_ref is not None:
                 s.loss_ref = stage.loss_ref
-            elif "loss" not in metrics:
+            elif "loss" not in metrics and not stage.auto_steps:  # "auto": J = L, no L*
                 raise ConfigError(
                     f"schedule[{index}].loss_ref",
                     "no validation data to take L* from: set loss_ref",
                 )
             else:
-                s.loss_ref = metrics["loss"]
+                s.loss_ref = metrics.get("loss")
+        reference = _late_reference(s.stages) if stage.kind == "finetune" else None
+        guarded = self.control is not None and self.control.max_metric_drop is not None
+        if reference is not None and guarded:
+            metrics = self._evaluate(stage) or s.last_eval  # the finetune's guard (below)
         if self.control is not None:
             self.control.start_stage(stage, s, s.stage_total or 0)
-            if stage.kind == "late":
-                self.control.start_guard(s.global_step, metrics)
+            if stage.kind in ("late", "finetune"):
+                self.control.start_guard(s.global_step, metrics, reference)
         s.stage_started = True
         self.events.emit(
             {

@@ -168,7 +168,7 @@ def attach_teacher_embeddings_(
     teacher, config = getattr(model, "teacher", None), getattr(model, "config", None)
     if teacher is None or getattr(config, "distill", None) != "cosine_embedding":
         return None
-    step_examples = sum(s.steps or 0 for s in schedule) * batch_size
+    step_examples = sum(s.step_limit or 0 for s in schedule) * batch_size
     epochs = float(sum(s.epochs or 0 for s in schedule))
     dim = int(config.arch.hidden_size)
     split = train.num_examples()
