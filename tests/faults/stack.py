@@ -14,8 +14,10 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -118,8 +120,10 @@ class Stack:
         port = free_port()
         self.start("api", ["api", "--port", str(port)], env=env)
         client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=90)
-        wait_for(lambda: self._ready(client), 120, "the API", self.logs)
-        key = api_key(self.env)
+        with ThreadPoolExecutor(1) as pool:
+            created = pool.submit(api_key, self.env)  # in the store, while the API starts
+            wait_for(lambda: self._ready(client), 120, "the API", self.logs)
+            key = created.result()
         if key is not None:
             client.headers["Authorization"] = f"Bearer {key}"
         return client
@@ -141,6 +145,20 @@ class Stack:
         os.killpg(proc.pid, sig)
         proc.wait(timeout=30)
 
+    def pause(self, name: str) -> None:
+        """SIGSTOP to the process group of ``name``, returning once all of it has stopped: a
+        worker with a one-device job trains in its pool child, in that group, so nothing of
+        the job runs until :meth:`resume` or :meth:`kill` and a test can look at the job and
+        act on what it saw (a data-parallel job's launcher runs in a session of its own)."""
+        pgid, deadline = self.procs[name].pid, time.monotonic() + 10
+        os.killpg(pgid, signal.SIGSTOP)
+        while not all(_stopped(pid) for pid in _group(pgid)):  # delivered, not at once
+            assert time.monotonic() < deadline, f"{name} did not stop"
+            time.sleep(0.005)
+
+    def resume(self, name: str) -> None:
+        os.killpg(self.procs[name].pid, signal.SIGCONT)
+
     def logs(self, tail: int = 3000) -> str:
         return "\n".join(
             f"--- {p.name}\n{p.read_text(errors='replace')[-tail:]}"
@@ -151,6 +169,8 @@ class Stack:
         for proc in self.procs.values():
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
+                with suppress(ProcessLookupError):  # a paused group handles it too
+                    os.killpg(proc.pid, signal.SIGCONT)
         for proc in self.procs.values():
             try:
                 proc.wait(timeout=30)
@@ -183,6 +203,26 @@ class Stack:
         r = client.get(f"/v1/jobs/{job_id}/events", params={"kind": kind, "limit": 1000})
         assert r.status_code == 200, r.text
         return r.json()["items"]
+
+
+def _stopped(pid: int) -> bool:
+    """``pid`` is stopped (``/proc/PID/stat`` state ``T``), dead or gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2] in "TtZX"
+
+
+def _group(pgid: int) -> list[int]:
+    """The processes of process group ``pgid``."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with suppress(OSError):
+                if os.getpgid(int(entry.name)) == pgid:
+                    out.append(int(entry.name))
+    return out
 
 
 @contextmanager

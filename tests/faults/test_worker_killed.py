@@ -10,15 +10,19 @@ import pytest
 from tests.faults.stack import SPEC, wait_for
 
 pytestmark = pytest.mark.slow
-# long enough that the kill lands while attempt 1 runs: with SPEC's 40 steps a CI machine ran
-# from the first checkpoint (step 10) to the last (step 40) before the kill; 220 steps left
-# ~2.5 s between the first checkpoint and the end, which a stalled poll of the API could miss;
-# fewer evaluations (every 100 steps) and checkpoints (every 50) keep the 600 steps to ~5 s more
+# Attempt 1 must be killed after its first checkpoint (step 50) and before its end. The test
+# looks for that checkpoint with the worker paused (SIGSTOP to its process group, where the job
+# trains: ``Stack.pause``), so the job cannot end between the look and the kill, and runs only
+# in the 0.05 s between looks (~15 steps on an idle host, where the 170 steps after the
+# checkpoint take 0.6 s). (Looking while the job ran, a CI machine once went from the first
+# checkpoint to the last of 40 steps before the kill, and 220 steps were too few once the poll
+# of the API stalled; the test then ran 620, most of them twice.) Evaluations every 100 steps,
+# checkpoints every 50.
 KILLED = {
     **SPEC,
     "schedule": [
         {**stage, "steps": steps, **({"eval_every": 100} if "eval_every" in stage else {})}
-        for stage, steps in zip(SPEC["schedule"], (600, 10, 10), strict=True)
+        for stage, steps in zip(SPEC["schedule"], (200, 10, 10), strict=True)
     ],
     "checkpointing": {"every_n_steps": 50, "keep": 2},
 }
@@ -35,7 +39,14 @@ def test_a_killed_worker_is_replaced_and_the_job_resumes_from_its_checkpoint(sta
         items = client.get(f"/v1/jobs/{job_id}/checkpoints").json()["items"]
         return [c for c in items if c["kind"] == "latest" and c["state"] == "complete"]
 
-    wait_for(checkpoints, 150, "the first checkpoint", stack.logs)
+    def paused_at_a_checkpoint() -> list[dict]:
+        stack.pause("worker1")  # the job waits while we look
+        found = checkpoints()
+        if not found:
+            stack.resume("worker1")
+        return found
+
+    wait_for(paused_at_a_checkpoint, 150, "the first checkpoint", stack.logs, every=0.05)
     stack.kill("worker1")  # SIGKILL to the worker's process group, mid-training
     killed_at = datetime.now(UTC)
     newest = max(checkpoints(), key=lambda c: c["step"])

@@ -68,16 +68,20 @@ TINY_JOB = api_job(
 
 
 def wait_for(
-    predicate: Callable[[], Any], timeout: float, what: str, logs: Callable[[], str] = str
+    predicate: Callable[[], Any],
+    timeout: float,
+    what: str,
+    logs: Callable[[], str] = str,
+    every: float = 0.2,
 ) -> Any:
-    """``predicate()``'s first true value, polled every 0.2 s; after ``timeout`` seconds an
-    AssertionError naming ``what``, with ``logs()``."""
+    """``predicate()``'s first true value, polled every ``every`` seconds; after ``timeout``
+    seconds an AssertionError naming ``what``, with ``logs()``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(0.2)
+        time.sleep(every)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{logs()}")
 
 
