@@ -457,6 +457,7 @@ class RankControl:
             value=metrics.get(self.metric),
             dense=dense,
             tolerance=tolerance,
+            auto_rank=self.auto_rank,
         )
 
     def end_stage(self) -> None:

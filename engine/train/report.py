@@ -81,6 +81,7 @@ def early_stage_advice(
     value: float | None,
     dense: float | None,
     tolerance: float,
+    auto_rank: Mapping[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """The report entry of an early stage that its ranks held back, or None.
 
@@ -89,7 +90,9 @@ def early_stage_advice(
     its ranks saturated: every bond that started below its full TT rank (``bounds``), so at a
     rank the job's ``max_rank`` set, ended at that rank (nothing was given up there: the cap,
     not the data, set the rank), and at least one bond did. The fix in both cases is a larger
-    ``max_rank`` (or ``"auto"``). ``ranks_*``: per layer, the internal active ranks."""
+    ``max_rank`` (or ``"auto"``); for a job whose ranks ``"auto"`` chose (``auto_rank``, the
+    choice's report entry) at its cap, a ``max_rank`` above the cap, given explicitly, or less
+    of the cut in the early stage. ``ranks_*``: per layer, the internal active ranks."""
     capped = [
         (name, k)
         for name, start in ranks_start.items()
@@ -115,9 +118,26 @@ def early_stage_advice(
             f"{len({n for n, _ in capped})} layer(s)) ended at its starting rank: the rank cap, "
             "not the data, set the ranks"
         )
+    fix = "raise max_rank (or set it to 'auto')"
+    if auto_rank is not None:
+        cap = (auto_rank.get("probe") or {}).get("cap")
+        build = auto_rank.get("build_rank")
+        if auto_rank.get("capped") and cap is not None and build is not None and build >= cap:
+            fix = (
+                f"max_rank 'auto' chose its cap of {cap} ({', '.join(auto_rank['capped'])} "
+                f"needed more): give max_rank above {cap} explicitly, or ask the early stage for "
+                "a larger target_ratio and leave the rest of the cut to a late stage under the "
+                "fidelity guard"
+            )
+        else:
+            fix = (
+                f"max_rank 'auto' chose {build}: give a larger max_rank explicitly, or ask the "
+                "early stage for a larger target_ratio and leave the rest of the cut to a late "
+                "stage under the fidelity guard"
+            )
     return {
         "code": RAISE_MAX_RANK,
-        "fix": "raise max_rank (or set it to 'auto')",
+        "fix": fix,
         "reason": "; ".join(reasons),
         "metric": metric,
         "value": value,

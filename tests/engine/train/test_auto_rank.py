@@ -247,6 +247,30 @@ def test_advice_for_saturated_ranks_and_for_a_gap_to_the_dense_twin():
     )
 
 
+def test_the_advice_to_a_job_on_auto_rank_names_the_choice_not_auto():
+    """A job whose ranks max_rank 'auto' chose is not told to set 'auto': at the choice's cap
+    it is told to go above the cap explicitly or to cut less in the early stage."""
+    args = {
+        "ranks_start": {"a": [8]},
+        "ranks_end": {"a": [5]},
+        "bounds": {"a": [16]},
+        "metric": "accuracy",
+        "tolerance": 1.0,
+        "value": 0.9,
+        "dense": 0.93,
+    }
+    capped = {"build_rank": 8, "capped": ["a"], "probe": {"cap": 8}}
+    at_cap = early_stage_advice(**args, auto_rank=capped)
+    assert at_cap is not None and at_cap["below_dense"]
+    assert "cap of 8" in at_cap["fix"] and "above 8" in at_cap["fix"]
+    assert "set it to 'auto'" not in at_cap["fix"]
+    free = early_stage_advice(
+        **args, auto_rank={"build_rank": 6, "capped": [], "probe": {"cap": 8}}
+    )
+    assert free is not None and "chose 6" in free["fix"] and "cap" not in free["fix"]
+    assert "set it to 'auto'" in early_stage_advice(**args)["fix"]
+
+
 def test_an_early_stage_held_at_its_rank_cap_says_so(tmp_path):
     """gamma 0 prunes nothing: every bond stays at max_rank 2 -> report entry and event."""
     cfg = _job({"kind": "early", "steps": 10, "gamma": 0.0, "lr": LR}, max_rank=2)
