@@ -61,19 +61,13 @@ from engine.rank.prune import one_rank_cost, rank_floors
 from engine.rank.schedule import EARLY_BEGIN, EARLY_END, LATE_BEGIN, LATE_END, size_bound
 from engine.train.config import StageConfig
 from engine.train.guard import FidelityGuard
-from engine.train.report import early_stage_advice
+from engine.train.stage_outcome import active_ranks, stage_outcome
 from engine.train.state import TrainState
-from engine.tt.shapes import bond_rank_bounds
 
 __all__ = ["RankControl", "EVENTS_PER_STAGE"]
 
 EVENTS_PER_STAGE = 20  # prune events of a late stage when the job never shrinks
 AUTO_CUTS = 8  # steps: "auto": the first cut removes 1/8 of the way from S0 to S*
-
-
-def _active_ranks(model: nn.Module) -> dict[str, list[int]]:
-    """Per tensorized layer, its internal active ranks."""
-    return {n: list(layer.active_ranks()[1:-1]) for n, layer in tensorized_layers(model)}
 
 
 class RankControl:
@@ -126,7 +120,7 @@ class RankControl:
             "stopped": None,
             "events": [],
             "floors": {k: list(v) for k, v in floors.items()},
-            "ranks0": _active_ranks(self.model),
+            "ranks0": active_ranks(self.model),
         }
         if stage.auto_steps and target is not None:  # recovery-paced: a cut's largest size
             self.info["auto_cut"] = max(1, math.ceil((size0 - target) / AUTO_CUTS))
@@ -389,76 +383,8 @@ class RankControl:
     def outcome(
         self, size_end: int | None, metrics: Mapping[str, float] | None = None
     ) -> dict[str, Any]:
-        """What the stage reached: target, sizes, prune events, guard (stage report fields);
-        an early stage its ranks held back gets ``advice`` (:func:`early_advice`)."""
-        target = self.info.get("target")
-        out: dict[str, Any] = {}
-        advice = self.early_advice(metrics or {})
-        if advice is not None:
-            out["advice"] = advice
-        if target is not None and size_end is not None:
-            out["target_reached"] = size_end <= target
-            out["ratio_reached"] = size_end / self.info["size0"] if self.info["size0"] else None
-        if self.info.get("events"):
-            out["prune_events"] = self.info["events"]
-        retries = self.guard.retries if self.guard is not None else []
-        backs = [r for r in retries if r["decision"] not in ("accept", "recover")]
-        if self.info.get("stopped"):
-            out["stopped"] = self.info["stopped"]
-            out["reason"] = self.info["stopped"]["reason"]
-        elif target is not None and size_end is not None and size_end > target:
-            out["reason"] = "the stage ended above its size target"
-            if backs:
-                out["reason"] += (
-                    f": the step budget ran out after {len(backs)} back-off(s) of the "
-                    f"fidelity guard; the last: {backs[-1]['reason']}"
-                )
-        if self.guard is not None:
-            out["guard"] = {
-                "metric": self.metric,
-                "max_metric_drop": self.max_metric_drop,
-                "reference": self.guard.reference,
-                "accepted": self.guard.accepted,
-                "back_offs": len(backs),
-            }
-            if retries:
-                out["retries"] = retries
-        elif "guard" in self.info:
-            out["guard"] = self.info["guard"]
-        if self.info.get("auto_cut") is not None:
-            out["paced"] = {
-                "first_cut": self.info["auto_cut"],
-                "max_steps": self.info["total"],
-                "reached_at": self.info.get("reached_at"),
-            }
-        if self.auto is not None:
-            out["gamma"] = {"share": float(self.auto.share), "last": float(self.auto.gamma)}
-        return out
-
-    def early_advice(self, metrics: Mapping[str, float]) -> dict[str, Any] | None:
-        """``raise max_rank`` when an early stage ended more than the tolerance under its
-        dense twin (``dense_reference``, when the caller ran one) or with every bond that
-        ``max_rank`` limited still at that rank (:func:`engine.train.report.early_stage_advice`)."""
-        if self.stage is None or self.stage.kind != "early" or "ranks0" not in self.info:
-            return None
-        ranks0 = self.info["ranks0"]
-        bounds = {
-            n: list(bond_rank_bounds([math.prod(c.shape[1:-1]) for c in layer.cores]))
-            for n, layer in tensorized_layers(self.model)
-            if n in ranks0
-        }
-        dense = (self.dense_reference or {}).get(self.metric)
-        tolerance = 1.0 if self.max_metric_drop is None else self.max_metric_drop
-        return early_stage_advice(
-            ranks_start={n: r for n, r in ranks0.items() if n in bounds},
-            ranks_end=_active_ranks(self.model),
-            bounds=bounds,
-            metric=self.metric,
-            value=metrics.get(self.metric),
-            dense=dense,
-            tolerance=tolerance,
-            auto_rank=self.auto_rank,
-        )
+        """What the stage reached (:func:`engine.train.stage_outcome.stage_outcome`)."""
+        return stage_outcome(self, size_end, metrics or {})
 
     def end_stage(self) -> None:
         self.stage, self.importance, self.auto, self.guard, self.info = None, None, None, None, {}
