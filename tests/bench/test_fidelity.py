@@ -130,7 +130,7 @@ def _fast_protocol(monkeypatch):
     monkeypatch.setattr(fidelity, "EARLY_STEPS", 30)
     monkeypatch.setattr(fidelity, "EARLY_EPOCHS", 1)
     monkeypatch.setattr(fidelity, "TEXT_EARLY_EPOCHS", 1)
-    monkeypatch.setattr(fidelity, "LATE_STEPS", 40)
+    monkeypatch.setattr(fidelity, "LATE_MAX_STEPS", 40)
     monkeypatch.setattr(fidelity, "FINETUNE_STEPS", 10)
     monkeypatch.setattr(fidelity, "TEXT_MODEL", {**fidelity.TEXT_MODEL, "d_model": 32, "d_ff": 64})
     monkeypatch.setattr(fidelity, "TEXT_DATA", {"vocab_size": 200, "max_len": 16})
