@@ -40,8 +40,8 @@ __all__ = ["FidelityGuard", "POINTS", "MAX_WAIT_FACTOR", "AUTO_MAX_WAIT"]
 POINTS = 100.0  # metric points per unit of the metric (accuracy 0.95 = 95 points)
 MAX_WAIT_FACTOR = 4  # a retried cut recovers for at most this many prune intervals
 # steps "auto": a cut under the floor recovers for up to this many prune intervals before it is
-# undone (stdlib_modules, 5 folds at 0.5: 4 intervals left every run short of S* after 1,500
-# steps, rank-1 cuts failing by a point after 100 steps; 10 reached sizes 20-40% nearer S*)
+# undone (stdlib_modules folds 0, 1, 3, 4 at 0.5, 1,500 steps, S* ~5,600 entries: with 4 they
+# ended at 6,088 / 6,856 / 10,984 / 6,520 entries, with 10 at 6,088 / 6,288 / 6,816 / 5,288)
 AUTO_MAX_WAIT = 10
 _EXTRA = "extra/"  # snapshot keys of the caller's extra tensors (the importance window)
 
