@@ -99,8 +99,8 @@ def up(
 
     from service.main import create_app
     from service.store.db.migrate import upgrade
-    from service.store.reaper import ReaperThread
-    from service.store.task_control import LocalControl
+    from service.store.reaper import ReaperThread, TaskControl
+    from service.task_control import CeleryControl, LocalControl
 
     settings = load_settings(home)
     settings.ensure_dirs()
@@ -125,9 +125,11 @@ def up(
         )
         # the reaper (lost workers and messages, forced cancels) as a thread of this process;
         # the SQLite broker has no broadcast, so forced cancellation signals our own workers'
-        # children
+        # children; on Redis it goes through Celery's broadcast, as in deployments
         local = not settings.broker.startswith(("redis://", "rediss://"))
-        control = LocalControl(lambda: [p.pid for p in procs]) if local else None
+        control: TaskControl = (
+            LocalControl(lambda: [p.pid for p in procs]) if local else CeleryControl(settings)
+        )
         reaper = ReaperThread(settings, control=control)
         reaper.start()
         uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
@@ -209,9 +211,11 @@ def reaper(home: HomeOpt = None) -> None:
     import logging
 
     from service.store.reaper import ReaperThread
+    from service.task_control import CeleryControl
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    thread = ReaperThread(load_settings(home))
+    settings = load_settings(home)
+    thread = ReaperThread(settings, control=CeleryControl(settings))
     signal.signal(signal.SIGTERM, lambda *_: thread.stop())
     typer.echo(f"comera reaper: every {thread.settings.reaper_interval_seconds:g} s", err=True)
     try:

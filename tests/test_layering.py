@@ -18,8 +18,11 @@ The rules, exactly:
    included, ``if TYPE_CHECKING:`` blocks excluded; an import names the module it reads, not
    its parent packages), except the engine's :data:`KNOWN_CYCLES`, which may only go.
 7. of ``service``, the worker imports only the shared job store, :data:`STORE`
-   (``service.store`` and its submodules), and the store imports nothing of ``service`` outside
-   itself and none of :data:`WEB` (by statement, by string and by ``sys.modules`` look-up).
+   (``service.store`` and its submodules), and the workers' remote control, :data:`CONTROL`;
+   the store imports nothing of ``service`` outside itself (:data:`CONTROL` least of all: it
+   keeps only the interface) and none of :data:`WEB`, and :data:`CONTROL` imports nothing of
+   ``service`` but the store and none of :data:`WEB` (by statement, by string and by
+   ``sys.modules`` look-up).
 """
 
 from __future__ import annotations
@@ -332,6 +335,11 @@ def test_first_party_imports_go_downwards_by_statement_by_string_and_by_lookup()
 # The job store the API and the worker share (rule 7): the worker reaches the service only here,
 # and the store is no part of the web app.
 STORE = "service.store"
+# The workers' remote control (Celery's inspect/revoke, /proc for ``comera up``): the worker may
+# import it as well, because its beat task (``comera.reap``) runs the reaper and passes it the
+# broker-wide control. The store must not import it: the reaper keeps only the interface
+# (``service.store.reaper.TaskControl``) and its callers choose the implementation.
+CONTROL = "service.task_control"
 WEB = {"fastapi", "starlette", "uvicorn"}
 
 
@@ -342,19 +350,44 @@ def _in_store(module: str) -> bool:
 def test_the_worker_imports_only_the_store_and_the_store_nothing_of_the_web_app():
     """Rule 7, by statement, by string and by ``sys.modules`` look-up, at any depth."""
     assert (ROOT / STORE.replace(".", "/") / "__init__.py").is_file()
+    assert (ROOT / f"{CONTROL.replace('.', '/')}.py").is_file()
     offenders = []
     for path in _files(("worker", "service")):
-        rel = str(path.relative_to(ROOT))
-        in_store = _in_store(_module_of(path))
-        if not (in_store or rel.startswith("worker/")):
+        rel, module = str(path.relative_to(ROOT)), _module_of(path)
+        in_store, is_control = _in_store(module), module == CONTROL
+        if not (in_store or is_control or rel.startswith("worker/")):
             continue
+        shared = {CONTROL} if rel.startswith("worker/") else set()  # not to the store itself
         for target, line, how in _targets(path):
             top = target.split(".")[0]
-            if (top == "service" and not _in_store(target)) or (in_store and top in WEB):
+            outside = top == "service" and not _in_store(target) and target not in shared
+            if outside or ((in_store or is_control) and top in WEB):
                 offenders.append(f"{rel}:{line}: {how} {target}")
-    assert not offenders, f"only {STORE} is shared, and it is not the web app:\n" + "\n".join(
-        offenders
+    assert not offenders, (
+        f"only {STORE} (and {CONTROL}, for the worker) is shared, and neither is the web app:\n"
+        + "\n".join(offenders)
     )
+
+
+def test_the_store_keeps_only_the_remote_controls_interface():
+    """Rule 7's point for :data:`CONTROL`: no module of the store imports it (at any depth, by
+    string or look-up too), and the reaper's control has no default: each caller passes one."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}: {how} {target}"
+        for path in _files(("service",))
+        if _in_store(_module_of(path))
+        for target, line, how in _targets(path)
+        if target == CONTROL or target.startswith(f"{CONTROL}.")
+    ]
+    assert not offenders, f"the store imports {CONTROL}:\n" + "\n".join(offenders)
+    tree = _tree(ROOT / "service/store/reaper.py")
+    reaper = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+    assert isinstance(reaper.get("TaskControl"), ast.ClassDef), "the interface left the reaper"
+    [init] = [n for n in reaper["ReaperThread"].body if getattr(n, "name", "") == "__init__"]
+    for where, fn in (("reap_once", reaper["reap_once"]), ("ReaperThread", init)):
+        args = fn.args
+        defaults = dict(zip([a.arg for a in args.kwonlyargs], args.kw_defaults, strict=True))
+        assert "control" in defaults and defaults["control"] is None, f"{where}: a default control"
 
 
 def test_string_imports_are_seen():

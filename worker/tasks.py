@@ -1,5 +1,6 @@
 """The Celery tasks: ``comera.run_job(job_id, attempt)``, a thin shell over the pipeline, and
-``comera.reap``, one pass of the reaper (``service.store.reaper``; celery beat sends it).
+``comera.reap``, one pass of the reaper (``service.store.reaper``; celery beat sends it), with
+the broker-wide remote control (``service.task_control.CeleryControl``) for forced cancellation.
 
 It re-reads everything from the database (the message carries only ids), and it is
 idempotent: a duplicate or stale message loses the claim and returns ``"skipped"``. Acks are
@@ -37,6 +38,7 @@ from service.store.placement import queue_name
 from service.store.queue import TASK_NAME, client_app, task_id
 from service.store.reaper import reap_once
 from service.store.settings import Settings, get_settings
+from service.task_control import CeleryControl
 from worker import pipeline
 from worker.celery_app import app, session_factory
 
@@ -117,5 +119,8 @@ def _send_back(
 @app.task(name="comera.reap", ignore_result=True, acks_late=False)
 def reap() -> dict[str, int]:
     """One reaper pass; what it did, counted (the worker logs it)."""
-    report = reap_once(factory=session_factory(), settings=get_settings())
+    settings = get_settings()
+    report = reap_once(
+        factory=session_factory(), settings=settings, control=CeleryControl(settings)
+    )
     return report.counts()

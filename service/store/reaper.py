@@ -12,10 +12,10 @@ duplicate message is a no-op at the worker's claim check.
    ``retry_backoff_seconds`` x 2^(n-1) (at most ``retry_backoff_max_seconds``); else FAILED
    with a ``worker_lost`` problem.
 2. **Forced cancellation.** A CANCELLING job past ``cancel_grace_seconds`` (at once when
-   ``mode=immediate``): once the workers' remote control (:mod:`service.store.task_control`)
-   confirms that its exact task id runs in the lease owner's process, that process gets
-   SIGTERM (the worker checkpoints at the next step and stops), and SIGKILL
-   ``cancel_kill_after_seconds`` later; then CANCELLED.
+   ``mode=immediate``): once the workers' remote control (a :class:`TaskControl`) confirms
+   that its exact task id runs in the lease owner's process, that process gets SIGTERM (the
+   worker checkpoints at the next step and stops), and SIGKILL ``cancel_kill_after_seconds``
+   later; then CANCELLED.
 3. **Unsent messages.** QUEUED jobs flagged ``enqueue_pending`` are sent: a requeue at its
    ``enqueued_at``, a failed submission ``redrive_after_seconds`` after it was flagged.
 4. **Lost messages.** QUEUED jobs sent more than ``redeliver_after_seconds`` ago are sent
@@ -25,7 +25,10 @@ duplicate message is a no-op at the worker's claim check.
 5. **Expired idempotency keys** (kept 24 h) are deleted, at most ``PURGE_BATCH`` a pass, oldest
    first; it runs first, so a broker outage (which ends a pass early) never holds it up.
 
-Nothing here imports torch or the worker package: the queue is reached by task name.
+Nothing here imports torch or the worker package: the queue is reached by task name. The
+store keeps only the remote control's interface (:class:`TaskControl`); the implementations
+(Celery's broadcast, ``/proc`` for ``comera up``) are in ``service.task_control``, and each caller
+passes the one its deployment needs (``comera up``, ``comera reaper``, the worker's beat task).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -57,13 +60,13 @@ from service.store.db.session import make_engine, make_sessionmaker, session_sco
 from service.store.placement import placement, queue_name
 from service.store.queue import client_app, enqueue, task_id
 from service.store.settings import Settings
-from service.store.task_control import CeleryControl, TaskControl
 
 __all__ = [
     "PROBLEM_BASE",
     "PURGE_BATCH",
     "ReapReport",
     "ReaperThread",
+    "TaskControl",
     "backoff_seconds",
     "queue_length",
     "reap_once",
@@ -76,6 +79,17 @@ DEFAULT_WALL_TIME_S = 6 * 3600
 PURGE_BATCH = 1000  # expired idempotency keys deleted per pass (a short transaction)
 
 Send = Callable[..., bool]  # (job_id=, attempt=, max_wall_time_s=, devices=, nodes=) -> sent
+
+
+class TaskControl(Protocol):
+    """What forced cancellation (step 2) needs from the workers: their remote control
+    (implemented in ``service.task_control``, passed in by the reaper's callers)."""
+
+    def running(self, task: str, owner: str) -> bool | None:
+        """Whether ``task`` runs in ``owner``'s process; None: no answer from its node."""
+
+    def terminate(self, task: str, owner: str, sig: str) -> bool:
+        """Send ``sig`` (``SIGTERM``/``SIGKILL``) to the process running ``task``."""
 
 
 @dataclass
@@ -265,18 +279,17 @@ def reap_once(
     *,
     factory: sessionmaker[Session],
     settings: Settings,
+    control: TaskControl,
     now: datetime | None = None,
     send: Send | None = None,
-    control: TaskControl | None = None,
     queue_size: Callable[[str], int | None] | None = None,
     purge_batch: int = PURGE_BATCH,
 ) -> ReapReport:
     """One pass of the five steps (see the module doc) as of ``now`` (default: the clock).
 
-    ``send``: how a message goes out (default ``service.store.queue.enqueue``); ``control``: the
-    workers' remote control for forced cancellation (default
-    :class:`service.store.task_control.CeleryControl`; None
-    answers skip it); ``queue_size``: a broker queue's length, by name (default
+    ``control``: the workers' remote control for forced cancellation (``service.task_control``;
+    None answers skip it); ``send``: how a message goes out (default
+    ``service.store.queue.enqueue``); ``queue_size``: a broker queue's length, by name (default
     :func:`queue_length`); ``purge_batch``: expired idempotency keys deleted at most."""
     now = now or utcnow()
     send = send or partial(enqueue, settings=settings)
@@ -294,10 +307,8 @@ def reap_once(
     grace = now - timedelta(seconds=settings.cancel_grace_seconds)
     with session_scope(factory) as s:
         due = cancels_due(session=s, now=now, grace=grace)
-    if due:
-        control = control or CeleryControl(settings)
-        for job in due:
-            _force_cancel(factory, job, now, settings, control, report)
+    for job in due:
+        _force_cancel(factory, job, now, settings, control, report)
 
     flagged = now - timedelta(seconds=settings.redrive_after_seconds)
     with session_scope(factory) as s:
@@ -341,9 +352,10 @@ def _waiting(s: Session, settings: Settings) -> dict[str, int]:
 
 class ReaperThread(threading.Thread):
     """:func:`reap_once` every ``reaper_interval_seconds`` on its own engine, until
-    :meth:`stop` (``comera up``, ``comera reaper``). A failing pass is logged, not fatal."""
+    :meth:`stop` (``comera up``, ``comera reaper``), with the workers' remote control
+    ``control``. A failing pass is logged, not fatal."""
 
-    def __init__(self, settings: Settings, *, control: TaskControl | None = None) -> None:
+    def __init__(self, settings: Settings, *, control: TaskControl) -> None:
         super().__init__(name="comera-reaper", daemon=True)
         self.settings, self.control = settings, control
         self._stop_event = threading.Event()

@@ -16,7 +16,7 @@ from sqlalchemy import select
 from service.store.db.models import JobAttempt
 from service.store.db.session import make_engine
 from service.store.settings import Settings
-from service.store.task_control import CeleryControl
+from service.task_control import CeleryControl
 from tests.faults.stack import SPEC, wait_for
 
 pytestmark = pytest.mark.slow

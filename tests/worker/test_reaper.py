@@ -29,7 +29,7 @@ from service.store.db.session import session_scope
 from service.store.queue import enqueue
 from service.store.reaper import backoff_seconds, reap_once
 from service.store.settings import Settings
-from service.store.task_control import LocalControl
+from service.task_control import LocalControl
 from tests.worker.jobs import factory_for, get, make_job, move, tiny_spec
 from worker.pipeline import claim
 from worker.problems import PROBLEM_BASE
@@ -37,6 +37,19 @@ from worker.problems import PROBLEM_BASE
 S = JobState
 ROOT = Path(__file__).resolve().parents[2]
 OWNER = "gone-host:4242"  # a worker on another machine that stopped heartbeating
+
+
+class _Unasked:
+    """The remote control of the passes with no cancel due: asking it fails the test."""
+
+    def running(self, task: str, owner: str) -> bool | None:
+        raise AssertionError(f"the reaper asked whether {task} runs: no cancel was due")
+
+    def terminate(self, task: str, owner: str, sig: str) -> bool:
+        raise AssertionError(f"the reaper sent {sig} to {task}: no cancel was due")
+
+
+UNASKED = _Unasked()
 
 
 @pytest.fixture
@@ -132,11 +145,13 @@ def test_a_lost_worker_requeues_its_job_after_the_backoff_from_its_newest_checkp
     _checkpoint(factory, job_id, 1, 5)
     newest = _checkpoint(factory, job_id, 1, 10)
 
-    early = reap_once(factory=factory, settings=settings, now=utcnow() + timedelta(seconds=1))
+    early = reap_once(
+        factory=factory, settings=settings, control=UNASKED, now=utcnow() + timedelta(seconds=1)
+    )
     assert not early and get(factory, job_id)[0].state == "RUNNING"  # the lease still holds
 
     now = utcnow() + timedelta(seconds=10)
-    report = reap_once(factory=factory, settings=settings, now=now)
+    report = reap_once(factory=factory, settings=settings, control=UNASKED, now=now)
     assert report.requeued == [job_id] and report.sent == []  # not before the backoff
     job, (first, second) = get(factory, job_id)
     assert (job.state, job.attempt, job.enqueue_pending) == ("QUEUED", 2, True)
@@ -148,12 +163,18 @@ def test_a_lost_worker_requeues_its_job_after_the_backoff_from_its_newest_checkp
     assert _states(factory, job_id)[-1] == ("QUEUED", 2)
     assert _sent(client, queue) == []
 
-    assert not reap_once(factory=factory, settings=settings, now=now + timedelta(seconds=59))
-    report = reap_once(factory=factory, settings=settings, now=now + timedelta(seconds=61))
+    assert not reap_once(
+        factory=factory, settings=settings, control=UNASKED, now=now + timedelta(seconds=59)
+    )
+    report = reap_once(
+        factory=factory, settings=settings, control=UNASKED, now=now + timedelta(seconds=61)
+    )
     assert report.sent == [job_id] and _sent(client, queue) == [f"{job_id}:2"]
     job, _ = get(factory, job_id)
     assert job.enqueue_pending is False and job.state == "QUEUED"
-    assert not reap_once(factory=factory, settings=settings, now=now + timedelta(seconds=62))
+    assert not reap_once(
+        factory=factory, settings=settings, control=UNASKED, now=now + timedelta(seconds=62)
+    )
 
 
 def test_a_lost_worker_without_attempts_left_fails_and_a_cancelling_job_is_cancelled(
@@ -163,7 +184,9 @@ def test_a_lost_worker_without_attempts_left_fails_and_a_cancelling_job_is_cance
     last = _running(factory, attempt=3)  # max_attempts is 3
     cancelling = _running(factory)
     assert move(factory, cancelling, S.RUNNING, S.CANCELLING, cancel_requested_at=utcnow())
-    report = reap_once(factory=factory, settings=settings, now=utcnow() + timedelta(seconds=10))
+    report = reap_once(
+        factory=factory, settings=settings, control=UNASKED, now=utcnow() + timedelta(seconds=10)
+    )
     assert report.failed == [last] and report.cancelled == [cancelling] and not report.requeued
 
     job, attempts = get(factory, last)
@@ -176,7 +199,9 @@ def test_a_lost_worker_without_attempts_left_fails_and_a_cancelling_job_is_cance
     assert job.state == "CANCELLED" and attempt.exit_reason == "worker_lost"
     assert _states(factory, cancelling)[-2:] == [("CANCELLING", 1), ("CANCELLED", 1)]
     # terminal states are never touched again
-    assert not reap_once(factory=factory, settings=settings, now=utcnow() + timedelta(hours=1))
+    assert not reap_once(
+        factory=factory, settings=settings, control=UNASKED, now=utcnow() + timedelta(hours=1)
+    )
 
 
 def test_unsent_jobs_are_sent_when_due_and_stay_pending_while_the_broker_is_down(
@@ -190,12 +215,18 @@ def test_unsent_jobs_are_sent_when_due_and_stay_pending_while_the_broker_is_down
     now = utcnow()
     down = _settings(tmp_path, db_url, redrive_after_seconds=30)  # nothing listens on port 1
     t0 = time.monotonic()
-    assert not reap_once(factory=factory, settings=down, now=now + timedelta(seconds=31))
+    assert not reap_once(
+        factory=factory, settings=down, control=UNASKED, now=now + timedelta(seconds=31)
+    )
     assert time.monotonic() - t0 < 10 and get(factory, job_id)[0].enqueue_pending is True
 
     up = _settings(tmp_path, db_url, url, queue, redrive_after_seconds=30)
-    assert not reap_once(factory=factory, settings=up, now=now + timedelta(seconds=5))
-    report = reap_once(factory=factory, settings=up, now=now + timedelta(seconds=31))
+    assert not reap_once(
+        factory=factory, settings=up, control=UNASKED, now=now + timedelta(seconds=5)
+    )
+    report = reap_once(
+        factory=factory, settings=up, control=UNASKED, now=now + timedelta(seconds=31)
+    )
     assert report.sent == [job_id] and _sent(client, queue) == [f"{job_id}:1"]
     job, _ = get(factory, job_id)
     assert job.enqueue_pending is False and job.enqueued_at is not None
@@ -210,13 +241,19 @@ def test_a_lost_message_is_sent_again_only_when_the_queue_lacks_it(db_url, tmp_p
     with session_scope(factory) as s:
         mark_enqueued(session=s, job_id=job_id, sent=True)
     later = utcnow() + timedelta(seconds=601)
-    assert not reap_once(factory=factory, settings=settings, now=later)  # still in the queue
-    assert not reap_once(factory=factory, settings=settings, now=utcnow())  # and too young
+    assert not reap_once(
+        factory=factory, settings=settings, control=UNASKED, now=later
+    )  # still in the queue
+    assert not reap_once(
+        factory=factory, settings=settings, control=UNASKED, now=utcnow()
+    )  # and too young
 
     client.delete(queue)  # the broker lost it (a restart without persistence)
-    report = reap_once(factory=factory, settings=settings, now=later)
+    report = reap_once(factory=factory, settings=settings, control=UNASKED, now=later)
     assert report.resent == [job_id] and _sent(client, queue) == [f"{job_id}:1"]
-    assert not reap_once(factory=factory, settings=settings, now=later)  # stamped: not again
+    assert not reap_once(
+        factory=factory, settings=settings, control=UNASKED, now=later
+    )  # stamped: not again
 
 
 def test_a_lost_message_goes_again_to_the_queue_of_its_placement(db_url, tmp_path, broker):
@@ -234,10 +271,10 @@ def test_a_lost_message_goes_again_to_the_queue_of_its_placement(db_url, tmp_pat
             mark_enqueued(session=s, job_id=job_id, sent=True)
     assert _sent(client, queue) == [f"{one}:1"] and _sent(client, f"{queue}.x2") == [f"{two}:1"]
     later = utcnow() + timedelta(seconds=601)
-    assert not reap_once(factory=factory, settings=settings, now=later)
+    assert not reap_once(factory=factory, settings=settings, control=UNASKED, now=later)
 
     client.delete(f"{queue}.x2")
-    report = reap_once(factory=factory, settings=settings, now=later)
+    report = reap_once(factory=factory, settings=settings, control=UNASKED, now=later)
     assert report.resent == [two] and _sent(client, f"{queue}.x2") == [f"{two}:1"]
     assert _sent(client, queue) == [f"{one}:1"]
 
@@ -346,7 +383,7 @@ def test_expired_idempotency_keys_are_purged_in_bounded_batches_oldest_first(db_
         with session_scope(factory) as s:
             return sorted(s.scalars(select(IdempotencyKey.key)))
 
-    report = reap_once(factory=factory, settings=settings, now=now, purge_batch=2)
+    report = reap_once(factory=factory, settings=settings, control=UNASKED, now=now, purge_batch=2)
     assert report.purged_keys == 2 and report and keys() == ["k2", "k3", "k4"]
     assert report.counts() == {
         "requeued": 0,
@@ -357,12 +394,14 @@ def test_expired_idempotency_keys_are_purged_in_bounded_batches_oldest_first(db_
         "resent": 0,
         "purged_keys": 2,
     }
-    report = reap_once(factory=factory, settings=settings, now=now, purge_batch=2)
+    report = reap_once(factory=factory, settings=settings, control=UNASKED, now=now, purge_batch=2)
     assert report.purged_keys == 1 and keys() == ["k3", "k4"]
-    report = reap_once(factory=factory, settings=settings, now=now, purge_batch=2)
+    report = reap_once(factory=factory, settings=settings, control=UNASKED, now=now, purge_batch=2)
     assert report.purged_keys == 0 and not report and keys() == ["k3", "k4"]
     later = now + timedelta(hours=1)  # expires_at == now: expired
-    assert reap_once(factory=factory, settings=settings, now=later).purged_keys == 1
+    assert (
+        reap_once(factory=factory, settings=settings, control=UNASKED, now=later).purged_keys == 1
+    )
     assert keys() == ["k4"]
 
 

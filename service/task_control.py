@@ -1,18 +1,22 @@
 """How the reaper reaches the process that runs a task: the workers' remote control.
 
-Forced cancellation (``service.store.reaper``, step 2) asks a :class:`TaskControl` whether a
-job's task runs in its lease owner's process (``host:pid``) and signals that process:
+Forced cancellation (``service.store.reaper``, step 2) asks a
+:class:`~service.store.reaper.TaskControl` whether a job's task runs in its lease owner's
+process (``host:pid``) and signals that process. The implementations:
 
 * :class:`CeleryControl`: broker-wide (Redis), Celery's ``inspect().active()`` and
-  ``revoke(terminate=True)``; the default of deployments and of the beat task;
+  ``revoke(terminate=True)``; what deployments use (``comera reaper``, ``comera up`` on Redis
+  and the worker's beat task ``comera.reap``);
 * :class:`LocalControl`: ``comera up`` with the embedded broker, which has no broadcast: the
   worker processes are this machine's children, and ``/proc`` says whether the lease owner is
   a child of one of them.
 
-It lives in the store, beside the Celery client that sends the jobs' messages
-(``service.store.queue``), because both the API's commands (``comera up``, ``comera
-reaper``) and the worker's beat task run the reaper, and the store is the one package both
-may import. Nothing here imports torch or the worker package.
+The store keeps only the interface (the Protocol, beside the reaper), and the reaper's callers
+choose an implementation and pass it in: the store never imports this module
+(``tests/test_layering.py``). Of ``service``, this module imports only the store (the Celery
+client of ``service.store.queue`` and the settings), so the worker, whose beat task runs the
+reaper with :class:`CeleryControl`, may import it too. Nothing here imports torch or the worker
+package.
 """
 
 from __future__ import annotations
@@ -22,24 +26,13 @@ import os
 import signal
 import socket
 from collections.abc import Callable, Iterable
-from typing import Protocol
 
 from service.store.queue import client_app
 from service.store.settings import Settings
 
-__all__ = ["CeleryControl", "LocalControl", "TaskControl"]
+__all__ = ["CeleryControl", "LocalControl"]
 
 log = logging.getLogger(__name__)
-
-
-class TaskControl(Protocol):
-    """What forced cancellation needs from the workers."""
-
-    def running(self, task: str, owner: str) -> bool | None:
-        """Whether ``task`` runs in ``owner``'s process; None: no answer from its node."""
-
-    def terminate(self, task: str, owner: str, sig: str) -> bool:
-        """Send ``sig`` (``SIGTERM``/``SIGKILL``) to the process running ``task``."""
 
 
 def _owner_pid(owner: str) -> tuple[str, int | None]:
