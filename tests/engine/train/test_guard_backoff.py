@@ -14,7 +14,7 @@ import torch
 from engine.train import FunctionCallback, Trainer
 from engine.train.guard import FidelityGuard
 from tests.engine.train.test_rank_control import LR, mlp_job
-from tests.engine.train.test_trainer import _assert_bitwise, _params
+from tests.engine.train.test_trainer import _assert_same_run
 
 EARLY = 80
 
@@ -138,11 +138,7 @@ def test_resume_after_a_back_off_is_bitwise(backed_off):
     # the first checkpoint after the back-off: the restored model, cap and wait in flight
     ckpts = sorted((path / "checkpoints").glob("step-*.safetensors"))
     ckpt = next(p for p in ckpts if int(p.stem.split("-")[1]) > first["step"])
-    again = Trainer(job, workdir=path / "again", resume=ckpt).run()
-    _assert_bitwise(_params(result.model), _params(again.model))
-    strip = [{k: v for k, v in s.items() if k != "seconds"} for s in result.report["stages"]]
-    got = [{k: v for k, v in s.items() if k != "seconds"} for s in again.report["stages"]]
-    assert got == strip
+    _assert_same_run(result, Trainer(job, workdir=path / "again", resume=ckpt).run())
 
 
 def test_the_guard_backs_off_by_halves_and_stops_at_one_rank():

@@ -17,7 +17,7 @@ from engine.train import ConfigError, FunctionCallback, Trainer
 from engine.train.config import DEFAULT_AUTO_MAX_STEPS, StageConfig
 from engine.train.guard import AUTO_MAX_WAIT
 from tests.engine.train.test_rank_control import LR, mlp_job
-from tests.engine.train.test_trainer import _assert_bitwise, _params
+from tests.engine.train.test_trainer import _assert_bitwise, _assert_same_run, _params
 
 EARLY, SHRINK = 60, 5
 
@@ -117,11 +117,7 @@ def test_resume_during_a_recovery_is_bitwise(strict):
     first = next(r for r in late["retries"] if r["decision"] == "recover")
     ckpts = sorted((path / "checkpoints").glob("step-*.safetensors"))
     ckpt = next(p for p in ckpts if int(p.stem.split("-")[1]) >= first["step"])
-    again = Trainer(job, workdir=path / "again", resume=ckpt).run()
-    _assert_bitwise(_params(result.model), _params(again.model))
-    strip = [{k: v for k, v in s.items() if k != "seconds"} for s in result.report["stages"]]
-    got = [{k: v for k, v in s.items() if k != "seconds"} for s in again.report["stages"]]
-    assert got == strip
+    _assert_same_run(result, Trainer(job, workdir=path / "again", resume=ckpt).run())
 
 
 def test_a_finetune_under_the_late_floor_ends_with_its_start_model(tmp_path):

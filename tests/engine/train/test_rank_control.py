@@ -12,7 +12,7 @@ from engine.rank import tensorized_layers
 from engine.rank.schedule import LATE_END, size_bound
 from engine.train import FunctionCallback, JobConfig, Trainer
 from engine.train.checkpoint import read_checkpoint
-from tests.engine.train.test_trainer import _assert_bitwise, _params
+from tests.engine.train.test_trainer import _assert_bitwise, _assert_same_run, _params
 from tests.helpers.specs import early_stage, engine_job, late_stage, mlp_model, synthetic_data
 
 LR = {"cores": 0.003, "gates": 0.01, "others": 0.001}
@@ -128,10 +128,7 @@ def test_resume_inside_a_guarded_gradual_late_stage_is_bitwise(tmp_path):
         assert snap and snap.keys() == control.guard.snapshot.keys()
         assert all(torch.equal(snap[k], control.guard.snapshot[k]) for k in snap)
         resumed, _ = run(job, tmp_path / "full", resume=path)
-        _assert_bitwise(_params(full.model), _params(resumed.model))
-        strip = [{k: v for k, v in s.items() if k != "seconds"} for s in full.report["stages"]]
-        again = [{k: v for k, v in s.items() if k != "seconds"} for s in resumed.report["stages"]]
-        assert again == strip
+        _assert_same_run(full, resumed)
 
 
 def test_auto_gamma_turns_gates_off_and_paces_to_the_early_target(tmp_path):

@@ -22,7 +22,7 @@ from engine.train.resume import check_compatible
 from engine.train.state import TrainState
 from engine.train.teacher import StageTeacher, distill_kl, teacher_output, teacher_weight
 from tests.engine.train.test_rank_control import LR, mlp_job
-from tests.engine.train.test_trainer import _assert_bitwise, _params
+from tests.engine.train.test_trainer import _assert_same_run
 from tests.helpers.specs import engine_job, mlp_model, stages, synthetic_data
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -159,11 +159,7 @@ def test_resume_with_a_teacher_is_bitwise(distilled):
     inside = [p for p in ckpts if EARLY < int(p.stem.split("-")[1]) < EARLY + 26]
     assert inside
     for ckpt in (inside[0], inside[-1]):  # in the late stage and in the finetune after it
-        again = Trainer(job, workdir=path / "again", resume=ckpt).run()
-        _assert_bitwise(_params(result.model), _params(again.model))
-        strip = [{k: v for k, v in s.items() if k != "seconds"} for s in result.report["stages"]]
-        got = [{k: v for k, v in s.items() if k != "seconds"} for s in again.report["stages"]]
-        assert got == strip
+        _assert_same_run(result, Trainer(job, workdir=path / "again", resume=ckpt).run())
 
 
 def test_a_bf16_fast_path_job_distils_too(tmp_path):

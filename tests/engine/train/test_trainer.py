@@ -61,6 +61,17 @@ def _assert_bitwise(a: dict, b: dict) -> None:
         assert torch.equal(a[k], b[k]), f"{k} differs after resume"
 
 
+def _assert_same_run(want, got) -> None:
+    """Two runs' results (``TrainResult``) ended bitwise alike: parameters, and every stage
+    report but its wall time."""
+    _assert_bitwise(_params(want.model), _params(got.model))
+
+    def stages(result) -> list[dict]:
+        return [{k: v for k, v in s.items() if k != "seconds"} for s in result.report["stages"]]
+
+    assert stages(got) == stages(want)
+
+
 @pytest.mark.parametrize("method", ["comera", "dense", "galore"])
 def test_resume_from_checkpoint_is_bitwise_exact(tmp_path, method):
     job = make_job(method)
