@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench import fidelity, fidelity_data, fidelity_encoder
+from bench import fidelity, fidelity_data, fidelity_encoder, fidelity_results
 from engine.models.hf_bert import load_pretrained
 from engine.models.hf_bert.config import check_model_dir, read_architecture
 from engine.train import JobConfig
@@ -227,9 +227,9 @@ def test_the_tables_print_from_a_payload(capsys):
 
 def test_skip_encoder_keeps_the_last_minilm_pass(tmp_path):
     out = tmp_path / "fidelity.json"
-    assert fidelity._previous(str(out)) == {}
+    assert fidelity_results.previous_results(str(out)) == {}
     out.write_text(json.dumps({"encoder": {"points": []}}))
-    assert fidelity._previous(str(out))["encoder"] == {"points": []}
+    assert fidelity_results.previous_results(str(out))["encoder"] == {"points": []}
 
 
 def test_update_keeps_the_other_data_sets_and_lists_the_run():
@@ -245,7 +245,7 @@ def test_update_keeps_the_other_data_sets_and_lists_the_run():
         "seconds": 50.0,
     }
     args = argparse.Namespace(text_reps=5, reps=5, note=None)
-    fidelity._merge(payload, previous, ["stdlib_modules_text"], args)
+    fidelity_results.merge_update(payload, previous, ["stdlib_modules_text"], args)
     assert payload["protocol"] == {
         "reps": 5,
         "text_reps": 5,

@@ -18,6 +18,7 @@ from engine.models.hf_bert.cache import (
 )
 from engine.models.hf_bert.config import HFBertConfig
 from engine.models.registry import TensorizeOptions, get_workload
+from engine.train.config import StageConfig
 from tests.helpers.hf_bert import write_tiny_bert
 
 
@@ -114,7 +115,7 @@ def test_the_table_is_built_only_when_it_pays_and_fits():
 
 
 def test_attach_skips_other_losses_and_short_jobs(tiny):
-    stages = [SimpleNamespace(steps=4, epochs=None)]
+    stages = [StageConfig.from_dict({"kind": "early", "steps": 4}, "schedule[0]")]
     source = SimpleNamespace(
         num_examples=lambda: 16, batches=lambda epoch: iter([padded(SENTENCES, 9)])
     )
