@@ -65,7 +65,7 @@ class StageSpec(StrictModel):
     loss_weight: float = Field(default=0.1, ge=0, le=1000)
     eval_every: StrictInt | None = Field(default=None, ge=1, le=MAX_STEPS)
     # late and finetune stages: weight of the distillation from the model at the start of the
-    # last late stage (null: on for classifiers while max_metric_drop is set; 0: off) and its
+    # last late stage (null: the engine's default, 0, off; opt in with a weight > 0) and its
     # temperature
     teacher_weight: float | None = Field(default=None, ge=0, le=1000)
     teacher_temperature: float = Field(default=2.0, gt=0, le=100)
