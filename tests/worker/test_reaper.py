@@ -75,6 +75,11 @@ def _settings(tmp_path, db_url, broker_url="redis://127.0.0.1:1/0", queue="q", *
     )
 
 
+def _reap(factory, settings, now, **kw):
+    """One pass of the reaper with no forced cancel due (the control must not be asked)."""
+    return reap_once(factory=factory, settings=settings, control=UNASKED, now=now, **kw)
+
+
 def _sent(client, queue: str) -> list[str]:
     return [json.loads(raw)["headers"]["id"] for raw in client.lrange(queue, 0, -1)]
 
@@ -145,13 +150,11 @@ def test_a_lost_worker_requeues_its_job_after_the_backoff_from_its_newest_checkp
     _checkpoint(factory, job_id, 1, 5)
     newest = _checkpoint(factory, job_id, 1, 10)
 
-    early = reap_once(
-        factory=factory, settings=settings, control=UNASKED, now=utcnow() + timedelta(seconds=1)
-    )
+    early = _reap(factory, settings, utcnow() + timedelta(seconds=1))
     assert not early and get(factory, job_id)[0].state == "RUNNING"  # the lease still holds
 
     now = utcnow() + timedelta(seconds=10)
-    report = reap_once(factory=factory, settings=settings, control=UNASKED, now=now)
+    report = _reap(factory, settings, now)
     assert report.requeued == [job_id] and report.sent == []  # not before the backoff
     job, (first, second) = get(factory, job_id)
     assert (job.state, job.attempt, job.enqueue_pending) == ("QUEUED", 2, True)
@@ -163,18 +166,12 @@ def test_a_lost_worker_requeues_its_job_after_the_backoff_from_its_newest_checkp
     assert _states(factory, job_id)[-1] == ("QUEUED", 2)
     assert _sent(client, queue) == []
 
-    assert not reap_once(
-        factory=factory, settings=settings, control=UNASKED, now=now + timedelta(seconds=59)
-    )
-    report = reap_once(
-        factory=factory, settings=settings, control=UNASKED, now=now + timedelta(seconds=61)
-    )
+    assert not _reap(factory, settings, now + timedelta(seconds=59))
+    report = _reap(factory, settings, now + timedelta(seconds=61))
     assert report.sent == [job_id] and _sent(client, queue) == [f"{job_id}:2"]
     job, _ = get(factory, job_id)
     assert job.enqueue_pending is False and job.state == "QUEUED"
-    assert not reap_once(
-        factory=factory, settings=settings, control=UNASKED, now=now + timedelta(seconds=62)
-    )
+    assert not _reap(factory, settings, now + timedelta(seconds=62))
 
 
 def test_a_lost_worker_without_attempts_left_fails_and_a_cancelling_job_is_cancelled(
@@ -184,9 +181,7 @@ def test_a_lost_worker_without_attempts_left_fails_and_a_cancelling_job_is_cance
     last = _running(factory, attempt=3)  # max_attempts is 3
     cancelling = _running(factory)
     assert move(factory, cancelling, S.RUNNING, S.CANCELLING, cancel_requested_at=utcnow())
-    report = reap_once(
-        factory=factory, settings=settings, control=UNASKED, now=utcnow() + timedelta(seconds=10)
-    )
+    report = _reap(factory, settings, utcnow() + timedelta(seconds=10))
     assert report.failed == [last] and report.cancelled == [cancelling] and not report.requeued
 
     job, attempts = get(factory, last)
@@ -199,9 +194,7 @@ def test_a_lost_worker_without_attempts_left_fails_and_a_cancelling_job_is_cance
     assert job.state == "CANCELLED" and attempt.exit_reason == "worker_lost"
     assert _states(factory, cancelling)[-2:] == [("CANCELLING", 1), ("CANCELLED", 1)]
     # terminal states are never touched again
-    assert not reap_once(
-        factory=factory, settings=settings, control=UNASKED, now=utcnow() + timedelta(hours=1)
-    )
+    assert not _reap(factory, settings, utcnow() + timedelta(hours=1))
 
 
 def test_unsent_jobs_are_sent_when_due_and_stay_pending_while_the_broker_is_down(
@@ -215,18 +208,12 @@ def test_unsent_jobs_are_sent_when_due_and_stay_pending_while_the_broker_is_down
     now = utcnow()
     down = _settings(tmp_path, db_url, redrive_after_seconds=30)  # nothing listens on port 1
     t0 = time.monotonic()
-    assert not reap_once(
-        factory=factory, settings=down, control=UNASKED, now=now + timedelta(seconds=31)
-    )
+    assert not _reap(factory, down, now + timedelta(seconds=31))
     assert time.monotonic() - t0 < 10 and get(factory, job_id)[0].enqueue_pending is True
 
     up = _settings(tmp_path, db_url, url, queue, redrive_after_seconds=30)
-    assert not reap_once(
-        factory=factory, settings=up, control=UNASKED, now=now + timedelta(seconds=5)
-    )
-    report = reap_once(
-        factory=factory, settings=up, control=UNASKED, now=now + timedelta(seconds=31)
-    )
+    assert not _reap(factory, up, now + timedelta(seconds=5))
+    report = _reap(factory, up, now + timedelta(seconds=31))
     assert report.sent == [job_id] and _sent(client, queue) == [f"{job_id}:1"]
     job, _ = get(factory, job_id)
     assert job.enqueue_pending is False and job.enqueued_at is not None
@@ -241,19 +228,13 @@ def test_a_lost_message_is_sent_again_only_when_the_queue_lacks_it(db_url, tmp_p
     with session_scope(factory) as s:
         mark_enqueued(session=s, job_id=job_id, sent=True)
     later = utcnow() + timedelta(seconds=601)
-    assert not reap_once(
-        factory=factory, settings=settings, control=UNASKED, now=later
-    )  # still in the queue
-    assert not reap_once(
-        factory=factory, settings=settings, control=UNASKED, now=utcnow()
-    )  # and too young
+    assert not _reap(factory, settings, later)  # still in the queue
+    assert not _reap(factory, settings, utcnow())  # and too young
 
     client.delete(queue)  # the broker lost it (a restart without persistence)
-    report = reap_once(factory=factory, settings=settings, control=UNASKED, now=later)
+    report = _reap(factory, settings, later)
     assert report.resent == [job_id] and _sent(client, queue) == [f"{job_id}:1"]
-    assert not reap_once(
-        factory=factory, settings=settings, control=UNASKED, now=later
-    )  # stamped: not again
+    assert not _reap(factory, settings, later)  # stamped: not again
 
 
 def test_a_lost_message_goes_again_to_the_queue_of_its_placement(db_url, tmp_path, broker):
@@ -271,10 +252,10 @@ def test_a_lost_message_goes_again_to_the_queue_of_its_placement(db_url, tmp_pat
             mark_enqueued(session=s, job_id=job_id, sent=True)
     assert _sent(client, queue) == [f"{one}:1"] and _sent(client, f"{queue}.x2") == [f"{two}:1"]
     later = utcnow() + timedelta(seconds=601)
-    assert not reap_once(factory=factory, settings=settings, control=UNASKED, now=later)
+    assert not _reap(factory, settings, later)
 
     client.delete(f"{queue}.x2")
-    report = reap_once(factory=factory, settings=settings, control=UNASKED, now=later)
+    report = _reap(factory, settings, later)
     assert report.resent == [two] and _sent(client, f"{queue}.x2") == [f"{two}:1"]
     assert _sent(client, queue) == [f"{one}:1"]
 
@@ -383,7 +364,7 @@ def test_expired_idempotency_keys_are_purged_in_bounded_batches_oldest_first(db_
         with session_scope(factory) as s:
             return sorted(s.scalars(select(IdempotencyKey.key)))
 
-    report = reap_once(factory=factory, settings=settings, control=UNASKED, now=now, purge_batch=2)
+    report = _reap(factory, settings, now, purge_batch=2)
     assert report.purged_keys == 2 and report and keys() == ["k2", "k3", "k4"]
     assert report.counts() == {
         "requeued": 0,
@@ -394,14 +375,12 @@ def test_expired_idempotency_keys_are_purged_in_bounded_batches_oldest_first(db_
         "resent": 0,
         "purged_keys": 2,
     }
-    report = reap_once(factory=factory, settings=settings, control=UNASKED, now=now, purge_batch=2)
+    report = _reap(factory, settings, now, purge_batch=2)
     assert report.purged_keys == 1 and keys() == ["k3", "k4"]
-    report = reap_once(factory=factory, settings=settings, control=UNASKED, now=now, purge_batch=2)
+    report = _reap(factory, settings, now, purge_batch=2)
     assert report.purged_keys == 0 and not report and keys() == ["k3", "k4"]
     later = now + timedelta(hours=1)  # expires_at == now: expired
-    assert (
-        reap_once(factory=factory, settings=settings, control=UNASKED, now=later).purged_keys == 1
-    )
+    assert _reap(factory, settings, later).purged_keys == 1
     assert keys() == ["k4"]
 
 
