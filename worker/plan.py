@@ -94,18 +94,6 @@ def _layer_plan(name: str, layer: TTLinear | TTMEmbedding) -> dict[str, Any]:
     }
 
 
-def _total_steps(cfg: JobConfig, per_epoch: int | None) -> int | None:
-    total = 0
-    for stage in cfg.schedule:
-        if stage.step_limit is not None:
-            total += stage.step_limit
-        elif per_epoch is None:
-            return None
-        else:
-            total += per_epoch * (stage.epochs or 0)
-    return total
-
-
 PRETRAINED_ARCHS = ("hf", "hf_bert")  # with model.config.path: a frozen original as teacher
 
 
@@ -180,7 +168,7 @@ def plan_job(
             memory, capacity_bytes, model_pointer="/model/config", data_pointer=data_pointer
         )
     warnings = list(facts.warnings)
-    total = _total_steps(cfg, facts.per_epoch)
+    total = cfg.total_steps(facts.per_epoch)
     if total is None:
         warnings.append("total_steps is unknown until the worker has counted the data")
     return {

@@ -149,16 +149,7 @@ def check_resumable(config: JobConfig, path: Path | None) -> Path | None:
 
 def total_steps(trainer: Trainer, config: JobConfig) -> int | None:
     """Optimizer steps of the whole schedule, or None when an epoch's length is unknown."""
-    per_epoch = trainer.data.train.num_batches()
-    total = 0
-    for stage in config.schedule:
-        if stage.step_limit is not None:
-            total += stage.step_limit
-        elif per_epoch is not None and stage.epochs is not None:
-            total += per_epoch * stage.epochs
-        else:
-            return None
-    return total
+    return config.total_steps(trainer.data.train.num_batches())
 
 
 def export_model(

@@ -172,6 +172,13 @@ class StageConfig(ConfigMethods):
         ``"auto"``, None for a stage given in epochs."""
         return self.max_steps if self.steps == "auto" else self.steps  # type: ignore[return-value]
 
+    def length(self, per_epoch: int | None) -> int | None:
+        """The most steps the stage runs with ``per_epoch`` batches an epoch: its
+        :attr:`step_limit`, or its epochs' batches (None: an epoch's length is unknown)."""
+        if self.step_limit is not None:
+            return self.step_limit
+        return None if per_epoch is None else per_epoch * (self.epochs or 0)
+
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
 

@@ -60,6 +60,12 @@ class JobConfig:
     def tensorized(self) -> bool:
         return self.method == "comera"
 
+    def total_steps(self, per_epoch: int | None) -> int | None:
+        """Optimizer steps of the whole schedule (a ``steps: "auto"`` stage at its bound) with
+        ``per_epoch`` batches an epoch, or None when a stage's length is unknown."""
+        lengths = [stage.length(per_epoch) for stage in self.schedule]
+        return None if None in lengths else sum(lengths)  # type: ignore[arg-type]
+
     @classmethod
     def from_dict(cls, data: object) -> JobConfig:
         if not isinstance(data, Mapping):

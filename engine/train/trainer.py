@@ -127,10 +127,7 @@ class Trainer:
 
     # -- data ---------------------------------------------------------------------------------
     def _stage_length(self, stage: StageConfig) -> int | None:
-        if stage.step_limit is not None:
-            return stage.step_limit
-        per_epoch = self.data.train.num_batches()
-        return None if per_epoch is None else per_epoch * (stage.epochs or 0)
+        return stage.length(self.data.train.num_batches())
 
     def _batches(self, stage: StageConfig) -> Iterator[dict[str, Tensor]]:
         """Batches of the current stage from the saved position (epoch, batch)."""

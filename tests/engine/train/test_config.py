@@ -116,3 +116,14 @@ def test_required_sections(missing):
     with pytest.raises(ConfigError) as info:
         JobConfig.from_dict(_with(missing, _DELETE))
     assert info.value.field == missing
+
+
+def test_total_steps_sums_the_stages_with_an_auto_stage_at_its_bound():
+    cfg = copy.deepcopy(BASE)
+    cfg["schedule"][0] = {"kind": "early", "epochs": 3}
+    cfg["schedule"][1] = {"kind": "late", "steps": "auto", "max_steps": 40, "target_ratio": 0.5}
+    job = JobConfig.from_dict(cfg)
+    assert [s.length(7) for s in job.schedule] == [21, 40, 2]
+    assert job.total_steps(7) == 21 + 40 + 2
+    assert job.total_steps(None) is None  # an epoch stage of unknown length
+    assert JobConfig.from_dict(BASE).total_steps(None) == 5 + 5 + 2
