@@ -133,9 +133,13 @@ class RankControl:
         cuts = stage.kind == "late" or (stage.kind == "early" and stage.target_ratio is not None)
         self.importance = GateImportance(self.index) if cuts else None
         self.guard = None
-        if stage.kind in ("late", "finetune") and self.max_metric_drop is not None:
-            interval = self.shrink_every or max(1, self.info.get("total", 0) // EVENTS_PER_STAGE)
-            self.guard = FidelityGuard(self.metric, self.max_metric_drop, interval=interval)
+        if stage.kind == "late" and self.max_metric_drop is not None:
+            self.guard = self._new_guard()
+
+    def _new_guard(self) -> FidelityGuard:
+        assert self.max_metric_drop is not None
+        interval = self.shrink_every or max(1, self.info.get("total", 0) // EVENTS_PER_STAGE)
+        return FidelityGuard(self.metric, self.max_metric_drop, interval=interval)
 
     def start_guard(
         self, step: int, metrics: Mapping[str, float], reference: float | None = None
@@ -143,10 +147,9 @@ class RankControl:
         """The stage-start model is the first snapshot (``metrics``: evaluated at the start).
         A finetune stage is guarded against the ``reference`` of the late stage before it
         (none: not guarded): it ends with its start model back if it fell under that floor."""
-        if self.guard is not None and self.stage is not None and self.stage.kind == "finetune":
-            if reference is None:
-                self.guard = None
-                return
+        finetune = self.stage is not None and self.stage.kind == "finetune"
+        if finetune and reference is not None and self.max_metric_drop is not None:
+            self.guard = self._new_guard()
             self.guard.reference = reference
         if self.guard is not None and metrics.get(self.metric) is not None:
             self._accept(step, model_size(self.model), metrics)

@@ -178,9 +178,8 @@ class Trainer:
             else:
                 s.loss_ref = metrics.get("loss")
         reference = _late_reference(s.stages) if stage.kind == "finetune" else None
-        guarded = self.control is not None and self.control.max_metric_drop is not None
-        if reference is not None and guarded:
-            metrics = self._evaluate(stage) or s.last_eval  # the finetune's guard (below)
+        if reference is not None:  # the finetune's guard: its start model is the one the last
+            metrics = s.last_eval  # stage ended with, evaluated there (in the checkpoint too)
         if self.control is not None:
             self.control.start_stage(stage, s, s.stage_total or 0)
             if stage.kind in ("late", "finetune"):
