@@ -123,18 +123,16 @@ def early_stage_advice(
         cap = (auto_rank.get("probe") or {}).get("cap")
         build = auto_rank.get("build_rank")
         if auto_rank.get("capped") and cap is not None and build is not None and build >= cap:
-            fix = (
+            chose = (
                 f"max_rank 'auto' chose its cap of {cap} ({', '.join(auto_rank['capped'])} "
-                f"needed more): give max_rank above {cap} explicitly, or ask the early stage for "
-                "a larger target_ratio and leave the rest of the cut to a late stage under the "
-                "fidelity guard"
+                f"needed more): give max_rank above {cap} explicitly"
             )
         else:
-            fix = (
-                f"max_rank 'auto' chose {build}: give a larger max_rank explicitly, or ask the "
-                "early stage for a larger target_ratio and leave the rest of the cut to a late "
-                "stage under the fidelity guard"
-            )
+            chose = f"max_rank 'auto' chose {build}: give a larger max_rank explicitly"
+        fix = (
+            f"{chose}, or ask the early stage for a larger target_ratio and leave the rest of "
+            "the cut to a late stage under the fidelity guard"
+        )
     return {
         "code": RAISE_MAX_RANK,
         "fix": fix,
