@@ -28,10 +28,8 @@ check ``within_1_point_on_average``. Writes ``bench/results/auto_defaults.json``
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import statistics
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
@@ -39,7 +37,7 @@ from typing import Any
 import torch
 
 from bench import fidelity, fidelity_data
-from bench.common import machine_info, write_json
+from bench.common import machine_info, map_spawned, write_json
 from bench.fidelity_summary import MAIN, TOLERANCE
 from engine.train import JobConfig, Trainer
 
@@ -142,13 +140,7 @@ def summarize_dataset(folds: list[dict[str, Any]]) -> dict[str, Any]:
 def run_folds(work: list[tuple], jobs: int, threads: int) -> list[dict[str, Any]]:
     """:func:`run_fold` of every ``(name, rep, tmp, x, y)``, in order; ``jobs`` spawned
     processes of ``threads`` torch threads side by side (as :func:`bench.fidelity.run_splits`)."""
-    if jobs <= 1:
-        return [run_fold(*w) for w in work]
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(
-        jobs, mp_context=ctx, initializer=torch.set_num_threads, initargs=(threads,)
-    ) as pool:
-        return list(pool.map(run_fold, *zip(*work, strict=True)))
+    return map_spawned(run_fold, work, jobs, torch.set_num_threads, (threads,))
 
 
 def print_markdown(payload: dict[str, Any]) -> None:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import platform
 import statistics
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -79,6 +82,25 @@ def fwd_bwd_step(
 def load_avg() -> list[float]:
     """The 1, 5 and 15 minute load averages, rounded to 0.01 (other work skews timings)."""
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def map_spawned(
+    fn: Callable[..., Any],
+    work: list[tuple],
+    jobs: int,
+    initializer: Callable[..., None] | None = None,
+    initargs: tuple = (),
+) -> list[Any]:
+    """``fn(*w)`` of every tuple of ``work``, in order: here when ``jobs <= 1``, else in
+    ``jobs`` spawned processes side by side (no forked torch), each set up by
+    ``initializer(*initargs)``."""
+    if jobs <= 1:
+        return [fn(*w) for w in work]
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(
+        jobs, mp_context=ctx, initializer=initializer, initargs=initargs
+    ) as pool:
+        return list(pool.map(fn, *zip(*work, strict=True)))
 
 
 def write_json(name: str, payload: dict) -> Path:

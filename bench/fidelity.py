@@ -54,11 +54,9 @@ import contextlib
 import copy
 import json
 import math
-import multiprocessing
 import shutil
 import time
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
@@ -66,7 +64,7 @@ from typing import Any
 import torch
 
 from bench import fidelity_data, fidelity_encoder
-from bench.common import machine_info, write_json
+from bench.common import machine_info, map_spawned, write_json
 from bench.fidelity_results import merge_update, previous_results, summarize
 from bench.fidelity_summary import (
     ABLATION_TARGETS,
@@ -408,12 +406,8 @@ def run_splits(work: list[tuple], args: argparse.Namespace) -> list[dict[str, di
     """:func:`run_split` of every ``(name, rep, tmp, x, y, layer_sets)``, in order;
     ``args.jobs`` processes of ``args.threads`` torch threads each run them side by side
     (spawned: no forked torch)."""
-    if args.jobs <= 1:
-        return [run_split(*w) for w in work]
     init = (args.early_steps, args.lr_schedule, args.threads)
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(args.jobs, mp_context=ctx, initializer=_init, initargs=init) as pool:
-        return list(pool.map(run_split, *zip(*work, strict=True)))
+    return map_spawned(run_split, work, args.jobs, _init, init)
 
 
 def _init(early_steps: int, lr_schedule: str, threads: int) -> None:
