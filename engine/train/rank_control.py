@@ -324,7 +324,7 @@ class RankControl:
         return True
 
     def judge(
-        self, step: int, metrics: Mapping[str, float], *, final: bool, stage_step: int = 0
+        self, step: int, metrics: Mapping[str, float], *, final: bool, stage_step: int
     ) -> str:
         """After an evaluation of the cut model: keep it (``accept``), or restore the last
         accepted model and retry smaller (``back_off``), end the stage there (``stop``: the
