@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from engine.models.hf_bert.model import ENCODER_LINEARS
 from tests.helpers.hf_bert import minilm_dir
 
 __all__ = ["BLOCK_LINEARS", "SIZES", "bert_config", "write_bert_dir", "write_bin_only_dir"]
@@ -30,14 +31,7 @@ SIZES = {
     "max_position_embeddings": 64,
 }
 # BertModel's names of the six linears of an encoder block
-BLOCK_LINEARS = (
-    "attention.self.query",
-    "attention.self.key",
-    "attention.self.value",
-    "attention.output.dense",
-    "intermediate.dense",
-    "output.dense",
-)
+BLOCK_LINEARS = ENCODER_LINEARS
 VOCAB = 30522  # the MiniLM tokenizer's
 
 
