@@ -16,6 +16,14 @@ sequence of at most ``--seq`` tokens, batch ``--batch``:
    compressed (TT-SVD at ``--compress-rank``, whitened start, distillation from it) for
    ``--compress-steps`` steps.
 
+Runs 1 and 2 each train once per learning-rate pair of their grid (``--dense-lrs``,
+``--comera-lrs``: ``others/cores`` pairs; ``cores`` is the tensorized layers' rate, the TT
+cores or, for dense, the same linears' weights) and the one with the lowest validation
+perplexity stands for its method: each method at its own best rate, every point of both grids
+in the JSON. TT cores want a rate about ten times lower than the dense weights they replace (a
+chain of cores multiplies its updates), so one shared rate would favour whichever method it
+was tuned for.
+
 Reported: validation perplexity of each (runs 1 and 2 at equal tokens; run 1 at the training
 time run 2 took: equal wall time, read from run 1's evaluations), the training step time,
 parameters of the tensorized layers (dense and TT), and the perplexity of run 3 before and
@@ -42,18 +50,22 @@ from engine.train.job import JobConfig
 __all__ = ["main", "run", "config_json"]
 
 PACKAGES = ("torch", "numpy", "sympy", "networkx")
+# the learning-rate grids, others/cores (module doc)
+DENSE_LRS = "1e-3/5e-4,1e-3/1e-3,2e-3/1e-3,1e-3/2e-3"
+COMERA_LRS = "2e-3/1.5e-4,2e-3/3e-4,1e-3/1.5e-4"
 
 
 def config_json(args: argparse.Namespace) -> dict[str, Any]:
     """The decoder: LLaMA blocks, grouped-query attention, FFN 4 x hidden."""
     heads = max(args.hidden // 64, 2)
+    kv = heads // 2 if heads % 2 == 0 else heads  # grouped-query attention needs kv | heads
     return {
         "model_type": "llama",
         "vocab_size": args.vocab,
         "hidden_size": args.hidden,
         "num_hidden_layers": args.layers,
         "num_attention_heads": heads,
-        "num_key_value_heads": max(heads // 2, 1),
+        "num_key_value_heads": kv,
         "intermediate_size": 4 * args.hidden,
         "max_position_embeddings": args.seq,
         "tie_word_embeddings": False,
@@ -97,9 +109,13 @@ def _data(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _lr(args: argparse.Namespace) -> dict[str, float]:
-    """One set of learning rates for every run (dense weights are "others")."""
-    return {"cores": args.lr_cores, "gates": 1e-3, "others": args.lr}
+def lr_grid(text: str) -> list[dict[str, float]]:
+    """``"others/cores,..."`` -> the stages' ``lr`` objects (gates at 1e-3)."""
+    grid = []
+    for pair in text.split(","):
+        others, cores = (float(v) for v in pair.split("/"))
+        grid.append({"cores": cores, "gates": 1e-3, "others": others})
+    return grid
 
 
 def _training(args: argparse.Namespace) -> dict[str, Any]:
@@ -147,6 +163,47 @@ def _summary(report: dict[str, Any], out: Path) -> dict[str, Any]:
     }
 
 
+def dense_job(args: argparse.Namespace, root: Path, base: dict, lr: dict) -> dict[str, Any]:
+    """Run 1 at learning rates ``lr``."""
+    stage = {"kind": "early", "steps": args.steps, "eval_every": args.eval_every, "lr": lr}
+    return {
+        "method": "dense",
+        "model": {"arch": "hf", "config": base},
+        "data": _data(root, args),
+        "schedule": [stage],
+        "training": _training(args),
+    }
+
+
+def comera_job(args: argparse.Namespace, root: Path, base: dict, lr: dict) -> dict[str, Any]:
+    """Run 2 at learning rates ``lr``: early, late to ``--target-ratio``, finetune."""
+    late = args.steps // 4
+    early = args.steps - late - args.steps // 10
+    return {
+        "method": "comera",
+        "model": {"arch": "hf", "config": base},
+        "data": _data(root, args),
+        "compression": {"max_rank": args.max_rank, "min_size": 1024},
+        "schedule": [
+            {"kind": "early", "steps": early, "eval_every": args.eval_every, "lr": lr},
+            {"kind": "late", "steps": late, "target_ratio": args.target_ratio, "lr": lr},
+            {"kind": "finetune", "steps": args.steps - early - late, "lr": lr},
+        ],
+        "training": _training(args),
+    }
+
+
+def _train(root: Path, name: str, job: dict[str, Any]) -> dict[str, Any]:
+    report = run_job(JobConfig.from_dict(job), root / name)
+    return {"run": name, "lr": job["schedule"][0]["lr"], **_summary(report, root / name)}
+
+
+def _best(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The run of lowest validation perplexity, and every run's rates and perplexity."""
+    grid = [{"lr": r["lr"], "perplexity": r["perplexity"]} for r in runs]
+    return min(runs, key=lambda r: r["perplexity"]), grid
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
@@ -157,41 +214,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "hf_config": config_json(args),
             "tokenizer": str(root / "tokenizer.json"),
         }
-        dense_job = {
-            "method": "dense",
-            "model": {"arch": "hf", "config": base},
-            "data": _data(root, args),
-            "schedule": [
-                {
-                    "kind": "early",
-                    "steps": args.steps,
-                    "eval_every": args.eval_every,
-                    "lr": _lr(args),
-                }
-            ],
-            "training": _training(args),
-        }
-        dense = _summary(run_job(JobConfig.from_dict(dense_job), root / "dense"), root / "dense")
-        late = args.steps // 4
-        early = args.steps - late - args.steps // 10
-        comera_job = {
-            "method": "comera",
-            "model": {"arch": "hf", "config": base},
-            "data": _data(root, args),
-            "compression": {"max_rank": args.max_rank, "min_size": 1024},
-            "schedule": [
-                {"kind": "early", "steps": early, "eval_every": args.eval_every, "lr": _lr(args)},
-                {"kind": "late", "steps": late, "target_ratio": args.target_ratio, "lr": _lr(args)},
-                {"kind": "finetune", "steps": args.steps - early - late, "lr": _lr(args)},
-            ],
-            "training": _training(args),
-        }
-        comera = _summary(
-            run_job(JobConfig.from_dict(comera_job), root / "comera"), root / "comera"
+        dense, dense_grid = _best(
+            [
+                _train(root, f"dense-{i}", dense_job(args, root, base, lr))
+                for i, lr in enumerate(lr_grid(args.dense_lrs))
+            ]
+        )
+        comera, comera_grid = _best(
+            [
+                _train(root, f"comera-{i}", comera_job(args, root, base, lr))
+                for i, lr in enumerate(lr_grid(args.comera_lrs))
+            ]
         )
         within = [e for e in dense["evals"] if e["seconds"] <= comera["train_seconds"]]
         dense["at_comera_wall_time"] = within[-1] if within else None
-        compressed = compress_dense(root, args)
+        compressed = compress_dense(root, root / dense["run"], args)
     ratio_tt = dense["tensorized_layers_dense_params"] or comera["tensorized_layers_dense_params"]
     return {
         "benchmark": "lm_pretrain",
@@ -200,7 +237,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "batch": args.batch,
         "seq": args.seq,
         "steps": args.steps,
-        "lr": _lr(args),
+        "lr": {"dense": dense["lr"], "comera": comera["lr"]},
+        "lr_grid": {"dense": dense_grid, "comera": comera_grid},
         "tokens": args.steps * args.batch * args.seq,
         "machine": machine_info(),
         "dense": dense,
@@ -225,9 +263,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def compress_dense(root: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Run 3: the dense model of run 1 as a Hugging Face directory, compressed."""
-    model, _ = load_compressed(root / "dense" / "model")
+def compress_dense(root: Path, dense: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Run 3: the dense model of run 1 (its output folder ``dense``) as a Hugging Face
+    directory, compressed."""
+    model, _ = load_compressed(dense / "model")
     directory = root / "dense_hf"
     model.net.save_pretrained(directory)
     (directory / "tokenizer.json").write_bytes((root / "tokenizer.json").read_bytes())
@@ -253,22 +292,22 @@ def compress_dense(root: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.lm_pretrain", description=__doc__)
-    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--hidden", type=int, default=384)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--seq", type=int, default=48)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--steps", type=int, default=300)
     p.add_argument("--sentences", type=int, default=30000)
     p.add_argument("--valid-sentences", type=int, default=512)
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--eval-batches", type=int, default=8)
-    p.add_argument("--max-rank", type=int, default=32)
+    p.add_argument("--max-rank", type=int, default=64)
     p.add_argument("--target-ratio", type=float, default=0.7)
     p.add_argument("--compress-rank", type=int, default=24)
     p.add_argument("--compress-steps", type=int, default=100)
-    p.add_argument("--lr", type=float, default=5e-5, help="dense weights, every run")
-    p.add_argument("--lr-cores", type=float, default=1e-4, help="TT cores")
+    p.add_argument("--dense-lrs", default=DENSE_LRS, help="run 1's grid: others/cores,...")
+    p.add_argument("--comera-lrs", default=COMERA_LRS, help="run 2's grid: others/cores,...")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="tiny, for the test")
     p.add_argument("--out", default="lm_pretrain")
@@ -282,6 +321,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.steps, args.sentences, args.valid_sentences = 12, 200, 16
         args.eval_every, args.eval_batches, args.max_rank = 5, 2, 4
         args.compress_rank, args.compress_steps = 4, 2
+        args.dense_lrs, args.comera_lrs = "1e-3/1e-3,3e-3/3e-3", "2e-3/1.5e-4"
     payload = run(args)
     print(json.dumps(payload["ratios"], indent=1))  # noqa: T201
     if not args.quick:

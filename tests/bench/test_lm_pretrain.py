@@ -11,6 +11,10 @@ def test_quick_run_compares_dense_comera_and_the_compressed_dense_model():
     out = lp.main(["--quick"])
     dense, comera, ratios = out["dense"], out["comera"], out["ratios"]
     assert dense["steps"] == comera["steps"] == out["steps"]  # equal tokens
+    for method, run in (("dense", dense), ("comera", comera)):  # each at its grid's best rate
+        grid = out["lr_grid"][method]
+        assert run["perplexity"] == min(g["perplexity"] for g in grid)
+        assert run["lr"] == out["lr"][method] and run["lr"] in [g["lr"] for g in grid]
     assert ratios["perplexity_comera_over_dense_equal_tokens"] == pytest.approx(
         comera["perplexity"] / dense["perplexity"], rel=1e-3
     )
