@@ -9,7 +9,9 @@ Two starts (exactly one of ``path`` / ``hf_config``):
   ``calibration_sentences`` training sentences with ``init: "whitened"``, the default, or,
   for a BERT sentence encoder, fitted block by block to the original's outputs on the
   compressed student's inputs with ``init: "sequential"``; see
-  :mod:`engine.models.hf.prepare`) and distils from the frozen original.
+  :mod:`engine.models.hf.prepare`) and distils from the frozen original. With
+  ``rank_allocation: "energy"`` the whitened start spends the TT entries of the uniform
+  ``compression.max_rank`` where the original's whitened spectra say they matter most.
   Only safetensors weights are ever read; pickles and the directory's own code never are.
 * ``hf_config``: the contents of a ``config.json`` (``model_type`` one of
   :data:`~engine.models.hf.families.FAMILIES`): random TT cores trained from scratch, the
@@ -52,6 +54,7 @@ __all__ = ["HFConfig", "check_hf_config", "model_directory", "read_hf_config", "
 
 CONFIG_VERSION = 1
 INITS = ("tt_svd", "whitened", "sequential")
+ALLOCATIONS = ("uniform", "energy")
 SEQUENTIAL_TYPES = ("bert",)  # the layer structure engine.models.hf_bert.calib stages
 MAX_CONFIG_BYTES = 256 * 1024
 WEIGHTS_FILE = "model.safetensors"
@@ -154,6 +157,9 @@ class HFConfig(ConfigMethods):
     # "sequential" (BERT sentence embeddings: each layer fitted on the student's own inputs)
     init: str = spec("whitened", choices=INITS)
     calibration_sentences: int = spec(256, ge=1, le=1_000_000)  # what the init looks at
+    # "uniform": every layer at compression.max_rank; "energy" (init "whitened"): the same TT
+    # entries spread over the layers by their whitened spectra (engine/models/hf/prepare.py)
+    rank_allocation: str = spec("uniform", choices=ALLOCATIONS)
     version: int = spec(CONFIG_VERSION, choices=(CONFIG_VERSION,))
 
     def __post_init__(self) -> None:
@@ -190,6 +196,13 @@ class HFConfig(ConfigMethods):
                 f"'sequential' needs a pretrained encoder (path) of model_type "
                 f"{list(SEQUENTIAL_TYPES)} and task 'sentence_embedding'; got model_type "
                 f"{family.model_type!r}, task {self.task!r}",
+            )
+        if self.rank_allocation != "uniform" and (self.path is None or self.init != "whitened"):
+            raise ConfigError(
+                "rank_allocation",
+                f"{self.rank_allocation!r} needs a pretrained start (path) with init "
+                f"'whitened': it spreads the ranks by the original's whitened spectra; got "
+                f"init {self.init!r}" + ("" if self.path else " and no path"),
             )
         vocab = config.get("vocab_size")
         if self.tokenizer_vocab_size is not None and vocab and self.tokenizer_vocab_size > vocab:
@@ -231,5 +244,12 @@ class HFConfig(ConfigMethods):
         return config
 
     def portable_dict(self) -> dict[str, Any]:
-        """What rebuilds the architecture without the original: ``hf_config``, no ``path``."""
-        return {**self.to_dict(), "path": None, "hf_config": self.config_json}
+        """What rebuilds the architecture without the original: ``hf_config``, no ``path``.
+        The start's choices that need the original (``init: "sequential"``, an ``energy``
+        ``rank_allocation``) fall back to their path-free values: a rebuilt model takes its
+        weights and ranks from the checkpoint, not from a start."""
+        out = {**self.to_dict(), "path": None, "hf_config": self.config_json}
+        out["rank_allocation"] = "uniform"
+        if out["init"] == "sequential":
+            out["init"] = "whitened"
+        return out

@@ -9,6 +9,13 @@ for those inputs (:func:`engine.models.hf_bert.whiten.whitened_weight`), ``r`` t
 middle bond. Plain TT-SVD minimizes the weight error instead. ``Conv1D`` weights are taken in
 the ``nn.Linear`` layout, as the swap takes them. A resumed run restores its weights instead.
 
+``rank_allocation: "energy"``: the same budget of TT entries as the uniform build (every layer
+at ``compression.max_rank``), spread by :func:`engine.models.hf_bert.ranks.allocate_ranks`
+over the layers' whitened spectra (``e_i``: squared singular values of ``S W^T``, the energy
+each truncation leaves out, relative to the layer's total): a layer whose outputs need more
+rank gets it from one that needs less. Each layer is rebuilt at its allocated rank (every bond
+capped there) from the whitened truncation at that rank.
+
 ``init: "sequential"`` (a pretrained BERT sentence encoder, the ``hf_bert`` recipe's start):
 the TT linears of the encoder layers are refitted block by block, each to the original's
 outputs on the already compressed student's own inputs, at the ranks they were built with
@@ -30,11 +37,13 @@ from engine.models.hf.swap import as_linear
 from engine.models.hf_bert.batches import by_length, take_sentences
 from engine.models.hf_bert.calib import ANCHOR_SEQUENTIAL, RIDGE_SEQUENTIAL, fit_sequential_
 from engine.models.hf_bert.convert import layer_row
+from engine.models.hf_bert.ranks import LayerProfile, allocate_ranks, tt_params_at_rank
 from engine.models.hf_bert.whiten import (
     _output_error,
     input_gram,
     rebuild_tt,
-    whitened_weight,
+    truncate_whitened,
+    whitened_svd,
 )
 from engine.nn.tt_linear import TTLinear
 
@@ -63,18 +72,54 @@ def prepare_hf_(
     )
     if seen == 0:
         raise ConfigError("data", "the training split has no sentences to calibrate on")
+    dense = {n: as_linear(teacher.get_submodule(n)).weight.detach() for n in layers}  # (out, in)
+    factors = {n: whitened_svd(dense[n], grams[n]) for n in layers}
+    built = {n: m.ranks[len(m.in_modes)] for n, m in layers.items()}  # the middle bond
+    ranks, alloc = built, None
+    if cfg.rank_allocation == "energy":
+        ranks, alloc = _allocate(layers, factors, built)
     rows = []
     for name, old in layers.items():
-        dense = as_linear(teacher.get_submodule(name)).weight.detach()  # (out, in)
-        gram = grams[name]
-        target = whitened_weight(dense, gram, old.ranks[len(old.in_modes)])  # (out, in)
-        new = rebuild_tt(old, target, old.bias).to(device)
-        before = _output_error(dense, old.to_dense(), gram)
-        after = _output_error(dense, new.to_dense(), gram)
+        target = truncate_whitened(factors[name], ranks[name])  # (out, in)
+        cap = None if alloc is None else ranks[name]
+        new = rebuild_tt(old, target, old.bias, max_rank=cap).to(device)
+        before = _output_error(dense[name], old.to_dense(), grams[name])
+        after = _output_error(dense[name], new.to_dense(), grams[name])
         parent, _, attr = name.rpartition(".")
         setattr(model.net.get_submodule(parent) if parent else model.net, attr, new)
-        rows.append({"name": name, "output_error_tt_svd": before, "output_error_whitened": after})
-    return _record(model, layers, "whitened", seen, rows)
+        rows.append(
+            {"name": name, "output_error_tt_svd": before, "output_error_whitened": after}
+            | ({} if alloc is None else {"rank": ranks[name], "built_rank": built[name]})
+        )
+    info = _record(model, layers, "whitened", seen, rows)
+    if alloc is not None:
+        info["allocation"] = alloc
+    return info
+
+
+def _allocate(
+    layers: Mapping[str, TTLinear],
+    factors: Mapping[str, tuple[Tensor, Tensor, Tensor, Tensor]],
+    built: Mapping[str, int],
+) -> tuple[dict[str, int], dict[str, Any]]:
+    """``rank_allocation: "energy"`` (module docstring): the rank of each layer within the
+    uniform build's TT entries, and what the allocation saw."""
+    profiles = []
+    for name, layer in layers.items():
+        energy = factors[name][2].double() ** 2  # (q,) descending
+        costs = tuple(tt_params_at_rank(layer, r) for r in range(energy.numel() + 1))
+        profiles.append(LayerProfile(name, energy, costs))
+    budget = sum(tt_params_at_rank(layers[n], r) for n, r in built.items())
+    ranks = allocate_ranks(profiles, budget)
+    left = sum(p.left_out(ranks[p.name]) for p in profiles)
+    uniform = sum(p.left_out(built[p.name]) for p in profiles)
+    return ranks, {
+        "rank_allocation": "energy",
+        "budget": int(budget),
+        "tt_params": sum(p.costs[ranks[p.name]] for p in profiles),
+        "energy_left_out": left,  # summed over the layers: the allocation's objective
+        "energy_left_out_uniform": uniform,
+    }
 
 
 def _sequential_(

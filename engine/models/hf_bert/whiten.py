@@ -33,6 +33,8 @@ from engine.nn.tt_linear import TTLinear
 __all__ = [
     "input_gram",
     "whitened_weight",
+    "whitened_svd",
+    "truncate_whitened",
     "balance_cores_",
     "whiten_tt_linears_",
     "rebuild_tt",
@@ -83,17 +85,29 @@ def input_gram(
     return grams, seen
 
 
-def whitened_weight(weight: Tensor, gram: Tensor, rank: int) -> Tensor:
-    """The rank-``rank`` ``A (out, in)`` minimizing ``||S (W^T - A^T)||_F``, ``C = S^T S``."""
+def whitened_svd(weight: Tensor, gram: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(S, U, sv, Vh)``: ``C + ridge = S^T S`` (``S (in, in)`` upper) and the SVD of
+    ``S W^T (in, out)``; ``sv**2`` is the whitened energy a truncation leaves out."""
     n = gram.shape[0]
     c = gram + RIDGE * gram.diagonal().mean().clamp_min(1e-30) * torch.eye(
         n, dtype=gram.dtype, device=gram.device
     )  # (in, in)
     s = torch.linalg.cholesky(c).mT  # (in, in) upper: C = S^T S
     u, sv, vh = torch.linalg.svd(s @ weight.to(gram.dtype).T, full_matrices=False)
+    return s, u, sv, vh
+
+
+def truncate_whitened(factors: tuple[Tensor, Tensor, Tensor, Tensor], rank: int) -> Tensor:
+    """``A (out, in)`` at ``rank`` from :func:`whitened_svd`'s factors."""
+    s, u, sv, vh = factors
     r = min(rank, sv.numel())
     top = (u[:, :r] * sv[:r]) @ vh[:r]  # (in, out) [S W^T]_r
     return torch.linalg.solve_triangular(s, top, upper=True).T  # (out, in)
+
+
+def whitened_weight(weight: Tensor, gram: Tensor, rank: int) -> Tensor:
+    """The rank-``rank`` ``A (out, in)`` minimizing ``||S (W^T - A^T)||_F``, ``C = S^T S``."""
+    return truncate_whitened(whitened_svd(weight, gram), rank)
 
 
 @torch.no_grad()
@@ -107,22 +121,24 @@ def balance_cores_(layer: TTLinear) -> None:
         core.mul_((target / norm).to(core.dtype))
 
 
-def rebuild_tt(old: TTLinear, weight: Tensor, bias: Tensor | None) -> TTLinear:
+def rebuild_tt(
+    old: TTLinear, weight: Tensor, bias: Tensor | None, *, max_rank: int | None = None
+) -> TTLinear:
     """A ``TTLinear`` with ``old``'s modes, rank caps and plan: TT-SVD of ``weight (out, in)``
-    (plus ``bias``), cores balanced."""
+    (plus ``bias``), cores balanced. ``max_rank``: a new cap for every bond instead."""
     probe = nn.Linear(old.in_features, old.out_features, bias=bias is not None, device="meta")
     probe.weight = nn.Parameter(weight.detach().to(old.cores[0].dtype))
     if bias is not None:
         probe.bias = nn.Parameter(bias.detach().to(old.cores[0].dtype))
     new = TTLinear.from_linear(
         probe,
-        max_rank=max(old.ranks),
+        max_rank=max(old.ranks) if max_rank is None else max_rank,
         in_modes=old.in_modes,
         out_modes=old.out_modes,
         gate_threshold=old.gate_threshold,
         plan=old.plan,
     )
-    if new.ranks != old.ranks:  # one cap for every bond reproduces the converted ranks
+    if max_rank is None and new.ranks != old.ranks:  # one cap reproduces the converted ranks
         raise RuntimeError(f"rebuilt ranks {new.ranks} != {old.ranks}")
     balance_cores_(new)
     return new

@@ -100,3 +100,20 @@ def test_portable_dict_rebuilds_the_same_architecture(tmp_path):
     cfg = HFConfig(path=str(directory))
     again = HFConfig.from_dict(cfg.portable_dict())
     assert again.path is None and again.config_json == cfg.config_json
+
+
+def test_a_checkpoint_of_a_start_that_needs_the_original_rebuilds_without_it(tmp_path):
+    """``init: "sequential"`` and ``rank_allocation: "energy"`` need the pretrained directory;
+    a compressed checkpoint's config (the portable dict) has none and must still load."""
+    from tests.helpers.hf_models import make_model_dir
+
+    bert = make_model_dir(tmp_path, "bert", task="sentence_embedding")
+    llama = make_model_dir(tmp_path, "llama")
+    for cfg in (
+        HFConfig(path=str(bert), task="sentence_embedding", init="sequential"),
+        HFConfig(path=str(llama), rank_allocation="energy"),
+    ):
+        again = HFConfig.from_dict(cfg.portable_dict())
+        assert again.path is None and again.config_json == cfg.config_json
+        assert (again.init, again.rank_allocation) == ("whitened", "uniform")
+        assert again.task == cfg.task

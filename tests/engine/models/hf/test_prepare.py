@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from engine.models.hf import HFConfig, build_hf
@@ -116,3 +117,47 @@ def test_the_sequential_start_is_for_bert_sentence_encoders_only(tmp_path):
     for directory, task in [(bert, "masked_lm"), (llama, "causal_lm")]:
         with pytest.raises(ConfigError, match="init: 'sequential' needs a pretrained encoder"):
             HFConfig(path=str(directory), task=task, init="sequential")
+
+
+def _tt_entries(model) -> int:
+    names = model.tensorize_report.tensorized
+    return sum(c.numel() for n in names for c in model.net.get_submodule(n).cores)
+
+
+def test_energy_allocation_spends_the_uniform_budget_where_the_spectra_need_it(tmp_path):
+    directory = make_model_dir(tmp_path, "llama")
+    _, uniform, cfg = _pair(directory, MATRIX)
+    energy_cfg = HFConfig(path=str(directory), calibration_sentences=32, rank_allocation="energy")
+    energy = build_hf(energy_cfg, tensorized=True, options=MATRIX).eval()
+    batches = _batches(cfg)
+    base = prepare_hf_(uniform, batches, device=CPU)
+    info = prepare_hf_(energy, batches, device=CPU)
+    alloc = info["allocation"]
+    assert "allocation" not in base
+    # the budget is the uniform build's TT entries, and the allocation stays within it
+    assert alloc["budget"] == _tt_entries(uniform)
+    assert _tt_entries(energy) == alloc["tt_params"] <= alloc["budget"]
+    ranks = {r["name"]: r["rank"] for r in info["layers"]}
+    assert {r["built_rank"] for r in info["layers"]} == {3} and len(set(ranks.values())) > 1
+    for name, rank in ranks.items():  # one mode a side: the rank is the middle bond
+        assert energy.net.get_submodule(name).ranks == (1, rank, 1)
+
+    # with one mode a side each layer's squared relative output error is the energy its
+    # truncation leaves out: the layers' sum is the allocation's objective, below uniform's
+    def left_out(rows):
+        return sum(r["output_error_whitened"] ** 2 for r in rows)
+
+    assert left_out(info["layers"]) == pytest.approx(alloc["energy_left_out"], rel=1e-3)
+    assert left_out(base["layers"]) == pytest.approx(alloc["energy_left_out_uniform"], rel=1e-3)
+    assert alloc["energy_left_out"] < alloc["energy_left_out_uniform"]
+
+
+def test_energy_allocation_needs_the_whitened_pretrained_start(tmp_path):
+    from engine.configs import ConfigError
+
+    directory = make_model_dir(tmp_path, "llama")
+    with pytest.raises(ConfigError, match="rank_allocation: 'energy' needs a pretrained start"):
+        HFConfig(path=str(directory), init="tt_svd", rank_allocation="energy")
+    config = HFConfig(path=str(directory)).config_json
+    with pytest.raises(ConfigError, match="rank_allocation: 'energy' needs a pretrained start"):
+        HFConfig(hf_config=config, rank_allocation="energy")
