@@ -14,7 +14,8 @@ sequence of at most ``--seq`` tokens, batch ``--batch``:
    and a short finetune, ``--steps`` steps in all (equal tokens);
 3. the pretrained path: the dense model of run 1 saved as a Hugging Face directory and
    compressed (TT-SVD at ``--compress-rank``, whitened start, distillation from it) for
-   ``--compress-steps`` steps.
+   ``--compress-steps`` steps, once with every layer at that rank and once with the same TT
+   entries spread by the layers' whitened spectra (``rank_allocation: "energy"``).
 
 Runs 1 and 2 each train once per learning-rate pair of their grid (``--dense-lrs``,
 ``--comera-lrs``: ``others/cores`` pairs; ``cores`` is the tensorized layers' rate, the TT
@@ -228,7 +229,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         within = [e for e in dense["evals"] if e["seconds"] <= comera["train_seconds"]]
         dense["at_comera_wall_time"] = within[-1] if within else None
-        compressed = compress_dense(root, root / dense["run"], args)
+        compressed = {
+            a: compress_dense(root, root / dense["run"], args, a) for a in ("uniform", "energy")
+        }
     ratio_tt = dense["tensorized_layers_dense_params"] or comera["tensorized_layers_dense_params"]
     return {
         "benchmark": "lm_pretrain",
@@ -263,24 +266,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def compress_dense(root: Path, dense: Path, args: argparse.Namespace) -> dict[str, Any]:
+def compress_dense(
+    root: Path, dense: Path, args: argparse.Namespace, allocation: str
+) -> dict[str, Any]:
     """Run 3: the dense model of run 1 (its output folder ``dense``) as a Hugging Face
-    directory, compressed."""
-    model, _ = load_compressed(dense / "model")
+    directory, compressed with ``rank_allocation`` ``allocation`` (same TT entries either
+    way: ``energy`` spreads them over the layers by their whitened spectra)."""
     directory = root / "dense_hf"
-    model.net.save_pretrained(directory)
-    (directory / "tokenizer.json").write_bytes((root / "tokenizer.json").read_bytes())
+    if not directory.exists():
+        model, _ = load_compressed(dense / "model")
+        model.net.save_pretrained(directory)
+        (directory / "tokenizer.json").write_bytes((root / "tokenizer.json").read_bytes())
+    config = {"task": "causal_lm", "path": str(directory), "rank_allocation": allocation}
     job = {
-        "model": {"arch": "hf", "config": {"task": "causal_lm", "path": str(directory)}},
+        "model": {"arch": "hf", "config": config},
         "data": _data(root, args),
         "compression": {"max_rank": args.compress_rank, "min_size": 1024},
         "schedule": [{"kind": "finetune", "steps": args.compress_steps}],
         "training": _training(args),
     }
-    report = run_job(JobConfig.from_dict(job), root / "compressed")
+    report = run_job(JobConfig.from_dict(job), root / f"compressed-{allocation}")
     deploy = report["hf_export"]["deploy"]
     comp = report.get("compression") or {}
+    start = report["hf_export"].get("preparation") or {}
+    ranks = [row["rank"] for row in start.get("layers", []) if "rank" in row]
     return {
+        "start": {
+            "init": start.get("init"),
+            **({"ranks_min_max": [min(ranks), max(ranks)]} if ranks else {}),
+            **start.get("allocation", {}),
+        },
         "perplexity_before": deploy["original"]["metrics"]["perplexity"],
         "perplexity_after": deploy["exported"]["metrics"]["perplexity"],
         "tensorized_ratio": comp["tensorized_ratio"],

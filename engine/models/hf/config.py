@@ -157,7 +157,7 @@ class HFConfig(ConfigMethods):
     # "sequential" (BERT sentence embeddings: each layer fitted on the student's own inputs)
     init: str = spec("whitened", choices=INITS)
     calibration_sentences: int = spec(256, ge=1, le=1_000_000)  # what the init looks at
-    # "uniform": every layer at compression.max_rank; "energy" (init "whitened"): the same TT
+    # "uniform": every layer at compression.max_rank; "energy" (a pretrained start): the same TT
     # entries spread over the layers by their whitened spectra (engine/models/hf/prepare.py)
     rank_allocation: str = spec("uniform", choices=ALLOCATIONS)
     version: int = spec(CONFIG_VERSION, choices=(CONFIG_VERSION,))
@@ -197,12 +197,12 @@ class HFConfig(ConfigMethods):
                 f"{list(SEQUENTIAL_TYPES)} and task 'sentence_embedding'; got model_type "
                 f"{family.model_type!r}, task {self.task!r}",
             )
-        if self.rank_allocation != "uniform" and (self.path is None or self.init != "whitened"):
+        if self.rank_allocation != "uniform" and (self.path is None or self.init == "tt_svd"):
             raise ConfigError(
                 "rank_allocation",
                 f"{self.rank_allocation!r} needs a pretrained start (path) with init "
-                f"'whitened': it spreads the ranks by the original's whitened spectra; got "
-                f"init {self.init!r}" + ("" if self.path else " and no path"),
+                f"'whitened' or 'sequential': it spreads the ranks by the original's whitened "
+                f"spectra; got init {self.init!r}" + ("" if self.path else " and no path"),
             )
         vocab = config.get("vocab_size")
         if self.tokenizer_vocab_size is not None and vocab and self.tokenizer_vocab_size > vocab:

@@ -14,7 +14,8 @@ at ``compression.max_rank``), spread by :func:`engine.models.hf_bert.ranks.alloc
 over the layers' whitened spectra (``e_i``: squared singular values of ``S W^T``, the energy
 each truncation leaves out, relative to the layer's total): a layer whose outputs need more
 rank gets it from one that needs less. Each layer is rebuilt at its allocated rank (every bond
-capped there) from the whitened truncation at that rank.
+capped there) from the whitened truncation at that rank, or, with ``init: "sequential"``, from
+the TT-SVD at that rank, which the sequential fit then refits.
 
 ``init: "sequential"`` (a pretrained BERT sentence encoder, the ``hf_bert`` recipe's start):
 the TT linears of the encoder layers are refitted block by block, each to the original's
@@ -42,6 +43,7 @@ from engine.models.hf_bert.whiten import (
     _output_error,
     input_gram,
     rebuild_tt,
+    replace_module_,
     truncate_whitened,
     whitened_svd,
 )
@@ -60,8 +62,10 @@ def prepare_hf_(
     layers = {n: m for n, m in model.net.named_modules() if isinstance(m, TTLinear)}
     if cfg.init == "tt_svd" or teacher is None or not layers:
         return None
-    if cfg.init == "sequential":
+    if cfg.init == "sequential" and cfg.rank_allocation == "uniform":
         return _sequential_(model, layers, batches, device)
+    if cfg.init == "sequential":  # read twice: for the spectra, then by the fit
+        batches = _first(batches, cfg.calibration_sentences)
     grams, seen = input_gram(
         teacher,
         list(layers),
@@ -78,6 +82,16 @@ def prepare_hf_(
     ranks, alloc = built, None
     if cfg.rank_allocation == "energy":
         ranks, alloc = _allocate(layers, factors, built)
+    if cfg.init == "sequential":  # at the allocated ranks, when allocated
+        if alloc is not None:
+            for name, old in layers.items():
+                new = rebuild_tt(old, dense[name], old.bias, max_rank=ranks[name]).to(device)
+                replace_module_(model.net, name, new)
+        tt = {n: m for n, m in model.net.named_modules() if isinstance(m, TTLinear)}
+        info = _sequential_(model, tt, batches, device)
+        if alloc is not None:
+            info["allocation"] = alloc
+        return info
     rows = []
     for name, old in layers.items():
         target = truncate_whitened(factors[name], ranks[name])  # (out, in)
@@ -95,6 +109,17 @@ def prepare_hf_(
     if alloc is not None:
         info["allocation"] = alloc
     return info
+
+
+def _first(batches: Iterable[Mapping[str, Tensor]], sentences: int) -> list[Mapping[str, Tensor]]:
+    """The leading batches that hold ``sentences`` sentences (the last one may hold more)."""
+    out, seen = [], 0
+    for batch in batches:
+        if seen >= sentences:
+            break
+        out.append(batch)
+        seen += int(batch["input_ids"].shape[0])
+    return out
 
 
 def _allocate(

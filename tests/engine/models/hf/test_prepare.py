@@ -161,3 +161,37 @@ def test_energy_allocation_needs_the_whitened_pretrained_start(tmp_path):
     config = HFConfig(path=str(directory)).config_json
     with pytest.raises(ConfigError, match="rank_allocation: 'energy' needs a pretrained start"):
         HFConfig(hf_config=config, rank_allocation="energy")
+
+
+def test_energy_allocation_then_the_sequential_fit_at_the_allocated_ranks(tmp_path):
+    directory = make_model_dir(tmp_path, "bert", task="sentence_embedding")
+    opts = TensorizeOptions(max_rank=3, min_size=1, d=1)
+
+    def built(allocation: str, init: str = "sequential"):
+        cfg = HFConfig(
+            path=str(directory),
+            task="sentence_embedding",
+            init=init,
+            calibration_sentences=32,
+            rank_allocation=allocation,
+        )
+        return build_hf(cfg, tensorized=True, options=opts).eval().double(), cfg
+
+    uniform, cfg = built("uniform")
+    energy, _ = built("energy")
+    whitened, _ = built("energy", "whitened")
+    batches = _batches(cfg)
+    prepare_hf_(uniform, batches, device=CPU)
+    info = prepare_hf_(energy, iter(batches), device=CPU)  # a one-pass iterator, read twice
+    alloc = info["allocation"]
+    assert info["init"] == "sequential" and info["calibration_sentences"] == 32
+    assert alloc["budget"] == _tt_entries(uniform) and _tt_entries(energy) == alloc["tt_params"]
+    assert alloc["tt_params"] <= alloc["budget"]
+    assert alloc["energy_left_out"] < alloc["energy_left_out_uniform"]
+    ranks = {n: energy.net.get_submodule(n).ranks[1] for n in energy.tensorize_report.tensorized}
+    assert len(set(ranks.values())) > 1  # spread, not uniform
+    # the whitened start allocates the same ranks; the sequential fit then does better on them
+    assert prepare_hf_(whitened, batches, device=CPU)["allocation"] == alloc
+    for name, rank in ranks.items():
+        assert whitened.net.get_submodule(name).ranks == (1, rank, 1)
+    assert _hidden_gap(energy, batches) < _hidden_gap(whitened, batches)
