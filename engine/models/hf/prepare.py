@@ -99,8 +99,7 @@ def prepare_hf_(
         new = rebuild_tt(old, target, old.bias, max_rank=cap).to(device)
         before = _output_error(dense[name], old.to_dense(), grams[name])
         after = _output_error(dense[name], new.to_dense(), grams[name])
-        parent, _, attr = name.rpartition(".")
-        setattr(model.net.get_submodule(parent) if parent else model.net, attr, new)
+        replace_module_(model.net, name, new)
         rows.append(
             {"name": name, "output_error_tt_svd": before, "output_error_whitened": after}
             | ({} if alloc is None else {"rank": ranks[name], "built_rank": built[name]})
