@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.configs import ConfigError, ConfigMethods, spec, validate
-from engine.models.hf.families import SIZE_BOUNDS, TASKS, family_of
+from engine.models.hf.families import DROPOUT_FIELDS, SIZE_BOUNDS, TASKS, family_of
 from engine.models.hf_bert.config import MAX_PATH, resolve_model_dir
 
 __all__ = ["HFConfig", "check_hf_config", "model_directory", "read_hf_config", "MAX_CONFIG_BYTES"]
@@ -153,6 +153,10 @@ class HFConfig(ConfigMethods):
     distill_weight: float = spec(1.0, ge=0, le=1e6)
     temperature: float = spec(2.0, gt=0, le=100)
     export_dense: bool = False  # also write model/dense/: the TT layers multiplied out
+    # every dropout probability of the model (DROPOUT_FIELDS its config has) set to this while
+    # training; None: the config.json's own. Distilling into a compressed copy of a pretrained
+    # model usually wants 0: dropout noise in the student is error the teacher does not have
+    dropout: float | None = spec(None, ge=0, lt=1)
     # pretrained start: "whitened" (activation-aware TT-SVD, engine/models/hf/prepare.py) or
     # "sequential" (BERT sentence embeddings: each layer fitted on the student's own inputs)
     init: str = spec("whitened", choices=INITS)
@@ -235,8 +239,12 @@ class HFConfig(ConfigMethods):
         return None if self.path is None else model_directory(self.path)
 
     def transformers_config(self) -> Any:
-        """The ``transformers`` config object (``num_labels`` applied)."""
+        """The ``transformers`` config object (``num_labels``, ``dropout`` applied)."""
         config = _transformers_config(self.config_json)
+        if self.dropout is not None:
+            for name in DROPOUT_FIELDS:
+                if hasattr(config, name):
+                    setattr(config, name, self.dropout)
         if self.num_labels is not None:
             config.num_labels = self.num_labels
         if self.pad_token_id is not None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from engine.models.hf_bert.model import ENCODER_LINEARS
 
-__all__ = ["Family", "FAMILIES", "TASKS", "family_of", "SIZE_BOUNDS"]
+__all__ = ["Family", "FAMILIES", "TASKS", "family_of", "SIZE_BOUNDS", "DROPOUT_FIELDS"]
 
 # task -> the Auto class that builds it (sentence_embedding: the bare encoder / decoder)
 TASKS = {
@@ -94,6 +94,21 @@ FAMILIES: dict[str, Family] = {
 }
 
 # config.json fields that size the weights: upper bounds (integers >= 1 when present)
+# config.json fields that hold a dropout probability, over the families: BERT / RoBERTa,
+# DistilBERT, GPT-2, the LLaMA family's attention dropout and the classification heads'
+DROPOUT_FIELDS = (
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "classifier_dropout",
+    "dropout",
+    "attention_dropout",
+    "seq_classif_dropout",
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "summary_first_dropout",
+)
+
 SIZE_BOUNDS = {
     "vocab_size": 1_000_000,
     "hidden_size": 16_384,

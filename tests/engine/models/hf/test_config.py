@@ -117,3 +117,41 @@ def test_a_checkpoint_of_a_start_that_needs_the_original_rebuilds_without_it(tmp
         assert again.path is None and again.config_json == cfg.config_json
         assert (again.init, again.rank_allocation) == ("whitened", "uniform")
         assert again.task == cfg.task
+
+
+@pytest.mark.parametrize(
+    ("model_type", "task"),
+    [
+        ("bert", "masked_lm"),
+        ("roberta", "sequence_classification"),
+        ("distilbert", "sequence_classification"),
+        ("gpt2", "causal_lm"),
+        ("llama", "causal_lm"),
+    ],
+)
+def test_dropout_sets_every_dropout_of_the_model(model_type, task):
+    """``dropout`` reaches every ``nn.Dropout`` transformers builds (and the attention's
+    functional dropout); unset, the config.json's own values stay."""
+    import torch
+
+    from engine.models.hf import build_hf
+    from engine.models.hf.model import auto_class
+    from engine.models.tensorize import TensorizeOptions
+
+    config = {**tiny_config(model_type), "num_labels": 3}
+
+    def probabilities(**kw) -> set[float]:
+        cfg = HFConfig(hf_config=config, task=task, **kw)
+        return of(build_hf(cfg, tensorized=False, options=TensorizeOptions()).net)
+
+    def of(net) -> set[float]:
+        ps = {m.p for m in net.modules() if isinstance(m, torch.nn.Dropout)}
+        if hasattr(net.config, "attention_dropout"):  # DistilBERT's module, LLaMA's functional
+            ps.add(float(net.config.attention_dropout))
+        return ps
+
+    assert probabilities(dropout=0.3) == {0.3}
+    assert probabilities(dropout=0.0) == {0.0}
+    cfg = HFConfig(hf_config=config, task=task)
+    plain = auto_class(task).from_config(cfg.transformers_config())  # transformers' own
+    assert probabilities() == of(plain)
