@@ -93,7 +93,6 @@ FAMILIES: dict[str, Family] = {
     )
 }
 
-# config.json fields that size the weights: upper bounds (integers >= 1 when present)
 # config.json fields that hold a dropout probability, over the families: BERT / RoBERTa,
 # DistilBERT, GPT-2, the LLaMA family's attention dropout and the classification heads'
 DROPOUT_FIELDS = (
@@ -109,6 +108,7 @@ DROPOUT_FIELDS = (
     "summary_first_dropout",
 )
 
+# config.json fields that size the weights: upper bounds (integers >= 1 when present)
 SIZE_BOUNDS = {
     "vocab_size": 1_000_000,
     "hidden_size": 16_384,

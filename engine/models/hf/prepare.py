@@ -44,8 +44,8 @@ from engine.models.hf_bert.whiten import (
     input_gram,
     rebuild_tt,
     replace_module_,
-    truncate_whitened,
-    whitened_svd,
+    whitened_spectrum,
+    whitened_weight,
 )
 from engine.nn.tt_linear import TTLinear
 
@@ -77,11 +77,11 @@ def prepare_hf_(
     if seen == 0:
         raise ConfigError("data", "the training split has no sentences to calibrate on")
     dense = {n: as_linear(teacher.get_submodule(n)).weight.detach() for n in layers}  # (out, in)
-    factors = {n: whitened_svd(dense[n], grams[n]) for n in layers}
     built = {n: m.ranks[len(m.in_modes)] for n, m in layers.items()}  # the middle bond
     ranks, alloc = built, None
     if cfg.rank_allocation == "energy":
-        ranks, alloc = _allocate(layers, factors, built)
+        spectra = {n: whitened_spectrum(dense[n], grams[n]) for n in layers}  # (q,) each
+        ranks, alloc = _allocate(layers, spectra, built)
     if cfg.init == "sequential":  # at the allocated ranks, when allocated
         if alloc is not None:
             for name, old in layers.items():
@@ -94,7 +94,7 @@ def prepare_hf_(
         return info
     rows = []
     for name, old in layers.items():
-        target = truncate_whitened(factors[name], ranks[name])  # (out, in)
+        target = whitened_weight(dense[name], grams[name], ranks[name])  # (out, in)
         cap = None if alloc is None else ranks[name]
         new = rebuild_tt(old, target, old.bias, max_rank=cap).to(device)
         before = _output_error(dense[name], old.to_dense(), grams[name])
@@ -122,15 +122,13 @@ def _first(batches: Iterable[Mapping[str, Tensor]], sentences: int) -> list[Mapp
 
 
 def _allocate(
-    layers: Mapping[str, TTLinear],
-    factors: Mapping[str, tuple[Tensor, Tensor, Tensor, Tensor]],
-    built: Mapping[str, int],
+    layers: Mapping[str, TTLinear], spectra: Mapping[str, Tensor], built: Mapping[str, int]
 ) -> tuple[dict[str, int], dict[str, Any]]:
     """``rank_allocation: "energy"`` (module docstring): the rank of each layer within the
     uniform build's TT entries, and what the allocation saw."""
     profiles = []
     for name, layer in layers.items():
-        energy = factors[name][2].double() ** 2  # (q,) descending
+        energy = spectra[name].double() ** 2  # (q,) descending
         costs = tuple(tt_params_at_rank(layer, r) for r in range(energy.numel() + 1))
         profiles.append(LayerProfile(name, energy, costs))
     budget = sum(tt_params_at_rank(layers[n], r) for n, r in built.items())

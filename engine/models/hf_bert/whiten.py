@@ -33,8 +33,7 @@ from engine.nn.tt_linear import TTLinear
 __all__ = [
     "input_gram",
     "whitened_weight",
-    "whitened_svd",
-    "truncate_whitened",
+    "whitened_spectrum",
     "balance_cores_",
     "whiten_tt_linears_",
     "rebuild_tt",
@@ -85,29 +84,28 @@ def input_gram(
     return grams, seen
 
 
-def whitened_svd(weight: Tensor, gram: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(S, U, sv, Vh)``: ``C + ridge = S^T S`` (``S (in, in)`` upper) and the SVD of
-    ``S W^T (in, out)``; ``sv**2`` is the whitened energy a truncation leaves out."""
+def _whitener(gram: Tensor) -> Tensor:
+    """``S (in, in)`` upper triangular with ``C + ridge = S^T S``."""
     n = gram.shape[0]
     c = gram + RIDGE * gram.diagonal().mean().clamp_min(1e-30) * torch.eye(
         n, dtype=gram.dtype, device=gram.device
     )  # (in, in)
-    s = torch.linalg.cholesky(c).mT  # (in, in) upper: C = S^T S
+    return torch.linalg.cholesky(c).mT  # (in, in) upper: C = S^T S
+
+
+def whitened_weight(weight: Tensor, gram: Tensor, rank: int) -> Tensor:
+    """The rank-``rank`` ``A (out, in)`` minimizing ``||S (W^T - A^T)||_F``, ``C = S^T S``."""
+    s = _whitener(gram)  # (in, in)
     u, sv, vh = torch.linalg.svd(s @ weight.to(gram.dtype).T, full_matrices=False)
-    return s, u, sv, vh
-
-
-def truncate_whitened(factors: tuple[Tensor, Tensor, Tensor, Tensor], rank: int) -> Tensor:
-    """``A (out, in)`` at ``rank`` from :func:`whitened_svd`'s factors."""
-    s, u, sv, vh = factors
     r = min(rank, sv.numel())
     top = (u[:, :r] * sv[:r]) @ vh[:r]  # (in, out) [S W^T]_r
     return torch.linalg.solve_triangular(s, top, upper=True).T  # (out, in)
 
 
-def whitened_weight(weight: Tensor, gram: Tensor, rank: int) -> Tensor:
-    """The rank-``rank`` ``A (out, in)`` minimizing ``||S (W^T - A^T)||_F``, ``C = S^T S``."""
-    return truncate_whitened(whitened_svd(weight, gram), rank)
+def whitened_spectrum(weight: Tensor, gram: Tensor) -> Tensor:
+    """Singular values ``(q,)`` of ``S W^T``, descending: their squares past rank ``r`` are
+    the output energy :func:`whitened_weight` at ``r`` leaves out."""
+    return torch.linalg.svdvals(_whitener(gram) @ weight.to(gram.dtype).T)
 
 
 @torch.no_grad()
