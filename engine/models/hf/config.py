@@ -11,7 +11,10 @@ Two starts (exactly one of ``path`` / ``hf_config``):
   compressed student's inputs with ``init: "sequential"``; see
   :mod:`engine.models.hf.prepare`) and distils from the frozen original. With
   ``rank_allocation: "energy"`` the whitened start spends the TT entries of the uniform
-  ``compression.max_rank`` where the original's whitened spectra say they matter most.
+  ``compression.max_rank`` (or the dense entries over ``target_compression``) where the
+  original's whitened spectra say they matter most; ``"sensitivity"`` (a BERT sentence
+  encoder) weighs each layer by what its error costs the sentence embedding.
+  ``train_embeddings: false`` keeps the student's input embeddings at the original's.
   Only safetensors weights are ever read; pickles and the directory's own code never are.
 * ``hf_config``: the contents of a ``config.json`` (``model_type`` one of
   :data:`~engine.models.hf.families.FAMILIES`): random TT cores trained from scratch, the
@@ -54,7 +57,7 @@ __all__ = ["HFConfig", "check_hf_config", "model_directory", "read_hf_config", "
 
 CONFIG_VERSION = 1
 INITS = ("tt_svd", "whitened", "sequential")
-ALLOCATIONS = ("uniform", "energy")
+ALLOCATIONS = ("uniform", "energy", "sensitivity")
 SEQUENTIAL_TYPES = ("bert",)  # the layer structure engine.models.hf_bert.calib stages
 MAX_CONFIG_BYTES = 256 * 1024
 WEIGHTS_FILE = "model.safetensors"
@@ -164,6 +167,14 @@ class HFConfig(ConfigMethods):
     # "uniform": every layer at compression.max_rank; "energy" (a pretrained start): the same TT
     # entries spread over the layers by their whitened spectra (engine/models/hf/prepare.py)
     rank_allocation: str = spec("uniform", choices=ALLOCATIONS)
+    # the allocation's budget as a compression factor (dense / TT entries of the tensorized
+    # linears); None: the uniform build's entries (every layer at compression.max_rank)
+    target_compression: float | None = spec(None, gt=1, le=10_000)
+    probe_sentences: int = spec(32, ge=1, le=100_000)  # "sensitivity": the probe sentences
+    depth_gain: float = spec(2.0, ge=0.1, le=10)  # "sensitivity": block i's weight x gain ** i
+    # False: the student's input embeddings (BERT-style: the whole embeddings module; others:
+    # the token and absolute position tables) stay the original's and get no optimizer state
+    train_embeddings: bool = True
     version: int = spec(CONFIG_VERSION, choices=(CONFIG_VERSION,))
 
     def __post_init__(self) -> None:
@@ -201,12 +212,12 @@ class HFConfig(ConfigMethods):
                 f"{list(SEQUENTIAL_TYPES)} and task 'sentence_embedding'; got model_type "
                 f"{family.model_type!r}, task {self.task!r}",
             )
-        if self.rank_allocation != "uniform" and (self.path is None or self.init == "tt_svd"):
+        self._check_allocation(family.model_type)
+        if self.tensorize_embeddings and not self.train_embeddings:
             raise ConfigError(
-                "rank_allocation",
-                f"{self.rank_allocation!r} needs a pretrained start (path) with init "
-                f"'whitened' or 'sequential': it spreads the ranks by the original's whitened "
-                f"spectra; got init {self.init!r}" + ("" if self.path else " and no path"),
+                "train_embeddings",
+                "must be true with tensorize_embeddings (a TTM table starts from a truncated "
+                "TT-SVD and has to be trained)",
             )
         vocab = config.get("vocab_size")
         if self.tokenizer_vocab_size is not None and vocab and self.tokenizer_vocab_size > vocab:
@@ -224,6 +235,34 @@ class HFConfig(ConfigMethods):
                 f"data.max_len {self.max_len} is longer than the model's {positions} positions",
             )
         object.__setattr__(self, "_config", config)
+
+    def _check_allocation(self, model_type: str) -> None:
+        if self.rank_allocation == "uniform":
+            if self.target_compression is not None:
+                raise ConfigError(
+                    "target_compression",
+                    "needs rank_allocation 'energy' or 'sensitivity'; with 'uniform' every "
+                    "layer is at compression.max_rank",
+                )
+            return
+        if self.path is None or self.init == "tt_svd":
+            raise ConfigError(
+                "rank_allocation",
+                f"{self.rank_allocation!r} needs a pretrained start (path) with init "
+                f"'whitened' or 'sequential': it spreads the ranks by the original's whitened "
+                f"spectra; got init {self.init!r}" + ("" if self.path else " and no path"),
+            )
+        if self.rank_allocation == "sensitivity" and (
+            model_type not in SEQUENTIAL_TYPES or self.task != "sentence_embedding"
+        ):
+            raise ConfigError(
+                "rank_allocation",
+                f"'sensitivity' probes the sentence embedding of an encoder of model_type "
+                f"{list(SEQUENTIAL_TYPES)} (task 'sentence_embedding'); got model_type "
+                f"{model_type!r}, task {self.task!r}",
+            )
+        if self.target_compression is not None:
+            object.__setattr__(self, "target_compression", float(self.target_compression))
 
     @property
     def config_json(self) -> dict[str, Any]:
@@ -258,6 +297,7 @@ class HFConfig(ConfigMethods):
         weights and ranks from the checkpoint, not from a start."""
         out = {**self.to_dict(), "path": None, "hf_config": self.config_json}
         out["rank_allocation"] = "uniform"
+        out["target_compression"] = None
         if out["init"] == "sequential":
             out["init"] = "whitened"
         return out

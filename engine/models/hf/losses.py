@@ -7,7 +7,9 @@ Every task returns ``(loss, sums)``: ``loss`` the mean objective attached to the
 * LM tasks: ``T^2 KL(softmax(t / T) || softmax(s / T))`` over the predicted positions;
 * classification: the mean squared difference of the last hidden states over attended tokens
   (the original's head is usually not trained for the user's labels);
-* sentence embeddings: ``1 - cos`` of the mean-pooled last hidden states (no task loss).
+* sentence embeddings: ``1 - cos`` of the mean-pooled last hidden states (no task loss);
+  the teacher's side looked up in the training split's table when the job built one
+  (:mod:`engine.models.hf_bert.cache`).
 
 Masked LM masks 15% of the attended tokens of each row (never its first and last, which
 tokenizers use for markers), at positions drawn by a hash of the row's own tokens, so the
@@ -146,9 +148,12 @@ def _embedding(model: HFModel, batch: Mapping[str, Tensor]) -> tuple[Tensor, dic
     ids, mask = batch["input_ids"], batch["attention_mask"]  # (B, S) each
     types = batch.get("token_type_ids")
     emb = mean_pool(model(ids, mask, types), mask)  # (B, D)
-    with torch.no_grad():
-        t_hidden = model.call(model.teacher, ids, mask, types).last_hidden_state  # (B, S, D)
-        t_emb = mean_pool(t_hidden, mask)  # (B, D)
+    table = model.teacher_embeddings
+    t_emb = None if table is None else table.lookup(ids, mask, types)  # (B, D) or None
+    if t_emb is None:  # a sentence the table does not hold (validation): run the teacher
+        with torch.no_grad():
+            t_hidden = model.call(model.teacher, ids, mask, types).last_hidden_state  # (B,S,D)
+            t_emb = mean_pool(t_hidden, mask)  # (B, D)
     cos = F.cosine_similarity(emb, t_emb.to(emb.dtype), dim=-1)  # (B,)
     loss = model.config.distill_weight * (1.0 - cos).mean()  # ()
     with torch.no_grad():

@@ -20,9 +20,10 @@ from engine.models.frozen_teacher import WithTeacher
 from engine.models.hf.config import HFConfig
 from engine.models.hf.families import TASKS, family_of
 from engine.models.hf.swap import tensorize_hf_
+from engine.models.hf_bert.pooling import mean_pool
 from engine.models.tensorize import TensorizeOptions, TensorizeReport
 
-__all__ = ["HFModel", "build_hf", "auto_class"]
+__all__ = ["HFModel", "build_hf", "auto_class", "freeze_embeddings_"]
 
 
 def auto_class(task: str) -> Any:
@@ -42,6 +43,7 @@ class HFModel(WithTeacher):
         self.config = config
         self.family = family_of(config.config_json["model_type"])
         self.swapped: dict[str, str] = {}  # module name -> its original type (swap.py)
+        self.frozen: list[str] = []  # modules kept at the original (train_embeddings: false)
 
     def call(
         self,
@@ -62,6 +64,19 @@ class HFModel(WithTeacher):
             kwargs["output_hidden_states"] = True
         return net(input_ids=input_ids, **kwargs)
 
+    def cached_distillation(self) -> tuple[int, Any] | None:
+        """``sentence_embedding`` distils from the teacher's mean-pooled last hidden state
+        alone, so a table of the training split's may stand in for the teacher."""
+        teacher = self.teacher
+        if teacher is None or self.config.task != "sentence_embedding":
+            return None
+
+        def embed(ids: Tensor, mask: Tensor, types: Tensor | None) -> Tensor:
+            hidden = self.call(teacher, ids, mask, types).last_hidden_state  # (B, S, D)
+            return mean_pool(hidden, mask)  # (B, D)
+
+        return int(teacher.config.hidden_size), embed
+
     def forward(
         self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None
     ) -> Tensor:
@@ -71,6 +86,27 @@ class HFModel(WithTeacher):
         if self.config.task == "sentence_embedding":
             return out.last_hidden_state  # (B, S, D)
         return out.logits
+
+
+def freeze_embeddings_(net: nn.Module) -> list[str]:
+    """Stop training the input embeddings of ``net`` (``train_embeddings: false``); the names
+    of the frozen modules. Where the token table sits in an ``*embeddings`` module (BERT,
+    RoBERTa, DistilBERT) that whole module (its token, position and token-type tables and
+    LayerNorm); otherwise the token table and the other tables beside it (GPT-2's position
+    table). A table tied to the output projection (GPT-2, some LLaMAs) freezes it too."""
+    table = net.get_input_embeddings()
+    name = next(n for n, m in net.named_modules() if m is table)
+    parent_name = name.rpartition(".")[0]
+    parent = net.get_submodule(parent_name) if parent_name else net
+    if parent_name.rpartition(".")[2].endswith("embeddings"):
+        parent.requires_grad_(False)
+        return [parent_name]
+    frozen = []
+    for child_name, child in parent.named_children():
+        if isinstance(child, nn.Embedding):
+            child.requires_grad_(False)
+            frozen.append(f"{parent_name}.{child_name}".lstrip("."))
+    return frozen
 
 
 def _load_original(config: HFConfig) -> nn.Module:
@@ -103,6 +139,8 @@ def build_hf(config: HFConfig, *, tensorized: bool, options: TensorizeOptions) -
         net = auto_class(config.task).from_config(config.transformers_config(), dtype=torch.float32)
     model = HFModel(net, config)
     model.set_teacher(teacher)
+    if not config.train_embeddings:
+        model.frozen = freeze_embeddings_(net)
     if not tensorized:
         model.tensorize_report = TensorizeReport()
         model.conversion = []

@@ -17,6 +17,17 @@ rank gets it from one that needs less. Each layer is rebuilt at its allocated ra
 capped there) from the whitened truncation at that rank, or, with ``init: "sequential"``, from
 the TT-SVD at that rank, which the sequential fit then refits.
 
+``target_compression`` replaces that budget by the dense entries of the TT layers over it
+(a compression factor). Neither allocation caps a layer at ``compression.max_rank``: the
+budget does.
+
+``rank_allocation: "sensitivity"`` (a BERT sentence encoder): the same budget, spread by
+:func:`engine.models.hf_bert.ranks.plan_ranks`: each layer's spectrum on the teacher's own
+stage inputs, weighted by the cosine its whitened fit alone costs the pooled embedding on
+``probe_sentences`` training sentences that follow the calibration ones, times
+``depth_gain ** block``. It is the ``hf_bert`` recipe's allocation, on the same sentences the
+same ranks.
+
 ``init: "sequential"`` (a pretrained BERT sentence encoder, the ``hf_bert`` recipe's start):
 the TT linears of the encoder layers are refitted block by block, each to the original's
 outputs on the already compressed student's own inputs, at the ranks they were built with
@@ -26,6 +37,7 @@ sentences regrouped by length). Other TT layers keep their TT-SVD.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -35,10 +47,16 @@ from torch import Tensor
 from engine.configs import ConfigError
 from engine.models.hf.model import HFModel
 from engine.models.hf.swap import as_linear
-from engine.models.hf_bert.batches import by_length, take_sentences
+from engine.models.hf_bert.batches import Batch, as_dicts, by_length, take_sentences
 from engine.models.hf_bert.calib import ANCHOR_SEQUENTIAL, RIDGE_SEQUENTIAL, fit_sequential_
 from engine.models.hf_bert.convert import layer_row
-from engine.models.hf_bert.ranks import LayerProfile, allocate_ranks, tt_params_at_rank
+from engine.models.hf_bert.ranks import (
+    PROFILE_SENTENCES,
+    LayerProfile,
+    allocate_ranks,
+    plan_ranks,
+    tt_params_at_rank,
+)
 from engine.models.hf_bert.whiten import (
     _output_error,
     input_gram,
@@ -62,26 +80,54 @@ def prepare_hf_(
     layers = {n: m for n, m in model.net.named_modules() if isinstance(m, TTLinear)}
     if cfg.init == "tt_svd" or teacher is None or not layers:
         return None
+    t0 = time.perf_counter()
+    info = _start_(model, layers, batches, device)
+    info["seconds"] = round(time.perf_counter() - t0, 3)
+    return info
+
+
+def _start_(
+    model: HFModel,
+    layers: Mapping[str, TTLinear],
+    batches: Iterable[Mapping[str, Tensor]],
+    device: torch.device,
+) -> dict[str, Any]:
+    """:func:`prepare_hf_` once it knows there is something to do."""
+    cfg, teacher = model.config, model.teacher
+    assert teacher is not None
     if cfg.init == "sequential" and cfg.rank_allocation == "uniform":
         return _sequential_(model, layers, batches, device)
-    if cfg.init == "sequential":  # read twice: for the spectra, then by the fit
+    probes: list[Batch] = []
+    if cfg.rank_allocation == "sensitivity":  # the calibration sentences, then the probes
+        calib, probes = take_sentences(
+            batches, cfg.calibration_sentences, cfg.probe_sentences, device
+        )
+        if not probes:  # the split has no more sentences: the first calibration ones
+            probes = take_sentences(as_dicts(calib), cfg.probe_sentences, 0, device)[0]
+        batches = as_dicts(calib)
+    elif cfg.init == "sequential":  # read twice: for the spectra, then by the fit
         batches = _first(batches, cfg.calibration_sentences)
-    grams, seen = input_gram(
-        teacher,
-        list(layers),
-        batches,
-        sentences=cfg.calibration_sentences,
-        device=device,
-        forward=lambda ids, mask, types: model.call(teacher, ids, mask, types),
-    )
-    if seen == 0:
-        raise ConfigError("data", "the training split has no sentences to calibrate on")
     dense = {n: as_linear(teacher.get_submodule(n)).weight.detach() for n in layers}  # (out, in)
     built = {n: m.ranks[len(m.in_modes)] for n, m in layers.items()}  # the middle bond
+    grams, seen = {}, 0
+    if cfg.init == "whitened" or cfg.rank_allocation == "energy":
+        grams, seen = input_gram(
+            teacher,
+            list(layers),
+            batches,
+            sentences=cfg.calibration_sentences,
+            device=device,
+            forward=lambda ids, mask, types: model.call(teacher, ids, mask, types),
+        )
+        if seen == 0:
+            raise ConfigError("data", "the training split has no sentences to calibrate on")
     ranks, alloc = built, None
+    budget = _budget(cfg.target_compression, layers, built)
     if cfg.rank_allocation == "energy":
         spectra = {n: whitened_spectrum(dense[n], grams[n]) for n in layers}  # (q,) each
-        ranks, alloc = _allocate(layers, spectra, built)
+        ranks, alloc = _allocate(layers, spectra, budget)
+    elif cfg.rank_allocation == "sensitivity":
+        ranks, alloc = _sensitivity(model, layers, batches, probes, budget, device)
     if cfg.init == "sequential":  # at the allocated ranks, when allocated
         if alloc is not None:
             for name, old in layers.items():
@@ -110,6 +156,47 @@ def prepare_hf_(
     return info
 
 
+def _budget(
+    target: float | None, layers: Mapping[str, TTLinear], built: Mapping[str, int]
+) -> float:
+    """The allocation's TT entries: the dense entries over ``target_compression``, or (no
+    target) the uniform build's, every layer at its built rank."""
+    if target is not None:
+        return sum(m.dense_parameters() for m in layers.values()) / target
+    return float(sum(tt_params_at_rank(layers[n], r) for n, r in built.items()))
+
+
+def _sensitivity(
+    model: HFModel,
+    layers: Mapping[str, TTLinear],
+    calibration: Iterable[Mapping[str, Tensor]],
+    probes: list[Batch],
+    budget: float,
+    device: torch.device,
+) -> tuple[dict[str, int], dict[str, Any]]:
+    """``rank_allocation: "sensitivity"`` (module docstring): the ranks by the probed
+    sentence-embedding cost of each layer's error, as :mod:`engine.models.hf_bert.ranks`."""
+    cfg, teacher = model.config, model.teacher
+    assert teacher is not None
+    calib, _ = take_sentences(calibration, cfg.calibration_sentences, 0, device)
+    seen = sum(int(ids.shape[0]) for ids, _, _ in calib)
+    if seen == 0:
+        raise ConfigError("data", "the training split has no sentences to calibrate on")
+    # the spectra are taken on the first PROFILE_SENTENCES: keep them first after regrouping
+    head, tail = take_sentences(as_dicts(calib), PROFILE_SENTENCES, seen, device)
+    ranks, info = plan_ranks(
+        model.net,
+        teacher,
+        by_length(head) + by_length(tail),
+        by_length(probes),
+        mode="sensitivity",
+        budget=budget,
+        caps={n: min(m.in_features, m.out_features) for n, m in layers.items()},
+        depth_gain=cfg.depth_gain,
+    )
+    return ranks, info
+
+
 def _first(batches: Iterable[Mapping[str, Tensor]], sentences: int) -> list[Mapping[str, Tensor]]:
     """The leading batches that hold ``sentences`` sentences (the last one may hold more)."""
     out, seen = [], 0
@@ -122,16 +209,16 @@ def _first(batches: Iterable[Mapping[str, Tensor]], sentences: int) -> list[Mapp
 
 
 def _allocate(
-    layers: Mapping[str, TTLinear], spectra: Mapping[str, Tensor], built: Mapping[str, int]
+    layers: Mapping[str, TTLinear], spectra: Mapping[str, Tensor], budget: float
 ) -> tuple[dict[str, int], dict[str, Any]]:
-    """``rank_allocation: "energy"`` (module docstring): the rank of each layer within the
-    uniform build's TT entries, and what the allocation saw."""
+    """``rank_allocation: "energy"`` (module docstring): the rank of each layer within
+    ``budget`` TT entries (up to the layer's full rank), and what the allocation saw."""
     profiles = []
+    built = {n: m.ranks[len(m.in_modes)] for n, m in layers.items()}
     for name, layer in layers.items():
         energy = spectra[name].double() ** 2  # (q,) descending
         costs = tuple(tt_params_at_rank(layer, r) for r in range(energy.numel() + 1))
         profiles.append(LayerProfile(name, energy, costs))
-    budget = sum(tt_params_at_rank(layers[n], r) for n, r in built.items())
     ranks = allocate_ranks(profiles, budget)
     left = sum(p.left_out(ranks[p.name]) for p in profiles)
     uniform = sum(p.left_out(built[p.name]) for p in profiles)
@@ -181,6 +268,7 @@ def _record(
         layer_row(n, model.net.get_submodule(n), as_linear(teacher.get_submodule(n)).weight)
         for n in layers
     ]
-    info = {"init": init, "calibration_sentences": seen, "layers": rows}
+    ranks = {n: int(max(m.ranks)) for n, m in model.net.named_modules() if isinstance(m, TTLinear)}
+    info = {"init": init, "calibration_sentences": seen, "ranks": ranks, "layers": rows}
     model.preparation = info
     return info

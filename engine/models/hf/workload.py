@@ -14,6 +14,7 @@ from engine.models.hf.config import HFConfig
 from engine.models.hf.losses import hf_loss
 from engine.models.hf.model import build_hf
 from engine.models.hf.prepare import prepare_hf_
+from engine.models.hf_bert.cache import attach_teacher_embeddings_
 from engine.models.tensorize import TensorizeOptions
 from engine.models.workload import StepOutput, Workload, example_lengths
 
@@ -51,6 +52,13 @@ class HFWorkload(Workload):
     def prepare(self, model, batches, *, device):
         """``init="whitened"`` (pretrained): activation-aware TT-SVD on training sentences."""
         return prepare_hf_(model, batches, device=device)
+
+    def setup(self, model, train, job, *, device):
+        """``sentence_embedding``: the teacher's embeddings of the training split, when they
+        pay (:mod:`engine.models.hf_bert.cache`)."""
+        return attach_teacher_embeddings_(
+            model, train, job.schedule, job.training.batch_size, device=device
+        )
 
     def guard_metric_of(self, config: Any) -> str:
         task = self._config(config).task

@@ -23,7 +23,7 @@ forward and backward.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -107,9 +107,13 @@ class TeacherEmbeddings:
         device: torch.device,
         max_rows: int,
         group: int = 32,
+        embed: Callable[[Tensor, Tensor, Tensor | None], Tensor] | None = None,
     ) -> TeacherEmbeddings | None:
         """The table of every sentence of ``batches`` (``None`` past ``max_rows``), the
-        teacher run on groups of ``group`` sentences of similar length."""
+        teacher run on groups of ``group`` sentences of similar length; ``embed(ids, mask,
+        types) -> (B, D)`` runs it (default: the mean-pooled ``teacher(ids, mask, types)``)."""
+        if embed is None:
+            embed = lambda ids, mask, types: mean_pool(teacher(ids, mask, types), mask)  # noqa: E731
         rows: dict[bytes, tuple[Tensor, Tensor, Tensor | None]] = {}
         for batch in batches:
             ids, mask = batch["input_ids"], batch["attention_mask"]  # (B, S) each
@@ -131,7 +135,7 @@ class TeacherEmbeddings:
             for i, m, t in rows.values()
         ]
         for ids, mask, types in by_length(singles, group):
-            emb = mean_pool(teacher(ids, mask, types), mask)  # (b, D)
+            emb = embed(ids, mask, types)  # (b, D)
             for j, key in enumerate(sentence_keys(ids, mask, types)):
                 index[key] = len(index)
                 parts.append(emb[j])
@@ -162,15 +166,16 @@ def attach_teacher_embeddings_(
     *,
     device: torch.device,
 ) -> dict[str, Any] | None:
-    """Build and attach the table of ``train`` (a training source) when ``model`` distills
-    with ``cosine_embedding`` and the job's ``schedule`` passes over the split often enough;
-    returns what was done (``None``: not a distillation from a teacher)."""
-    teacher, config = getattr(model, "teacher", None), getattr(model, "config", None)
-    if teacher is None or getattr(config, "distill", None) != "cosine_embedding":
+    """Build and attach the table of ``train`` (a training source) when ``model``'s loss reads
+    the teacher only through its pooled embedding (``model.cached_distillation()`` gives its
+    width and how to compute it) and the job's ``schedule`` passes over the split often
+    enough; returns what was done (``None``: not such a distillation)."""
+    spec = model.cached_distillation()
+    if spec is None:
         return None
+    dim, embed = spec
     step_examples = sum(s.step_limit or 0 for s in schedule) * batch_size
     epochs = float(sum(s.epochs or 0 for s in schedule))
-    dim = int(config.arch.hidden_size)
     split = train.num_examples()
     if not should_build(step_examples, epochs, split, dim):
         model.set_teacher_embeddings(None)
@@ -181,7 +186,7 @@ def attach_teacher_embeddings_(
         return {"teacher_embeddings": 0, "reason": why}
     t0 = time.perf_counter()
     table = TeacherEmbeddings.build(
-        teacher, train.batches(0), device=device, max_rows=max_rows(dim)
+        model.teacher, train.batches(0), device=device, max_rows=max_rows(dim), embed=embed
     )
     model.set_teacher_embeddings(table)
     return {

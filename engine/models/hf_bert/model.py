@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -29,9 +29,6 @@ from torch import Tensor, nn
 from engine.models.frozen_teacher import WithTeacher
 from engine.models.hf_bert.config import BertArchitecture, HFBertConfig
 from engine.models.hf_bert.pooling import mean_pool
-
-if TYPE_CHECKING:
-    from engine.models.hf_bert.cache import TeacherEmbeddings
 
 __all__ = ["BertEncoder", "SentenceEncoder", "load_pretrained", "bert_model", "ENCODER_LINEARS"]
 
@@ -110,15 +107,15 @@ class SentenceEncoder(BertEncoder, WithTeacher):
     def __init__(self, arch: BertArchitecture, config: HFBertConfig, bert: Any = None) -> None:
         super().__init__(arch, config.dropout, bert)
         self.config = config
-        self.__dict__["teacher_embeddings"] = None
 
-    @property
-    def teacher_embeddings(self) -> TeacherEmbeddings | None:
-        """The training split's teacher embeddings (:mod:`engine.models.hf_bert.cache`)."""
-        return self.__dict__["teacher_embeddings"]
-
-    def set_teacher_embeddings(self, table: TeacherEmbeddings | None) -> None:
-        self.__dict__["teacher_embeddings"] = table
+    def cached_distillation(self) -> tuple[int, Any] | None:
+        """With ``cosine_embedding`` the loss reads only the teacher's mean-pooled embedding."""
+        teacher = self.teacher
+        if teacher is None or self.config.distill != "cosine_embedding":
+            return None
+        return int(self.arch.hidden_size), lambda ids, mask, types: mean_pool(
+            teacher(ids, mask, types), mask
+        )
 
     def embed(
         self,
