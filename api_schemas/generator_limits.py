@@ -171,7 +171,8 @@ MAX_PACKAGES = 16  # stdlib_text's packages (engine.data.stdlib_text.MAX_PACKAGE
 
 def _strings(params: Mapping[str, Any]) -> list[InitErrorDetails]:
     """``stdlib_text``: ``source`` a short string, ``modules`` a pattern or a list of them,
-    ``packages`` a list of at most :data:`MAX_PACKAGES` distinct package (import) names."""
+    ``packages`` a list of at most :data:`MAX_PACKAGES` distinct package (import) names,
+    ``also`` a short list of source names (the engine checks the names)."""
     errors = []
     source = params.get("source", "docstrings")
     if not isinstance(source, str) or len(source) > 32:
@@ -190,7 +191,15 @@ def _strings(params: Mapping[str, Any]) -> list[InitErrorDetails]:
     ):
         msg = f"packages must be a list of at most {MAX_PACKAGES} distinct package names"
         errors.append(_error("packages", pkgs, "invalid", msg))
+    also = params.get("also", [])
+    if not isinstance(also, list) or len(also) > 8 or not all(_short(a) for a in also):
+        msg = "also must be a list of at most 8 source names"
+        errors.append(_error("also", also, "invalid", msg))
     return errors
+
+
+def _short(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= 32
 
 
 def generator_errors(generator: str | None, params: Mapping[str, Any]) -> list[InitErrorDetails]:

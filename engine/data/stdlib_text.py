@@ -31,6 +31,15 @@ Two sources, so that a model can be measured on text it was never trained on:
   sentences by the same rules. Another author, another register: reference prose rather
   than API notes.
 
+* ``source: "comments"``, ``"descriptions"``, ``"jokes"``: code comments, the installed
+  distributions' descriptions, pyjokes' jokes and the Zen of Python
+  (:mod:`engine.data.english_text`): English of other registers.
+
+``also`` appends the sentences of more sources to the pool (deduplicated), e.g. ``source:
+"docstrings"`` with ``also: ["comments", "descriptions"]``: a broad mix to distil on.
+``modules`` and ``packages`` select the source files that ``docstrings`` and ``comments``
+read, and are refused when neither is in the mix.
+
 Each pool is therefore a pure function of the Python version and the parameters
 (``info["python"]`` and ``info["pool_sha256"]`` record it). :func:`generate_stdlib_text`
 shuffles the pool with ``numpy.random.default_rng(seed)`` and returns the first ``n``
@@ -59,6 +68,7 @@ import numpy as np
 
 from engine.configs import ConfigError
 from engine.data.config import check_int
+from engine.data.english_text import code_comments, description_texts, joke_texts
 
 __all__ = [
     "StdlibTextParams",
@@ -88,7 +98,8 @@ _FIELD = re.compile(r"^\s*(:\w+|@\w+|\w+ --|Args:|Returns?:|Raises:|Parameters|-
 _ALLOWED = re.compile(r"^[A-Za-z0-9 ,.;:'\"()?!-]+$")
 
 
-SOURCES = ("docstrings", "reference")
+SOURCES = ("docstrings", "reference", "comments", "descriptions", "jokes")
+_CODE_SOURCES = ("docstrings", "comments")  # read source files: modules / packages select them
 MAX_PATTERNS = 64
 MAX_PACKAGES = 16
 MAX_PACKAGE_FILES = 20_000  # over all ``packages`` (torch: 2,282; its parse takes ~15 s)
@@ -101,6 +112,11 @@ class StdlibTextParams:
     source: str = "docstrings"
     modules: tuple[str, ...] = ("*",)
     packages: tuple[str, ...] = ()
+    also: tuple[str, ...] = ()  # more sources, their sentences appended to the pool
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return (self.source, *self.also)
 
     def __post_init__(self) -> None:
         check_int("params.min_words", self.min_words, 1)
@@ -109,6 +125,18 @@ class StdlibTextParams:
             raise ConfigError(
                 "data.params.source", f"must be one of {list(SOURCES)}, got {self.source!r}"
             )
+        also = self.also
+        if (
+            not isinstance(also, tuple)
+            or not all(a in SOURCES for a in also)
+            or len(set(self.sources)) != len(self.sources)
+        ):
+            raise ConfigError(
+                "data.params.also",
+                f"must list distinct sources of {list(SOURCES)} other than source "
+                f"{self.source!r}, got {also!r}",
+            )
+        code = any(src in _CODE_SOURCES for src in self.sources)
         mods = self.modules
         if (
             not isinstance(mods, tuple)
@@ -119,9 +147,10 @@ class StdlibTextParams:
                 "data.params.modules",
                 f"must be a list of 1-{MAX_PATTERNS} patterns of 1-64 characters, got {mods!r}",
             )
-        if self.source == "reference" and mods != ("*",):
+        if not code and mods != ("*",):
             raise ConfigError(
-                "data.params.modules", "selects docstrings: leave it unset with source 'reference'"
+                "data.params.modules",
+                f"selects source files: leave it unset with the sources {list(self.sources)}",
             )
         pkgs = self.packages
         if (
@@ -135,9 +164,10 @@ class StdlibTextParams:
                 f"must be a list of at most {MAX_PACKAGES} distinct package names "
                 f"(Python identifiers), got {pkgs!r}",
             )
-        if self.source == "reference" and pkgs:
+        if not code and pkgs:
             raise ConfigError(
-                "data.params.packages", "adds docstrings: leave it unset with source 'reference'"
+                "data.params.packages",
+                f"adds source files: leave it unset with the sources {list(self.sources)}",
             )
 
 
@@ -296,18 +326,63 @@ def _reference_sentences(params: StdlibTextParams) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=8)
 def stdlib_sentences(params: StdlibTextParams = StdlibTextParams()) -> tuple[str, ...]:
-    """The deduplicated sentence pool of ``params`` (see the module docstring), in file
-    order."""
-    if params.source == "reference":
+    """The deduplicated sentence pool of ``params`` (see the module docstring): each source's
+    sentences in its own order, ``source`` first, then those of ``also``."""
+    pools = [_source_sentences(src, params) for src in params.sources]
+    if len(pools) == 1:
+        return pools[0]
+    seen: set[str] = set()
+    out = []
+    for pool in pools:
+        for sentence in pool:
+            if sentence.lower() not in seen:
+                seen.add(sentence.lower())
+                out.append(sentence)
+    return tuple(out)
+
+
+def _source_sentences(source: str, params: StdlibTextParams) -> tuple[str, ...]:
+    if source == "reference":
         return _reference_sentences(params)
+    if source == "comments":
+        return _comment_sentences(
+            params.modules, params.packages, params.min_words, params.max_words
+        )
+    if source == "descriptions":
+        return _description_sentences(params.min_words, params.max_words)
+    if source == "jokes":
+        return joke_texts(params.min_words, params.max_words)
     tagged = tagged_sentences(params.min_words, params.max_words)
     pats = params.modules
-    own = [s for m, s in tagged if pats == ("*",) or any(fnmatch.fnmatchcase(m, p) for p in pats)]
+    own = [s for m, s in tagged if _selected(m, pats)]
     if not params.packages:
         return tuple(own)
     seen = {s.lower() for s in own}
     more = package_sentences(params.packages, params.min_words, params.max_words)
     return (*own, *(s for s in more if s.lower() not in seen))
+
+
+def _selected(module: str, patterns: tuple[str, ...]) -> bool:
+    return patterns == ("*",) or any(fnmatch.fnmatchcase(module, p) for p in patterns)
+
+
+@functools.lru_cache(maxsize=4)
+def _comment_sentences(
+    modules: tuple[str, ...], packages: tuple[str, ...], min_words: int, max_words: int
+) -> tuple[str, ...]:
+    """The comment sentences of the standard library's files (of ``modules``), then of
+    ``packages``' files (:func:`engine.data.english_text.code_comments`)."""
+    params = StdlibTextParams(min_words=min_words, max_words=max_words)
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = [f for f in _source_files(root) if _selected(_top_module(f, root), modules)]
+    files += check_packages(packages)
+    return tuple(_new_sentences(code_comments(files), params, set()))
+
+
+@functools.lru_cache(maxsize=4)
+def _description_sentences(min_words: int, max_words: int) -> tuple[str, ...]:
+    params = StdlibTextParams(min_words=min_words, max_words=max_words)
+    return tuple(_new_sentences(description_texts(), params, set()))
 
 
 def generate_stdlib_text(
@@ -321,9 +396,9 @@ def generate_stdlib_text(
         raise ConfigError(
             "data.n_train",
             f"with data.n_valid asks for {n} sentences, more than the {len(pool)} "
-            f"found in the standard library docstrings (Python "
+            f"found in the sources {list(params.sources)} (Python "
             f"{platform.python_version()})"
-            + (f" and those of {list(params.packages)}" if params.packages else ""),
+            + (f" with the packages {list(params.packages)}" if params.packages else ""),
         )
     order = np.random.default_rng(seed).permutation(len(pool))[:n]
     digest = hashlib.sha256("\n".join(pool).encode()).hexdigest()
@@ -335,6 +410,7 @@ def generate_stdlib_text(
         "min_words": params.min_words,
         "max_words": params.max_words,
         "source": params.source,
+        "also": list(params.also),
         "modules": list(params.modules),
         "packages": _versions(params.packages),
     }

@@ -38,3 +38,15 @@ def test_bad_packages_are_a_validation_error_at_dataset_params_packages(packages
 def test_package_names_pass_the_wire():
     spec = JobCreate.model_validate(_job(["numpy", "sympy"]))
     assert spec.dataset.params == {"packages": ["numpy", "sympy"]}
+
+
+@pytest.mark.parametrize("also", ["comments", [3], ["x" * 33], ["comments"] * 9])
+def test_bad_also_is_a_validation_error_at_dataset_params_also(also):
+    job = _job(["numpy"])
+    job["dataset"]["params"]["also"] = also
+    with pytest.raises(ValidationError) as err:
+        JobCreate.model_validate(job)
+    (error,) = err.value.errors()
+    assert error["loc"][-3:] == ("dataset", "params", "also")
+    job["dataset"]["params"]["also"] = ["comments", "descriptions"]
+    assert JobCreate.model_validate(job).dataset.params["also"] == ["comments", "descriptions"]

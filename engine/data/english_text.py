@@ -1,0 +1,123 @@
+"""English text beyond docstrings, all of it installed with the interpreter and the packages.
+
+Three more sources of :mod:`engine.data.stdlib_text`, each another register of English:
+
+* ``comments``: the ``#`` comments of the standard library's source files (the files
+  ``docstrings`` reads; with ``packages``, those packages' files too). Consecutive comment
+  lines are one paragraph (a blank line or code ends it); cut into sentences by the
+  docstring rules. Informal notes by
+  hundreds of authors ("We have to assume that we must decode this string.").
+* ``descriptions``: the long descriptions (the README) in the metadata of every installed
+  distribution, sorted by name, cut by the same rules: what projects say about themselves.
+* ``jokes``: the English one-liners of the ``pyjokes`` package (its ``neutral`` and ``chuck``
+  lists) and the aphorisms of the Zen of Python (the standard library's ``this``, decoded
+  from its ROT13 text): short humorous prose and quotations, a register no other source has.
+  A joke is one item (not cut into sentences); it must be ASCII and hold ``min_words ..
+  max_words`` words.
+
+Nothing is imported or run: source files are scanned or parsed with :mod:`ast`, metadata
+is read with :mod:`importlib.metadata`. Each function returns its pool deduplicated
+(case-insensitive, the first kept), in a fixed order: a pure function of the installed files.
+"""
+
+from __future__ import annotations
+
+import ast
+import codecs
+import importlib.metadata
+import importlib.util
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from engine.configs import ConfigError
+
+__all__ = ["code_comments", "description_texts", "joke_texts", "JOKE_LISTS"]
+
+_NOT_PROSE = ("!", "-*-", "type:", "noqa", "pragma", "fmt:")
+JOKE_LISTS = ("neutral", "chuck")  # pyjokes' English lists (its "all" is their union)
+
+
+def code_comments(files: Iterable[Path]) -> Iterator[str]:
+    """The comment paragraphs of ``files``: runs of consecutive whole-line comments, joined
+    (a comment after code on its line is left out; lines are scanned, not tokenized: a
+    ``#`` line inside a string literal counts too, which the sentence rules then judge)."""
+    for path in files:
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError):
+            continue
+        paragraph: list[str] = []
+        for line in [*lines, ""]:
+            stripped = line.strip()
+            if stripped.startswith("#"):
+                text = stripped.lstrip("#").strip()
+                if text and not text.startswith(_NOT_PROSE):
+                    paragraph.append(text)
+                continue
+            if paragraph:
+                yield "\n".join(paragraph)
+                paragraph = []
+
+
+def description_texts() -> Iterator[str]:
+    """The long description of every installed distribution, sorted by name (one each)."""
+    seen: set[str] = set()
+    dists = sorted(importlib.metadata.distributions(), key=lambda d: _name(d).lower())
+    for dist in dists:
+        name = _name(dist).lower()
+        if not name or name in seen:
+            continue
+        seen.add(name)
+        body = dist.metadata.get_payload() or dist.metadata.get("Description") or ""
+        if isinstance(body, str) and body.strip():
+            yield body
+
+
+def _name(dist: importlib.metadata.Distribution) -> str:
+    return str(dist.metadata.get("Name") or "")
+
+
+def joke_texts(min_words: int, max_words: int) -> tuple[str, ...]:
+    """pyjokes' English jokes, then the Zen of Python, each kept whole (module docstring)."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for text in (*_pyjokes(), *_zen()):
+        text = " ".join(text.split())
+        if (
+            text.isascii()
+            and min_words <= len(text.split()) <= max_words
+            and text.lower() not in seen
+        ):
+            seen.add(text.lower())
+            out.append(text)
+    return tuple(out)
+
+
+def _module_file(name: str, field: str) -> Path:
+    spec = importlib.util.find_spec(name)  # located, not imported
+    if spec is None or not spec.origin or not Path(spec.origin).is_file():
+        raise ConfigError(field, f"needs the module {name!r} as a source file (not installed)")
+    return Path(spec.origin)
+
+
+def _pyjokes() -> list[str]:
+    """The ``neutral`` and ``chuck`` lists of ``pyjokes/jokes_en.py``, read as literals."""
+    tree = ast.parse(_module_file("pyjokes.jokes_en", "data.params.source").read_text("utf-8"))
+    lists: dict[str, list[str]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Name) and target.id in JOKE_LISTS:
+                value = ast.literal_eval(node.value)
+                lists[target.id] = [v for v in value if isinstance(v, str)]
+    return [joke for name in JOKE_LISTS for joke in lists.get(name, [])]
+
+
+def _zen() -> list[str]:
+    """The lines of the Zen of Python after its title (``this.s``, ROT13)."""
+    tree = ast.parse(_module_file("this", "data.params.source").read_text("utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "s":
+            text = codecs.decode(ast.literal_eval(node.value), "rot13")
+            return [line for line in text.splitlines()[1:] if line.strip()]
+    return []
