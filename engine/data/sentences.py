@@ -16,7 +16,7 @@ directory (``model.config.path``): the text is always split as the original mode
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,13 @@ from tokenizers import Tokenizer
 from torch import Tensor
 
 from engine.data.config import DataConfig
-from engine.data.source import DataBundle, line_examples, pad_batch, train_valid_sources
+from engine.data.source import (
+    DataBundle,
+    StreamSource,
+    line_examples,
+    pad_batch,
+    train_valid_sources,
+)
 from engine.data.tokenizer import load_tokenizer
 
 __all__ = ["sentence_tokenizer", "collate_sentences", "build_sentence_data", "nonblank"]
@@ -70,8 +76,11 @@ def build_sentence_data(
     train_lines: Callable[[], Iterable[tuple[int, str]]],
     valid_lines: Callable[[], Iterable[tuple[int, str]]] | None,
     in_memory: bool,
+    valid_parts: Mapping[str, list[tuple[int, str]]] | None = None,
 ) -> DataBundle:
-    """Train / valid sources of single sentences (files streamed, memory listed once)."""
+    """Train / valid sources of single sentences (files streamed, memory listed once);
+    ``valid_parts``: the validation lines by source, each also a source of its own
+    (``DataBundle.valid_parts``, which the trainer reports a stage's metrics on)."""
     tok, pad_id = sentence_tokenizer(tokenizer, cfg.max_len)
     length = cfg.max_len if cfg.pad_to_max_len else None
 
@@ -81,9 +90,10 @@ def build_sentence_data(
     valid_ex = examples(valid_lines) if valid_lines is not None else None
     kept = line_examples(cfg, examples(train_lines), valid_ex, in_memory)
     counts = kept["counts"]
+    collate = lambda ex, _seed: collate_sentences(ex, tok, pad_id, length)  # noqa: E731
     train, valid = train_valid_sources(
         **kept,
-        collate=lambda ex, _seed: collate_sentences(ex, tok, pad_id, length),
+        collate=collate,
         batch_size=batch_size,
         seed=seed,
         length=len,  # characters: a proxy of tokens
@@ -94,4 +104,20 @@ def build_sentence_data(
         "train_examples": counts[0],
         "valid_examples": counts[1],
     }
-    return DataBundle(train, valid, {}, {}, info)
+    parts = {
+        name: StreamSource(
+            (lambda rows=rows: list(nonblank(rows))),
+            collate,
+            batch_size=batch_size,
+            seed=seed,
+            shuffle_buffer=0,
+            name=f"valid:{name}",
+            num_examples=len(rows),
+            epoch_seeds=False,
+        )
+        for name, rows in (valid_parts or {}).items()
+        if rows
+    }
+    if parts:
+        info["valid_examples_per_source"] = {k: len(v) for k, v in valid_parts.items() if v}
+    return DataBundle(train, valid, {}, {}, info, valid_parts=parts)

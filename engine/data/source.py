@@ -264,6 +264,9 @@ class DataBundle:
     model_overrides: dict[str, Any] = field(default_factory=dict)
     artifacts: dict[str, str] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
+    # the validation rows by where they come from (a mix of text sources), each a source of
+    # its own: the trainer reports each stage's metrics on every part beside the whole
+    valid_parts: dict[str, BatchSource] = field(default_factory=dict)
 
 
 def split_counts(total: int, every: int) -> tuple[int, int]:

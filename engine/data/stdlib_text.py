@@ -75,6 +75,8 @@ __all__ = [
     "stdlib_sentences",
     "tagged_sentences",
     "generate_stdlib_text",
+    "generate_tagged_text",
+    "tagged_pool",
     "docstring_sentences",
     "package_sentences",
     "check_packages",
@@ -328,16 +330,22 @@ def _reference_sentences(params: StdlibTextParams) -> tuple[str, ...]:
 def stdlib_sentences(params: StdlibTextParams = StdlibTextParams()) -> tuple[str, ...]:
     """The deduplicated sentence pool of ``params`` (see the module docstring): each source's
     sentences in its own order, ``source`` first, then those of ``also``."""
-    pools = [_source_sentences(src, params) for src in params.sources]
-    if len(pools) == 1:
-        return pools[0]
+    if not params.also:
+        return _source_sentences(params.source, params)
+    return tuple(s for _, s in tagged_pool(params))
+
+
+@functools.lru_cache(maxsize=4)
+def tagged_pool(params: StdlibTextParams) -> tuple[tuple[str, str], ...]:
+    """``(source, sentence)`` of :func:`stdlib_sentences`: the source each sentence was first
+    found in."""
     seen: set[str] = set()
     out = []
-    for pool in pools:
-        for sentence in pool:
+    for src in params.sources:
+        for sentence in _source_sentences(src, params):
             if sentence.lower() not in seen:
                 seen.add(sentence.lower())
-                out.append(sentence)
+                out.append((src, sentence))
     return tuple(out)
 
 
@@ -389,6 +397,14 @@ def generate_stdlib_text(
     n: int, seed: int, params: StdlibTextParams
 ) -> tuple[list[str], dict[str, Any]]:
     """The first ``n`` sentences of the pool shuffled by ``seed``, and a description."""
+    sentences, _, info = generate_tagged_text(n, seed, params)
+    return sentences, info
+
+
+def generate_tagged_text(
+    n: int, seed: int, params: StdlibTextParams
+) -> tuple[list[str], list[str], dict[str, Any]]:
+    """:func:`generate_stdlib_text` with each sentence's source beside it."""
     import platform
 
     pool = stdlib_sentences(params)
@@ -400,6 +416,7 @@ def generate_stdlib_text(
             f"{platform.python_version()})"
             + (f" with the packages {list(params.packages)}" if params.packages else ""),
         )
+    tags = [src for src, _ in tagged_pool(params)] if params.also else None
     order = np.random.default_rng(seed).permutation(len(pool))[:n]
     digest = hashlib.sha256("\n".join(pool).encode()).hexdigest()
     info = {
@@ -414,4 +431,7 @@ def generate_stdlib_text(
         "modules": list(params.modules),
         "packages": _versions(params.packages),
     }
-    return [pool[i] for i in order], info
+    drawn = [params.source] * n if tags is None else [tags[i] for i in order]
+    if params.also:
+        info["pool_per_source"] = {src: tags.count(src) for src in params.sources}
+    return [pool[i] for i in order], drawn, info

@@ -35,7 +35,11 @@ from engine.data.criteo import collate_criteo, dlrm_overrides, parse_criteo
 from engine.data.lines import build_mlm_data
 from engine.data.sentences import build_sentence_data
 from engine.data.source import DataBundle, train_valid_sources
-from engine.data.stdlib_text import StdlibTextParams, generate_stdlib_text
+from engine.data.stdlib_text import (
+    StdlibTextParams,
+    generate_stdlib_text,
+    generate_tagged_text,
+)
 from engine.data.synthetic_tabular import (
     CriteoParams,
     MLPParams,
@@ -294,14 +298,20 @@ def _stdlib_text(r: Request) -> tuple[DataBundle, dict[str, Any]]:
     """Sentences tokenized with the model's tokenizer (``r.tokenizer``)."""
     if r.tokenizer is None:
         raise ConfigError("data.tokenizer", "the stdlib_text generator needs a tokenizer.json")
-    sentences, info = generate_stdlib_text(r.n, r.cfg.synthetic_seed, r.params)
-    train, valid = r.split(_numbered(sentences))
+    sentences, tags, info = generate_tagged_text(r.n, r.cfg.synthetic_seed, r.params)
+    rows = _numbered(sentences)
+    train, valid = r.split(rows)
+    parts: dict[str, list[tuple[int, str]]] = {}
+    if r.params.also:  # a mix: the validation rows of each source, reported apart
+        for row, tag in zip(rows[r.cfg.n_train :], tags[r.cfg.n_train :], strict=True):
+            parts.setdefault(tag, []).append(row)
     bundle = build_sentence_data(
         r.cfg,
         tokenizer=r.tokenizer,
         train_lines=train,
         valid_lines=valid,
         in_memory=True,
+        valid_parts=parts,
         **r.common,
     )
     return bundle, info

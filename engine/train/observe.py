@@ -1,5 +1,6 @@
-"""What the trainer reports while it runs: validation (``eval`` events) and active ranks
-(``ranks`` events, only when they changed unless forced)."""
+"""What the trainer reports while it runs: validation (``eval`` events; at a stage's end also
+on each source of a mixed validation split) and active ranks (``ranks`` events, only when they
+changed unless forced)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from engine.train.evaluation import evaluate
 if TYPE_CHECKING:
     from engine.train.trainer import Trainer
 
-__all__ = ["evaluate_stage", "emit_ranks"]
+__all__ = ["evaluate_stage", "evaluate_parts", "emit_ranks"]
 
 
 def evaluate_stage(t: Trainer, stage: StageConfig) -> dict[str, float]:
@@ -42,6 +43,22 @@ def evaluate_stage(t: Trainer, stage: StageConfig) -> dict[str, float]:
         )
     t.events.emit(event)
     return metrics
+
+
+def evaluate_parts(t: Trainer) -> dict[str, dict[str, float]]:
+    """Validation metrics of the model now on each part of the validation rows
+    (``DataBundle.valid_parts``: a mix of text sources, each reported apart)."""
+    out = {}
+    for name, part in t.data.valid_parts.items():
+        out[name], _ = evaluate(
+            t.model,
+            t.workload,
+            part.batches(0),
+            device=t.device,
+            forward_context=t.execution.forward,
+            limit=t.job.training.eval_batches,
+        )
+    return out
 
 
 def emit_ranks(t: Trainer, index: int, *, force: bool = False) -> None:

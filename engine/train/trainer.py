@@ -46,7 +46,7 @@ from engine.train.callbacks import Callback, CallbackList
 from engine.train.config import ConfigError, StageConfig
 from engine.train.execution import StepExecution
 from engine.train.job import JobConfig
-from engine.train.observe import emit_ranks, evaluate_stage
+from engine.train.observe import emit_ranks, evaluate_parts, evaluate_stage
 from engine.train.optim import set_stage_lrs
 from engine.train.parts import build_parts, check_distributed
 from engine.train.prune_events import end_cuts, rank_event
@@ -216,6 +216,8 @@ class Trainer:
             "loss_ref": s.loss_ref,
             "pruned": final_cut,
         }
+        if self.data.valid_parts:  # a mix of text sources: the metrics of each
+            report["metrics_by_source"] = evaluate_parts(self)
         if control is not None:
             report.update(control.outcome(size_end, metrics))
             control.end_stage()
