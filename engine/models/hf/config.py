@@ -28,7 +28,8 @@ only). ``pad_token_id``, ``mask_token_id``, ``tokenizer_vocab_size`` and ``max_l
 from the data (its tokenizer and ``data.max_len``). With a pretrained start the loss is
 ``task_weight * task + distill_weight * distillation`` (:mod:`engine.models.hf.losses`): KL
 divergence of the logits at ``temperature`` for the LM tasks, of the last hidden states for
-classification, ``1 - cos`` of the sentence embeddings.
+classification, ``1 - cos`` of the sentence embeddings (plus ``token_weight`` times that of
+each token's last hidden state).
 
 ``targets`` replaces the family's default layers (its blocks' attention and MLP linears,
 :mod:`engine.models.hf.families`) by module-name suffixes; ``tensorize_lm_head`` and
@@ -155,6 +156,8 @@ class HFConfig(ConfigMethods):
     task_weight: float = spec(1.0, ge=0, le=1e6)
     distill_weight: float = spec(1.0, ge=0, le=1e6)
     temperature: float = spec(2.0, gt=0, le=100)
+    # sentence_embedding: also distil every token's last hidden state (1 - cos, this weight)
+    token_weight: float = spec(0.0, ge=0, le=1e6)
     export_dense: bool = False  # also write model/dense/: the TT layers multiplied out
     # every dropout probability of the model (DROPOUT_FIELDS its config has) set to this while
     # training; None: the config.json's own. Distilling into a compressed copy of a pretrained

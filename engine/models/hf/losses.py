@@ -7,7 +7,9 @@ Every task returns ``(loss, sums)``: ``loss`` the mean objective attached to the
 * LM tasks: ``T^2 KL(softmax(t / T) || softmax(s / T))`` over the predicted positions;
 * classification: the mean squared difference of the last hidden states over attended tokens
   (the original's head is usually not trained for the user's labels);
-* sentence embeddings: ``1 - cos`` of the mean-pooled last hidden states (no task loss);
+* sentence embeddings: ``1 - cos`` of the mean-pooled last hidden states (no task loss),
+  plus ``token_weight`` times the mean ``1 - cos`` of each attended token's last hidden
+  state;
   the teacher's side looked up in the training split's table when the job built one
   (:mod:`engine.models.hf_bert.cache`).
 
@@ -147,15 +149,23 @@ def _embedding(model: HFModel, batch: Mapping[str, Tensor]) -> tuple[Tensor, dic
         )
     ids, mask = batch["input_ids"], batch["attention_mask"]  # (B, S) each
     types = batch.get("token_type_ids")
-    emb = mean_pool(model(ids, mask, types), mask)  # (B, D)
+    cfg = model.config
+    hidden = model(ids, mask, types)  # (B, S, D)
+    emb = mean_pool(hidden, mask)  # (B, D)
     table = model.teacher_embeddings
     t_emb = None if table is None else table.lookup(ids, mask, types)  # (B, D) or None
-    if t_emb is None:  # a sentence the table does not hold (validation): run the teacher
+    t_hidden = None
+    if t_emb is None or cfg.token_weight > 0:  # not in the table (validation), or per token
         with torch.no_grad():
             t_hidden = model.call(model.teacher, ids, mask, types).last_hidden_state  # (B,S,D)
             t_emb = mean_pool(t_hidden, mask)  # (B, D)
     cos = F.cosine_similarity(emb, t_emb.to(emb.dtype), dim=-1)  # (B,)
-    loss = model.config.distill_weight * (1.0 - cos).mean()  # ()
+    loss = cfg.distill_weight * (1.0 - cos).mean()  # ()
+    if cfg.token_weight > 0:
+        assert t_hidden is not None
+        per = 1.0 - F.cosine_similarity(hidden, t_hidden.to(hidden.dtype), dim=-1)  # (B, S)
+        w = mask.to(per.dtype)  # (B, S)
+        loss = loss + cfg.token_weight * (per * w).sum() / w.sum().clamp_min(1.0)
     with torch.no_grad():
         n = torch.tensor(float(ids.shape[0]), device=emb.device)
         sums = {"count": n, "loss_sum": loss.detach() * n, "cosine_sum": cos.sum()}

@@ -70,6 +70,8 @@ class HFModel(WithTeacher):
         teacher = self.teacher
         if teacher is None or self.config.task != "sentence_embedding":
             return None
+        if self.config.token_weight > 0:  # the loss reads every token's: the teacher runs
+            return None
 
         def embed(ids: Tensor, mask: Tensor, types: Tensor | None) -> Tensor:
             hidden = self.call(teacher, ids, mask, types).last_hidden_state  # (B, S, D)

@@ -186,3 +186,22 @@ def test_the_teacher_table_stands_in_for_the_teacher(tmp_path):
     lm = HFConfig(path=str(make_model_dir(tmp_path, "llama")))
     causal = build_hf(lm, tensorized=False, options=TensorizeOptions())
     assert attach_teacher_embeddings_(causal, source, stages, 8, device=CPU) is None
+
+
+def test_token_weight_adds_each_tokens_cosine_to_the_pooled_one(tmp_path):
+    directory = make_model_dir(tmp_path, "bert", task="sentence_embedding")
+    plain, cfg = _encoder(directory)
+    tokens, _ = _encoder(directory, token_weight=0.5)
+    tokens.load_state_dict(plain.state_dict())
+    batch = _batches(cfg, 1)[0]
+    base, sums = hf_loss(plain, batch)
+    got, got_sums = hf_loss(tokens, batch)
+    with torch.no_grad():  # the per-token term recomputed from the two models' hidden states
+        args = (batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        h = tokens(*args)  # (B, S, D)
+        t = tokens.call(tokens.teacher, *args).last_hidden_state  # (B, S, D)
+        keep = batch["attention_mask"].bool()  # (B, S)
+        per = 1 - torch.nn.functional.cosine_similarity(h[keep], t[keep], dim=-1)  # (N,)
+    torch.testing.assert_close(got, base + 0.5 * per.mean())
+    torch.testing.assert_close(got_sums["cosine_sum"], sums["cosine_sum"])  # the metric stays
+    assert tokens.cached_distillation() is None  # every token's: no table stands in
