@@ -22,7 +22,8 @@ Five parts, in bytes, per process:
 * **data**: what the loader holds (generated data sets whole, a file's shuffle buffer, a
   compressed Fortran-ordered array read whole, a tokenizer's word counts), from the facts,
   plus ``hf_bert``'s table of teacher embeddings (``distill: cosine_embedding``: 4 bytes x
-  hidden size a training sentence, at most ``engine.models.hf_bert.cache.MAX_BYTES``);
+  hidden size a training sentence, at most ``engine.models.hf_bert.cache.MAX_BYTES``; ``hf``
+  sentence embeddings alike);
 * **baseline**: the process itself: its interpreter, torch, the engine and what their first
   step loads, as measured on this host (``process_bytes``; ``hf_bytes`` more for the ``hf``
   and ``hf_bert`` workloads, on transformers' classes);
@@ -163,12 +164,20 @@ def _guard_bytes(model: nn.Module, cfg: JobConfig) -> int:
 
 
 def _teacher_table_bytes(cfg: JobConfig, model_config: Any, sentences: int | None) -> int:
-    """``hf_bert``'s teacher embeddings of the training split (``cosine_embedding``)."""
-    if cfg.model.arch != "hf_bert" or getattr(model_config, "distill", None) != (
-        "cosine_embedding"
-    ):
+    """The teacher's embeddings of the training split, where the loss reads only those:
+    ``hf_bert`` with ``cosine_embedding``, a pretrained ``hf`` ``sentence_embedding`` job
+    without ``token_weight``."""
+    if cfg.model.arch == "hf_bert":
+        if getattr(model_config, "distill", None) != "cosine_embedding":
+            return 0
+        dim = getattr(getattr(model_config, "arch", None), "hidden_size", 0) or 0
+    elif cfg.model.arch == "hf":
+        pretrained = bool(cfg.model.config.get("path"))
+        if model_config.task != "sentence_embedding" or model_config.token_weight or not pretrained:
+            return 0
+        dim = int(model_config.config_json.get("hidden_size") or 0)
+    else:
         return 0
-    dim = getattr(getattr(model_config, "arch", None), "hidden_size", 0) or 0
     table = 4 * dim * sentences if sentences is not None else TEACHER_TABLE_MAX_BYTES
     return min(table, TEACHER_TABLE_MAX_BYTES)
 

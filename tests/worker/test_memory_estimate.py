@@ -169,3 +169,32 @@ def test_max_rank_auto_is_planned_at_the_cap_with_the_calibration_phase_counted(
     fixed = plan_job(_job())
     assert fixed["automatic"] is None
     assert fixed["memory"]["model_bytes"] < 16 * fixed["params_before"]
+
+
+def test_an_hf_sentence_encoder_plans_its_teacher_table_unless_it_distils_every_token(tmp_path):
+    """``hf``'s ``sentence_embedding`` builds the same table as ``hf_bert``: 4 B x hidden a
+    training sentence; with ``token_weight`` the teacher runs every step and there is none."""
+    from tests.helpers.hf_models import make_model_dir
+
+    directory = make_model_dir(tmp_path, "bert", task="sentence_embedding")
+    text = tmp_path / "train.txt"
+    text.write_text("one short sentence\nand another one\n" * 8)
+
+    def data_bytes(**config: Any) -> int:
+        spec = engine_job(
+            name="encoder",
+            method="comera",
+            model=model_spec(
+                "hf", {"task": "sentence_embedding", "path": str(directory), **config}
+            ),
+            data=text_data(text, valid_every=4, max_len=16),
+            compression={"max_rank": 4},
+            schedule=[early_stage(steps=10)],
+            training={"batch_size": 8},
+        )
+        return plan_job(spec, baseline=BASELINE)["memory"]["data_bytes"]
+
+    from engine.models.hf_bert.cache import MAX_BYTES
+
+    # a text file's sentences are not counted when planning: the table's bound, as hf_bert's
+    assert data_bytes() - data_bytes(token_weight=1.0) == MAX_BYTES
