@@ -199,8 +199,9 @@ def baseline_table(report: CompressionReport) -> Table | None:
 
 
 def report_tables(report: CompressionReport) -> Group:
-    """``comera report``: one row per layer, the totals, the metrics and the fidelity to the
-    original model (``hf_bert``), then the comparison with the dense baseline if any."""
+    """``comera report``: one row per layer, the totals, the metrics (per source of a mixed
+    text split too) and the fidelity to the original model (``hf_bert``), then the comparison
+    with the dense baseline if any."""
     title = f"compression of {report.job_id} (export {report.checkpoint_id})"
     layers = Table("name", "kind", "modes", "ranks", "dense params", "params", "ratio", title=title)
     for layer in report.layers:
@@ -226,6 +227,8 @@ def report_tables(report: CompressionReport) -> Group:
         f"({fmt_ratio(report.file_ratio)})",
     )
     totals.add_row("metrics", _metrics(report.metrics))
+    for source, values in source_metrics(report).items():
+        totals.add_row(f"  on {source}", _metrics(values))
     if (line := target_line(report.target)) is not None:
         totals.add_row("size target", line)
     if (line := chance_line(report.chance)) is not None:
@@ -253,6 +256,15 @@ def report_tables(report: CompressionReport) -> Group:
     deploy = deploy_table(report)
     extra = [t for t in (deploy, base) if t is not None]
     return Group(layers, totals, *extra)
+
+
+def source_metrics(report: CompressionReport) -> dict[str, dict[str, float]]:
+    """The last stage's validation metrics per source of a mixed text split (the engine's
+    ``metrics_by_source``); ``{}`` for a split of one source."""
+    if not report.stages:
+        return {}
+    parts = report.stages[-1].get("metrics_by_source") or {}
+    return {str(k): v for k, v in parts.items() if isinstance(v, dict)}
 
 
 def deploy_table(report: CompressionReport) -> Table | None:
