@@ -172,8 +172,7 @@ def _teacher_table_bytes(cfg: JobConfig, model_config: Any, sentences: int | Non
             return 0
         dim = getattr(getattr(model_config, "arch", None), "hidden_size", 0) or 0
     elif cfg.model.arch == "hf":
-        pretrained = bool(cfg.model.config.get("path"))
-        if model_config.task != "sentence_embedding" or model_config.token_weight or not pretrained:
+        if not model_config.pooled_distillation or not cfg.model.config.get("path"):
             return 0
         dim = int(model_config.config_json.get("hidden_size") or 0)
     else:

@@ -22,7 +22,7 @@ REPORT = {
 }
 
 
-def _text(report: CompressionReport) -> str:
+def report_text(report: CompressionReport) -> str:
     console = Console(record=True, width=160)
     console.print(report_tables(report))
     return console.export_text()
@@ -41,12 +41,12 @@ def test_a_data_parallel_report_names_its_processes():
     assert distributed_line(report) == "2 processes (gloo), 3 DDP wrapper builds in 0.12 s"
     assert any(
         line.startswith("data parallel") and "2 processes (gloo)" in line
-        for line in _text(report).splitlines()
+        for line in report_text(report).splitlines()
     )
     assert report.model_dump(mode="json")["execution"]["precision"] == "fp32"
 
 
 def test_a_one_process_report_has_no_such_line():
     one = CompressionReport.model_validate({**REPORT, "execution": {"distributed": None}})
-    assert distributed_line(one) is None and "data parallel" not in _text(one)
+    assert distributed_line(one) is None and "data parallel" not in report_text(one)
     assert distributed_line(CompressionReport.model_validate(REPORT)) is None

@@ -52,7 +52,7 @@ from typing import Any
 
 from engine.configs import ConfigError, ConfigMethods, spec, validate
 from engine.models.hf.families import DROPOUT_FIELDS, SIZE_BOUNDS, TASKS, family_of
-from engine.models.hf_bert.config import MAX_PATH, resolve_model_dir
+from engine.models.hf_bert.config import MAX_PATH, check_embedding_choices, resolve_model_dir
 
 __all__ = ["HFConfig", "check_hf_config", "model_directory", "read_hf_config", "MAX_CONFIG_BYTES"]
 
@@ -216,12 +216,7 @@ class HFConfig(ConfigMethods):
                 f"{family.model_type!r}, task {self.task!r}",
             )
         self._check_allocation(family.model_type)
-        if self.tensorize_embeddings and not self.train_embeddings:
-            raise ConfigError(
-                "train_embeddings",
-                "must be true with tensorize_embeddings (a TTM table starts from a truncated "
-                "TT-SVD and has to be trained)",
-            )
+        check_embedding_choices(self.tensorize_embeddings, self.train_embeddings)
         vocab = config.get("vocab_size")
         if self.tokenizer_vocab_size is not None and vocab and self.tokenizer_vocab_size > vocab:
             raise ConfigError(
@@ -271,6 +266,13 @@ class HFConfig(ConfigMethods):
     def config_json(self) -> dict[str, Any]:
         """The validated ``config.json`` (read from ``path`` or given as ``hf_config``)."""
         return dict(self.__dict__["_config"])
+
+    @property
+    def pooled_distillation(self) -> bool:
+        """Whether the loss reads the teacher only through its mean-pooled embedding (a
+        ``sentence_embedding`` without ``token_weight``): a table of the training split's
+        may then stand in for the teacher (:mod:`engine.models.hf_bert.cache`)."""
+        return self.task == "sentence_embedding" and self.token_weight == 0
 
     @property
     def pretrained(self) -> bool:

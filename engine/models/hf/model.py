@@ -68,9 +68,7 @@ class HFModel(WithTeacher):
         """``sentence_embedding`` distils from the teacher's mean-pooled last hidden state
         alone, so a table of the training split's may stand in for the teacher."""
         teacher = self.teacher
-        if teacher is None or self.config.task != "sentence_embedding":
-            return None
-        if self.config.token_weight > 0:  # the loss reads every token's: the teacher runs
+        if teacher is None or not self.config.pooled_distillation:
             return None
 
         def embed(ids: Tensor, mask: Tensor, types: Tensor | None) -> Tensor:

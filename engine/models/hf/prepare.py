@@ -51,10 +51,11 @@ from engine.models.hf_bert.batches import Batch, as_dicts, by_length, take_sente
 from engine.models.hf_bert.calib import ANCHOR_SEQUENTIAL, RIDGE_SEQUENTIAL, fit_sequential_
 from engine.models.hf_bert.convert import layer_row
 from engine.models.hf_bert.ranks import (
-    PROFILE_SENTENCES,
     LayerProfile,
     allocate_ranks,
     plan_ranks,
+    probe_batches,
+    profile_first,
     tt_params_at_rank,
 )
 from engine.models.hf_bert.whiten import (
@@ -97,13 +98,12 @@ def _start_(
     assert teacher is not None
     if cfg.init == "sequential" and cfg.rank_allocation == "uniform":
         return _sequential_(model, layers, batches, device)
+    calib: list[Batch] = []
     probes: list[Batch] = []
     if cfg.rank_allocation == "sensitivity":  # the calibration sentences, then the probes
         calib, probes = take_sentences(
             batches, cfg.calibration_sentences, cfg.probe_sentences, device
         )
-        if not probes:  # the split has no more sentences: the first calibration ones
-            probes = take_sentences(as_dicts(calib), cfg.probe_sentences, 0, device)[0]
         batches = as_dicts(calib)
     elif cfg.init == "sequential":  # read twice: for the spectra, then by the fit
         batches = _first(batches, cfg.calibration_sentences)
@@ -127,7 +127,7 @@ def _start_(
         spectra = {n: whitened_spectrum(dense[n], grams[n]) for n in layers}  # (q,) each
         ranks, alloc = _allocate(layers, spectra, budget)
     elif cfg.rank_allocation == "sensitivity":
-        ranks, alloc = _sensitivity(model, layers, batches, probes, budget, device)
+        ranks, alloc = _sensitivity(model, layers, calib, probes, budget, device)
     if cfg.init == "sequential":  # at the allocated ranks, when allocated
         if alloc is not None:
             for name, old in layers.items():
@@ -169,31 +169,32 @@ def _budget(
 def _sensitivity(
     model: HFModel,
     layers: Mapping[str, TTLinear],
-    calibration: Iterable[Mapping[str, Tensor]],
+    calib: list[Batch],
     probes: list[Batch],
     budget: float,
     device: torch.device,
 ) -> tuple[dict[str, int], dict[str, Any]]:
     """``rank_allocation: "sensitivity"`` (module docstring): the ranks by the probed
-    sentence-embedding cost of each layer's error, as :mod:`engine.models.hf_bert.ranks`."""
+    sentence-embedding cost of each layer's error, as ``hf_bert``'s
+    (:mod:`engine.models.hf_bert.prepare`, :mod:`engine.models.hf_bert.ranks`)."""
     cfg, teacher = model.config, model.teacher
     assert teacher is not None
-    calib, _ = take_sentences(calibration, cfg.calibration_sentences, 0, device)
-    seen = sum(int(ids.shape[0]) for ids, _, _ in calib)
-    if seen == 0:
+    if not calib:
         raise ConfigError("data", "the training split has no sentences to calibrate on")
-    # the spectra are taken on the first PROFILE_SENTENCES: keep them first after regrouping
-    head, tail = take_sentences(as_dicts(calib), PROFILE_SENTENCES, seen, device)
+    calib = profile_first(calib, device)
+    probing, from_calibration = probe_batches(probes, calib, cfg.probe_sentences, device)
     ranks, info = plan_ranks(
         model.net,
         teacher,
-        by_length(head) + by_length(tail),
-        by_length(probes),
+        calib,
+        probing,
         mode="sensitivity",
         budget=budget,
         caps={n: min(m.in_features, m.out_features) for n, m in layers.items()},
         depth_gain=cfg.depth_gain,
     )
+    if from_calibration:
+        info["probes_from"] = "calibration"  # the training split had no more sentences
     return ranks, info
 
 

@@ -54,6 +54,7 @@ __all__ = [
     "resolve_model_dir",
     "check_model_dir",
     "read_architecture",
+    "check_embedding_choices",
 ]
 
 CONFIG_VERSION = 1
@@ -204,6 +205,16 @@ def read_architecture(directory: Path) -> BertArchitecture:
         raise ConfigError("path", f"{file}: {err}") from None
 
 
+def check_embedding_choices(tensorize: bool, train: bool) -> None:
+    """``tensorize_embeddings`` needs ``train_embeddings`` (``hf_bert`` and ``hf`` alike)."""
+    if tensorize and not train:
+        raise ConfigError(
+            "train_embeddings",
+            "must be true with tensorize_embeddings (a TTM table starts from a truncated "
+            "TT-SVD and has to be trained)",
+        )
+
+
 # -- the workload config --------------------------------------------------------------------
 @dataclass(frozen=True)
 class HFBertConfig(ConfigMethods):
@@ -231,12 +242,7 @@ class HFBertConfig(ConfigMethods):
 
     def __post_init__(self) -> None:
         validate(self)
-        if self.tensorize_embeddings and not self.train_embeddings:
-            raise ConfigError(
-                "train_embeddings",
-                "must be true with tensorize_embeddings (a TTM table starts from a truncated "
-                "TT-SVD and has to be trained)",
-            )
+        check_embedding_choices(self.tensorize_embeddings, self.train_embeddings)
         self._check_allocation()
         arch = self.architecture
         if arch is not None and not isinstance(arch, BertArchitecture):

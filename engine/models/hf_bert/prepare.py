@@ -31,11 +31,11 @@ import torch
 from torch import Tensor
 
 from engine.configs import ConfigError
-from engine.models.hf_bert.batches import as_dicts, by_length, take_sentences
+from engine.models.hf_bert.batches import Batch, as_dicts, take_sentences
 from engine.models.hf_bert.calib import ANCHOR_SEQUENTIAL, RIDGE_SEQUENTIAL, fit_sequential_
 from engine.models.hf_bert.convert import layer_row
 from engine.models.hf_bert.model import SentenceEncoder
-from engine.models.hf_bert.ranks import PROFILE_SENTENCES, plan_ranks
+from engine.models.hf_bert.ranks import plan_ranks, probe_batches, profile_first
 from engine.models.hf_bert.whiten import input_gram, replace_module_, whiten_tt_linears_
 from engine.nn.tt_linear import TTLinear
 
@@ -57,9 +57,7 @@ def prepare_student_(
     seen = sum(int(ids.shape[0]) for ids, _, _ in calib)
     if seen == 0:
         raise ConfigError("data", "the training split has no sentences to calibrate on")
-    # the allocation profiles the first PROFILE_SENTENCES: keep them first after regrouping
-    head, tail = take_sentences(as_dicts(calib), PROFILE_SENTENCES, seen, device)
-    calib = by_length(head) + by_length(tail)
+    calib = profile_first(calib, device)
     info: dict[str, Any] = {"init": cfg.init, "calibration_sentences": seen}
     caps = {n: max(m.ranks) for n, m in layers.items()}  # compression.max_rank, as built
     ranks = dict(caps)
@@ -67,14 +65,16 @@ def prepare_student_(
     if budgeted:
         assert cfg.target_compression is not None  # the config checks it
         dense = sum(m.dense_parameters() for m in layers.values())
-        if n_probe and not probes:  # no sentences left: the first calibration ones (not all)
-            probes = take_sentences(as_dicts(calib), n_probe, 0, device)[0]
-            info["probes_from"] = "calibration"  # the training split had no more sentences
+        probing: list[Batch] = []
+        if n_probe:  # no sentences left after the calibration: the first of those (not all)
+            probing, from_calibration = probe_batches(probes, calib, n_probe, device)
+            if from_calibration:
+                info["probes_from"] = "calibration"  # the training split had no more
         ranks, alloc = plan_ranks(
             model,
             teacher,
             calib,
-            by_length(probes),
+            probing,
             mode=cfg.rank_allocation,
             budget=dense / cfg.target_compression,
             caps=caps,

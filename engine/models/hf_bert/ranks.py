@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.models.hf_bert.batches import Batch
+from engine.models.hf_bert.batches import Batch, as_dicts, by_length, take_sentences
 from engine.models.hf_bert.calib import (
     Whitened,
     embed,
@@ -64,6 +64,8 @@ __all__ = [
     "plan_ranks",
     "depth_weighted",
     "PROFILE_SENTENCES",
+    "profile_first",
+    "probe_batches",
 ]
 
 PROFILE_SENTENCES = 256  # calibration sentences the teacher's spectra are taken on
@@ -262,6 +264,26 @@ def _block_of(name: str) -> int:
     parts = name.removeprefix("encoder.layer.").removeprefix("encoder.").split(".")
     inside = name.startswith("encoder.") and len(parts) > 1 and parts[0].isdigit()
     return int(parts[0]) if inside else 0
+
+
+def profile_first(calibration: Sequence[Batch], device: torch.device) -> list[Batch]:
+    """``calibration`` regrouped by length (:func:`~engine.models.hf_bert.batches.by_length`)
+    with its first :data:`PROFILE_SENTENCES` sentences, the ones :func:`plan_ranks` profiles,
+    still first."""
+    seen = sum(int(ids.shape[0]) for ids, _, _ in calibration)
+    head, tail = take_sentences(as_dicts(calibration), PROFILE_SENTENCES, seen, device)
+    return by_length(head) + by_length(tail)
+
+
+def probe_batches(
+    probes: Sequence[Batch], calibration: Sequence[Batch], n: int, device: torch.device
+) -> tuple[list[Batch], bool]:
+    """``(batches, from_calibration)``: the probe sentences regrouped by length, or, when the
+    training split had none left after the calibration ones, the first ``n`` of
+    ``calibration`` (``from_calibration`` true)."""
+    if probes:
+        return by_length(probes), False
+    return by_length(take_sentences(as_dicts(calibration), n, 0, device)[0]), True
 
 
 def _first(batches: Sequence[Batch], n: int) -> list[Batch]:
