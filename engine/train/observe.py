@@ -4,7 +4,7 @@ changed unless forced)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine.rank import compression_summary, model_size, rank_snapshot
 from engine.train.config import StageConfig
@@ -20,14 +20,7 @@ def evaluate_stage(t: Trainer, stage: StageConfig) -> dict[str, float]:
     """Validation metrics of the model now (``{}`` without validation data); an ``eval`` event."""
     if t.data.valid is None:
         return {}
-    metrics, t._label_counts = evaluate(
-        t.model,
-        t.workload,
-        t.data.valid.batches(0),
-        device=t.device,
-        forward_context=t.execution.forward,
-        limit=t.job.training.eval_batches,
-    )
+    metrics, t._label_counts = _evaluate_on(t, t.data.valid)
     t.state.last_eval = metrics
     event = {
         "event": "eval",
@@ -48,17 +41,19 @@ def evaluate_stage(t: Trainer, stage: StageConfig) -> dict[str, float]:
 def evaluate_parts(t: Trainer) -> dict[str, dict[str, float]]:
     """Validation metrics of the model now on each part of the validation rows
     (``DataBundle.valid_parts``: a mix of text sources, each reported apart)."""
-    out = {}
-    for name, part in t.data.valid_parts.items():
-        out[name], _ = evaluate(
-            t.model,
-            t.workload,
-            part.batches(0),
-            device=t.device,
-            forward_context=t.execution.forward,
-            limit=t.job.training.eval_batches,
-        )
-    return out
+    return {name: _evaluate_on(t, part)[0] for name, part in t.data.valid_parts.items()}
+
+
+def _evaluate_on(t: Trainer, source: Any) -> tuple[dict[str, float], Any]:
+    """:func:`~engine.train.evaluation.evaluate` of the model now on ``source``'s batches."""
+    return evaluate(
+        t.model,
+        t.workload,
+        source.batches(0),
+        device=t.device,
+        forward_context=t.execution.forward,
+        limit=t.job.training.eval_batches,
+    )
 
 
 def emit_ranks(t: Trainer, index: int, *, force: bool = False) -> None:
