@@ -1,6 +1,6 @@
 """English text beyond docstrings, all of it installed with the interpreter and the packages.
 
-Three more sources of :mod:`engine.data.stdlib_text`, each another register of English:
+Five more sources of :mod:`engine.data.stdlib_text`, each another register of English:
 
 * ``comments``: the ``#`` comments of the standard library's source files (the files
   ``docstrings`` reads; with ``packages``, those packages' files too). Consecutive comment
@@ -14,10 +14,19 @@ Three more sources of :mod:`engine.data.stdlib_text`, each another register of E
   from its ROT13 text): short humorous prose and quotations, a register no other source has.
   A joke is one item (not cut into sentences); it must be ASCII and hold ``min_words ..
   max_words`` words.
+* ``questions``: the 4,922 English questions people asked of a question-and-answer site that
+  the ``mimesis`` package ships as data (``datasets/en/text.json``, key ``questions``):
+  everyday English about money, travel, health, work ("What should i do to be a great
+  geologist?"). Each is one item, kept by the rules of ``jokes``.
+* ``news``: the Lee corpus that ``gensim`` ships among its test data
+  (``test/test_data/lee_background.cor``): 300 Australian news stories of 2001, one per line,
+  cut into sentences by the docstring rules. Reported prose of journalists.
 
 Nothing is imported or run: source files are scanned or parsed with :mod:`ast`, metadata
-is read with :mod:`importlib.metadata`. Each function returns its pool deduplicated
-(case-insensitive, the first kept), in a fixed order: a pure function of the installed files.
+is read with :mod:`importlib.metadata`, data files are located beside their package's
+``__init__.py`` (:func:`importlib.util.find_spec`) and read as text or JSON. Each function
+returns its pool deduplicated (case-insensitive, the first kept), in a fixed order: a pure
+function of the installed files.
 """
 
 from __future__ import annotations
@@ -26,12 +35,20 @@ import ast
 import codecs
 import importlib.metadata
 import importlib.util
+import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from engine.configs import ConfigError
 
-__all__ = ["code_comments", "description_texts", "joke_texts", "JOKE_LISTS"]
+__all__ = [
+    "code_comments",
+    "description_texts",
+    "joke_texts",
+    "question_texts",
+    "news_texts",
+    "JOKE_LISTS",
+]
 
 _NOT_PROSE = ("!", "-*-", "type:", "noqa", "pragma", "fmt:")
 JOKE_LISTS = ("neutral", "chuck")  # pyjokes' English lists (its "all" is their union)
@@ -79,9 +96,36 @@ def _name(dist: importlib.metadata.Distribution) -> str:
 
 def joke_texts(min_words: int, max_words: int) -> tuple[str, ...]:
     """pyjokes' English jokes, then the Zen of Python, each kept whole (module docstring)."""
+    return _whole_items((*_pyjokes(), *_zen()), min_words, max_words)
+
+
+def question_texts(min_words: int, max_words: int) -> tuple[str, ...]:
+    """mimesis' English questions, each kept whole (module docstring)."""
+    path = _package_dir("mimesis") / "datasets" / "en" / "text.json"
+    try:
+        questions = json.loads(path.read_text("utf-8"))["questions"]
+    except (OSError, ValueError, KeyError) as err:
+        raise ConfigError("data.params.source", f"cannot read {path} ({err})") from None
+    texts = [q for q in questions if isinstance(q, str)]
+    return _whole_items(texts, min_words, max_words)
+
+
+def news_texts() -> Iterator[str]:
+    """The stories of gensim's Lee corpus, one a line (module docstring)."""
+    path = _package_dir("gensim") / "test" / "test_data" / "lee_background.cor"
+    try:
+        lines = path.read_text("utf-8").splitlines()
+    except OSError as err:
+        raise ConfigError("data.params.source", f"cannot read {path} ({err})") from None
+    return (line for line in lines if line.strip())
+
+
+def _whole_items(texts: Iterable[str], min_words: int, max_words: int) -> tuple[str, ...]:
+    """``texts`` with their whitespace collapsed, each kept whole when it is ASCII and holds
+    ``min_words .. max_words`` words, deduplicated case-insensitively (the first kept)."""
     out: list[str] = []
     seen: set[str] = set()
-    for text in (*_pyjokes(), *_zen()):
+    for text in texts:
         text = " ".join(text.split())
         if (
             text.isascii()
@@ -91,6 +135,15 @@ def joke_texts(min_words: int, max_words: int) -> tuple[str, ...]:
             seen.add(text.lower())
             out.append(text)
     return tuple(out)
+
+
+def _package_dir(name: str) -> Path:
+    """The directory of the installed package ``name``, located, not imported."""
+    spec = importlib.util.find_spec(name)
+    dirs = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not dirs or not Path(dirs[0]).is_dir():
+        raise ConfigError("data.params.source", f"needs the package {name!r} (not installed)")
+    return Path(dirs[0])
 
 
 def _module_file(name: str, field: str) -> Path:

@@ -31,8 +31,9 @@ Two sources, so that a model can be measured on text it was never trained on:
   sentences by the same rules. Another author, another register: reference prose rather
   than API notes.
 
-* ``source: "comments"``, ``"descriptions"``, ``"jokes"``: code comments, the installed
-  distributions' descriptions, pyjokes' jokes and the Zen of Python
+* ``source: "comments"``, ``"descriptions"``, ``"jokes"``, ``"questions"``, ``"news"``: code
+  comments, the installed distributions' descriptions, pyjokes' jokes and the Zen of Python,
+  the everyday questions that mimesis ships, the news stories of gensim's test corpus
   (:mod:`engine.data.english_text`): English of other registers.
 
 ``also`` appends the sentences of more sources to the pool (deduplicated), e.g. ``source:
@@ -68,7 +69,13 @@ import numpy as np
 
 from engine.configs import ConfigError
 from engine.data.config import check_int
-from engine.data.english_text import code_comments, description_texts, joke_texts
+from engine.data.english_text import (
+    code_comments,
+    description_texts,
+    joke_texts,
+    news_texts,
+    question_texts,
+)
 
 __all__ = [
     "StdlibTextParams",
@@ -100,7 +107,7 @@ _FIELD = re.compile(r"^\s*(:\w+|@\w+|\w+ --|Args:|Returns?:|Raises:|Parameters|-
 _ALLOWED = re.compile(r"^[A-Za-z0-9 ,.;:'\"()?!-]+$")
 
 
-SOURCES = ("docstrings", "reference", "comments", "descriptions", "jokes")
+SOURCES = ("docstrings", "reference", "comments", "descriptions", "jokes", "questions", "news")
 _CODE_SOURCES = ("docstrings", "comments")  # read source files: modules / packages select them
 MAX_PATTERNS = 64
 MAX_PACKAGES = 16
@@ -360,6 +367,10 @@ def _source_sentences(source: str, params: StdlibTextParams) -> tuple[str, ...]:
         return _description_sentences(params.min_words, params.max_words)
     if source == "jokes":
         return joke_texts(params.min_words, params.max_words)
+    if source == "questions":
+        return question_texts(params.min_words, params.max_words)
+    if source == "news":
+        return _news_sentences(params.min_words, params.max_words)
     tagged = tagged_sentences(params.min_words, params.max_words)
     pats = params.modules
     own = [s for m, s in tagged if _selected(m, pats)]
@@ -391,6 +402,12 @@ def _comment_sentences(
 def _description_sentences(min_words: int, max_words: int) -> tuple[str, ...]:
     params = StdlibTextParams(min_words=min_words, max_words=max_words)
     return tuple(_new_sentences(description_texts(), params, set()))
+
+
+@functools.lru_cache(maxsize=4)
+def _news_sentences(min_words: int, max_words: int) -> tuple[str, ...]:
+    params = StdlibTextParams(min_words=min_words, max_words=max_words)
+    return tuple(_new_sentences(news_texts(), params, set()))
 
 
 def generate_stdlib_text(

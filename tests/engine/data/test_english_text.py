@@ -103,3 +103,33 @@ def test_also_appends_more_sources_and_is_validated():
     with pytest.raises(ValueError, match="data.params.modules: selects source files"):
         StdlibTextParams(source="jokes", also=("reference",), modules=("email",))
     StdlibTextParams(source="jokes", also=("comments",), modules=("email",))  # comments: files
+
+
+def test_questions_are_mimesis_english_questions_read_not_imported(monkeypatch):
+    from mimesis import Locale, Text
+
+    monkeypatch.delitem(sys.modules, "mimesis")  # put back after the test
+    pool = stdlib_sentences(StdlibTextParams(source="questions", min_words=3))
+    assert "mimesis" not in sys.modules  # its data file was read, the package never imported
+    questions = Text(locale=Locale.EN)._extract(["questions"])  # mimesis' own loader
+    want, seen = [], set()
+    for text in questions:
+        text = " ".join(text.split())
+        if text.isascii() and 3 <= len(text.split()) <= 40 and text.lower() not in seen:
+            seen.add(text.lower())
+            want.append(text)
+    assert pool == tuple(want) and len(pool) > 4000
+    assert sum(q.endswith("?") for q in pool) > 0.9 * len(pool)
+
+
+def test_news_are_sentences_of_gensims_lee_corpus():
+    from gensim.test.utils import datapath
+
+    pool = stdlib_sentences(StdlibTextParams(source="news"))
+    with open(datapath("lee_background.cor"), encoding="utf-8") as f:
+        stories = [" ".join(line.split()) for line in f if line.strip()]
+    assert len(stories) == 300 and len(pool) > 1500
+    for sentence in pool[:: max(1, len(pool) // 60)]:  # each is some story's text, one sentence
+        assert any(sentence in story for story in stories), sentence
+        assert sentence[0].isupper() and sentence.endswith(".")
+    assert pool[0] == stories[0].split(". ")[0] + "."
