@@ -294,17 +294,36 @@ function checkpointsTable(items) {
         : c.state)))));
 }
 
-/** What the compressed model is worth beside a dense one: the dense baseline's metrics and,
- *  for ``hf`` jobs, the deployment table. */
+/** A job on a mix of text sources: the last stage's validation metrics per source (the
+ *  engine's ``metrics_by_source``), as ``comera report`` lists them under the metrics. */
+function sourcesTable(report) {
+  const stages = report?.stages || [];
+  const parts = stages.length ? stages[stages.length - 1].metrics_by_source : null;
+  if (!parts || !Object.keys(parts).length) return null;
+  const sources = Object.keys(parts);
+  const keys = [...new Set(sources.flatMap((src) => Object.keys(parts[src])))].sort();
+  return h("table", {class: "sources", id: "sources-table"},
+    h("caption", {text: "Validation metrics per source of the text (last stage)"}),
+    h("thead", {}, h("tr", {}, h("th", {text: "Source"}),
+      ...keys.map((k) => h("th", {class: "num", text: k})))),
+    h("tbody", {}, ...sources.map((src) => h("tr", {"data-source": src},
+      h("td", {text: src}), ...keys.map((k) => h("td", {class: "num",
+                                                       text: fmtNum(parts[src][k])}))))));
+}
+
+/** What the compressed model is worth beside a dense one: the dense baseline's metrics, the
+ *  metrics per source of a mixed text split and, for ``hf`` jobs, the deployment table. */
 function comparisons(report) {
   if (!report) return [];
   const base = baselineTable(report);
+  const sources = sourcesTable(report);
   const deploy = deployTable(report);
   return [
     h("h3", {text: "Dense baseline"}),
     base || h("p", {class: "sub", id: "baseline-none",
                     text: "No dense baseline: no SUCCEEDED dense job of the same spec "
                           + "(submit the spec with compression.method \"dense\" to get one)."}),
+    ...(sources ? [h("h3", {text: "By source"}), sources] : []),
     ...(deploy ? [h("h3", {text: "Deployment"}), deploy] : []),
   ];
 }

@@ -282,6 +282,7 @@ def test_dashboard_follows_a_job_live_and_downloads_its_model(
     # no dense job of the same spec ran: the page says so (and no deployment table: not hf)
     page.wait_for_selector("#baseline-none")
     assert page.query_selector("#deploy-table") is None
+    assert page.query_selector("#sources-table") is None  # one source of data: no such table
 
     base = f"/v1/jobs/{job_id}"
     keys = ["loss", "val_loss", "accuracy", "val_accuracy"]
@@ -423,7 +424,12 @@ def _served_report() -> dict[str, Any]:
              "dense_params": 589_824, "params": 16_384, "ratio": 36.0},
         ],
         "metrics": {"accuracy": 0.8125, "loss": 0.45},
-        "stages": [],
+        "stages": [
+            {"name": "early", "metrics_by_source": {"docstrings": {"cosine": 0.5}}},
+            {"name": "finetune", "metrics": {"cosine": 0.9}, "metrics_by_source": {
+                "docstrings": {"cosine": 0.9375, "loss": 0.0625},
+                "questions": {"cosine": 0.875, "loss": 0.125}}},
+        ],
         "spec_hash": "0" * 64,
         "deploy": DEPLOY,
         "baseline": {"job_id": "job_dense", "metrics": {"accuracy": 0.84375, "loss": 0.4},
@@ -501,6 +507,7 @@ def test_dashboard_shows_the_deployment_table_and_the_dense_baseline_of_a_report
         page.wait_for_selector("#deploy-table")
         deploy = _table(page, "#deploy-table")
         baseline = _table(page, "#baseline-table")
+        sources = _table(page, "#sources-table")
         cards = page.inner_text(".cards")
     finally:
         context.close()
@@ -527,6 +534,10 @@ def test_dashboard_shows_the_deployment_table_and_the_dense_baseline_of_a_report
         ["accuracy", "0.8125", "0.8438", "-0.03125"],
         ["loss", "0.45", "0.4", "+0.05"],
     ]
+    # the last stage's metrics per source of its mixed validation text
+    assert sources["caption"] == "Validation metrics per source of the text (last stage)"
+    assert sources["head"] == ["Source", "cosine", "loss"]
+    assert sources["rows"] == [["docstrings", "0.9375", "0.0625"], ["questions", "0.875", "0.125"]]
     # the compression card names both ratios; the accuracy card the dense baseline's
     assert "12.5×" in cards and "tensorized layers · whole model 4.97×" in cards
     assert "dense baseline 0.8438" in cards
