@@ -167,12 +167,14 @@ def _bounded(generator: str, params: Mapping[str, Any]) -> list[InitErrorDetails
 
 
 MAX_PACKAGES = 16  # stdlib_text's packages (engine.data.stdlib_text.MAX_PACKAGES)
+MAX_WEIGHT = 100.0  # stdlib_text's weights (engine.data.stdlib_text.MAX_WEIGHT)
 
 
 def _strings(params: Mapping[str, Any]) -> list[InitErrorDetails]:
     """``stdlib_text``: ``source`` a short string, ``modules`` a pattern or a list of them,
     ``packages`` a list of at most :data:`MAX_PACKAGES` distinct package (import) names,
-    ``also`` a short list of source names (the engine checks the names)."""
+    ``also`` a short list of source names, ``weights`` a small map of them to numbers (the
+    engine checks the names)."""
     errors = []
     source = params.get("source", "docstrings")
     if not isinstance(source, str) or len(source) > 32:
@@ -195,7 +197,19 @@ def _strings(params: Mapping[str, Any]) -> list[InitErrorDetails]:
     if not isinstance(also, list) or len(also) > 8 or not all(_short(a) for a in also):
         msg = "also must be a list of at most 8 source names"
         errors.append(_error("also", also, "invalid", msg))
+    weights = params.get("weights", {})
+    if (
+        not isinstance(weights, dict)
+        or len(weights) > 9
+        or not all(_short(k) and _number(v) and 0 < v <= MAX_WEIGHT for k, v in weights.items())
+    ):
+        msg = f"weights must map at most 9 source names to numbers in (0, {MAX_WEIGHT:g}]"
+        errors.append(_error("weights", weights, "invalid", msg))
     return errors
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _short(value: Any) -> bool:

@@ -20,7 +20,15 @@ import math
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from api_schemas.common import StrictModel
 from api_schemas.generator_limits import generator_errors, generator_of
@@ -97,6 +105,16 @@ class JobState(StrEnum):
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 
 
+# a generator's parameter: a model-config value, or a small map of names to numbers
+# (stdlib_text's weights); each generator's own bounds: api_schemas.generator_limits
+ParamValue = (
+    ConfigValue
+    | Annotated[
+        dict[Annotated[str, Field(max_length=64)], StrictInt | StrictFloat], Field(max_length=16)
+    ]
+)
+
+
 class DatasetSpec(StrictModel):
     """Where the data comes from: an uploaded dataset, a file under the data root, or generated.
 
@@ -118,7 +136,7 @@ class DatasetSpec(StrictModel):
     n_train: StrictInt = Field(default=10_000, ge=1, le=10_000_000)
     n_valid: StrictInt = Field(default=1_000, ge=1, le=1_000_000)
     synthetic_seed: StrictInt = Field(default=0, ge=0, le=2**31 - 1)
-    params: dict[Annotated[str, Field(max_length=64)], ConfigValue] = Field(
+    params: dict[Annotated[str, Field(max_length=64)], ParamValue] = Field(
         default_factory=dict, max_length=32
     )
     valid_every: StrictInt = Field(default=0, ge=0, le=1000)

@@ -38,6 +38,10 @@ Two sources, so that a model can be measured on text it was never trained on:
 
 ``also`` appends the sentences of more sources to the pool (deduplicated), e.g. ``source:
 "docstrings"`` with ``also: ["comments", "descriptions"]``: a broad mix to distil on.
+``weights`` (a mix only) maps sources to their sentences' odds of being drawn, relative to 1:
+``{"questions": 4}`` draws a question four times as readily as a docstring, so a small source
+is not drowned by a large one (weighted sampling without replacement; without ``weights``
+the draw is the plain shuffle).
 ``modules`` and ``packages`` select the source files that ``docstrings`` and ``comments``
 read, and are refused when neither is in the mix.
 
@@ -60,7 +64,7 @@ import importlib.util
 import re
 import sysconfig
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,6 +115,7 @@ SOURCES = ("docstrings", "reference", "comments", "descriptions", "jokes", "ques
 _CODE_SOURCES = ("docstrings", "comments")  # read source files: modules / packages select them
 MAX_PATTERNS = 64
 MAX_PACKAGES = 16
+MAX_WEIGHT = 100.0
 MAX_PACKAGE_FILES = 20_000  # over all ``packages`` (torch: 2,282; its parse takes ~15 s)
 
 
@@ -122,6 +127,8 @@ class StdlibTextParams:
     modules: tuple[str, ...] = ("*",)
     packages: tuple[str, ...] = ()
     also: tuple[str, ...] = ()  # more sources, their sentences appended to the pool
+    # {source: weight}: a sentence's odds of being drawn, relative to weight 1 (the default)
+    weights: Mapping[str, float] | tuple[tuple[str, float], ...] = ()
 
     @property
     def sources(self) -> tuple[str, ...]:
@@ -145,6 +152,7 @@ class StdlibTextParams:
                 f"must list distinct sources of {list(SOURCES)} other than source "
                 f"{self.source!r}, got {also!r}",
             )
+        object.__setattr__(self, "weights", self._checked_weights())
         code = any(src in _CODE_SOURCES for src in self.sources)
         mods = self.modules
         if (
@@ -178,6 +186,29 @@ class StdlibTextParams:
                 "data.params.packages",
                 f"adds source files: leave it unset with the sources {list(self.sources)}",
             )
+
+    def _checked_weights(self) -> tuple[tuple[str, float], ...]:
+        """``weights`` as sorted ``(source, weight)`` pairs (hashable: the pools are cached),
+        each a source of the mix with a weight in (0, MAX_WEIGHT]."""
+        weights = self.weights
+        try:
+            pairs = dict(weights).items() if isinstance(weights, Mapping | tuple) else None
+        except (TypeError, ValueError):  # a tuple of something other than pairs
+            pairs = None
+        ok = pairs is not None and all(
+            src in self.sources
+            and isinstance(w, int | float)
+            and not isinstance(w, bool)
+            and 0 < w <= MAX_WEIGHT
+            for src, w in pairs
+        )
+        if not ok or (pairs and not self.also):
+            raise ConfigError(
+                "data.params.weights",
+                f"must map sources of the mix {list(self.sources)} to numbers in "
+                f"(0, {MAX_WEIGHT:g}] (a mix: also is set), got {weights!r}",
+            )
+        return tuple(sorted((src, float(w)) for src, w in pairs))
 
 
 def _source_files(root: Path) -> list[Path]:
@@ -434,7 +465,11 @@ def generate_tagged_text(
             + (f" with the packages {list(params.packages)}" if params.packages else ""),
         )
     tags = [src for src, _ in tagged_pool(params)] if params.also else None
-    order = np.random.default_rng(seed).permutation(len(pool))[:n]
+    rng = np.random.default_rng(seed)
+    if params.weights:
+        order = _weighted_order(rng, tags, dict(params.weights))[:n]
+    else:
+        order = rng.permutation(len(pool))[:n]
     digest = hashlib.sha256("\n".join(pool).encode()).hexdigest()
     info = {
         "generator": "stdlib_text",
@@ -445,10 +480,22 @@ def generate_tagged_text(
         "max_words": params.max_words,
         "source": params.source,
         "also": list(params.also),
+        "weights": dict(params.weights),
         "modules": list(params.modules),
         "packages": _versions(params.packages),
     }
     drawn = [params.source] * n if tags is None else [tags[i] for i in order]
     if params.also:
         info["pool_per_source"] = {src: tags.count(src) for src in params.sources}
+        info["drawn_per_source"] = {src: drawn.count(src) for src in params.sources}
     return [pool[i] for i in order], drawn, info
+
+
+def _weighted_order(rng: np.random.Generator, tags: list[str], weights: dict[str, float]):
+    """The pool's indices in a random order where a sentence of weight ``w`` comes early in
+    proportion to ``w``: weighted sampling without replacement (Efraimidis and Spirakis:
+    each index gets the key ``log(u) / w``, ``u`` uniform, and the largest keys come first),
+    so any prefix is a weighted draw and train / validation stay disjoint."""
+    w = np.array([weights.get(t, 1.0) for t in tags])  # (P,)
+    keys = np.log(rng.random(len(tags))) / w  # (P,), all <= 0
+    return np.argsort(-keys, kind="stable")

@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from api_schemas import JobCreate
-from api_schemas.generator_limits import MAX_PACKAGES
+from api_schemas.generator_limits import MAX_PACKAGES, MAX_WEIGHT
 from engine.configs import ConfigError
 from engine.data.stdlib_text import StdlibTextParams
 from tests.helpers.specs import api_job, early_stage, model_spec, package, synthetic_dataset
@@ -50,3 +50,22 @@ def test_bad_also_is_a_validation_error_at_dataset_params_also(also):
     assert error["loc"][-3:] == ("dataset", "params", "also")
     job["dataset"]["params"]["also"] = ["comments", "descriptions"]
     assert JobCreate.model_validate(job).dataset.params["also"] == ["comments", "descriptions"]
+
+
+@pytest.mark.parametrize(
+    "weights",
+    [["questions", 2], {"questions": 0}, {"questions": -1}, {"questions": MAX_WEIGHT + 1},
+     {"questions": "2"}, {"questions": True}, {"x" * 33: 2}, {f"s{i}": 1 for i in range(10)}],
+)  # fmt: skip
+def test_bad_weights_are_a_validation_error_at_dataset_params_weights(weights):
+    job = _job(["numpy"])
+    job["dataset"]["params"]["also"] = ["questions"]
+    job["dataset"]["params"]["weights"] = weights
+    with pytest.raises(ValidationError) as err:
+        JobCreate.model_validate(job)
+    for error in err.value.errors():  # a value of the wrong type: one error per union branch
+        assert error["loc"][:3] == ("dataset", "params", "weights"), error
+    with pytest.raises(ConfigError, match="data.params.weights"):  # so does the engine
+        StdlibTextParams(also=("questions",), weights=weights)
+    job["dataset"]["params"]["weights"] = {"questions": 4}
+    assert JobCreate.model_validate(job).dataset.params["weights"] == {"questions": 4}

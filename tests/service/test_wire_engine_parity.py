@@ -173,6 +173,7 @@ def test_the_default_generator_of_each_arch_is_the_engines():
     """The planner and the worker read the wire's map (torch-free); the engine generates."""
     assert wire_generators.GENERATOR_OF_ARCH == engine_synthetic.GENERATOR_OF_ARCH
     assert wire_generators.MAX_PACKAGES == stdlib_text.MAX_PACKAGES
+    assert wire_generators.MAX_WEIGHT == stdlib_text.MAX_WEIGHT
 
 
 def test_the_stated_differences_are_the_real_ones():

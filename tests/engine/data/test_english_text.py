@@ -9,9 +9,15 @@ import importlib.metadata
 import io
 import sys
 
+import numpy as np
 import pytest
 
-from engine.data.stdlib_text import StdlibTextParams, generate_stdlib_text, stdlib_sentences
+from engine.data.stdlib_text import (
+    StdlibTextParams,
+    generate_stdlib_text,
+    generate_tagged_text,
+    stdlib_sentences,
+)
 
 COMMENTED = """#!/usr/bin/env python
 # -*- coding: utf-8 -*-
@@ -133,3 +139,52 @@ def test_news_are_sentences_of_gensims_lee_corpus():
         assert any(sentence in story for story in stories), sentence
         assert sentence[0].isupper() and sentence.endswith(".")
     assert pool[0] == stories[0].split(". ")[0] + "."
+
+
+def test_weights_draw_each_source_in_proportion_and_keep_train_and_validation_disjoint():
+    mix: dict = {"also": ("jokes",), "min_words": 3, "modules": ("email",)}
+    plain = StdlibTextParams(**mix)
+    pool = stdlib_sentences(plain)
+    n_docs = len(pool) - len(stdlib_sentences(StdlibTextParams(source="jokes", min_words=3)))
+    n = len(pool) // 4
+    _, drawn, info = generate_tagged_text(n, 0, plain)
+    assert "weights" not in info or info["weights"] == {}
+    # weight w: the odds of a joke against a docstring at each draw are w : 1; the first
+    # quarter's share of jokes against the brute-force expectation of sequential draws
+    for w in (1.0, 4.0):
+        expect = _expected_drawn(n_docs, len(pool) - n_docs, w, n)
+        shares = []
+        for seed in range(20):
+            lines, tags, info = generate_tagged_text(
+                n, seed, StdlibTextParams(**mix, weights={"jokes": w})
+            )
+            assert len(set(lines)) == n and set(lines) <= set(pool)  # without replacement
+            shares.append(tags.count("jokes"))
+        assert info["weights"] == {"jokes": w} and info["drawn_per_source"]["jokes"] == shares[-1]
+        assert abs(np.mean(shares) - expect) < 0.1 * expect + 3, (w, np.mean(shares), expect)
+    # any prefix of one draw is the draw of fewer: train, then validation, disjoint
+    weighted = StdlibTextParams(**mix, weights={"jokes": 4})
+    short, _, _ = generate_tagged_text(n // 2, 3, weighted)
+    long, _, _ = generate_tagged_text(n, 3, weighted)
+    assert long[: n // 2] == short
+    with pytest.raises(ValueError, match="data.params.weights: must map sources of the mix"):
+        StdlibTextParams(also=("jokes",), weights={"news": 2})  # not in the mix
+    with pytest.raises(ValueError, match="data.params.weights"):
+        StdlibTextParams(weights={"docstrings": 2})  # no mix
+
+
+def _expected_drawn(a: int, b: int, w: float, n: int) -> float:
+    """Expected count of the ``b`` items of weight ``w`` among ``n`` drawn one by one without
+    replacement from ``a`` items of weight 1 and them (each draw in proportion to weight)."""
+    dist = np.zeros(n + 1)
+    dist[0] = 1.0  # dist[k]: probability that k of the b were drawn so far
+    for step in range(n):
+        k = np.arange(step + 1)
+        left_b = b - k
+        left_a = a - (step - k)
+        p_b = np.where(left_b > 0, w * left_b / (w * left_b + np.maximum(left_a, 0)), 0.0)
+        new = np.zeros(n + 1)
+        new[: step + 1] += dist[: step + 1] * (1 - p_b)
+        new[1 : step + 2] += dist[: step + 1] * p_b
+        dist = new
+    return float((np.arange(n + 1) * dist).sum())
