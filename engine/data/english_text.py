@@ -21,6 +21,13 @@ Five more sources of :mod:`engine.data.stdlib_text`, each another register of En
 * ``news``: the Lee corpus that ``gensim`` ships among its test data
   (``test/test_data/lee_background.cor``): 300 Australian news stories of 2001, one per line,
   cut into sentences by the docstring rules. Reported prose of journalists.
+* ``wikipedia``: the shortened dump of the English Wikipedia that ``gensim`` ships among its
+  test data (``enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2``: 206
+  pages, the early "A" articles, from Anarchism and Autism to Achilles and Abraham Lincoln).
+  The wikitext of each page is reduced to its prose (:func:`wiki_paragraphs`: references,
+  templates, tables, HTML and comments dropped, links replaced by their label, headings and
+  list lines left out), then cut by the docstring rules: encyclopedic English on history,
+  science, places and people.
 
 Nothing is imported or run: source files are scanned or parsed with :mod:`ast`, metadata
 is read with :mod:`importlib.metadata`, data files are located beside their package's
@@ -32,12 +39,16 @@ function of the installed files.
 from __future__ import annotations
 
 import ast
+import bz2
 import codecs
+import html
 import importlib.metadata
 import importlib.util
 import json
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from engine.configs import ConfigError
 
@@ -47,6 +58,8 @@ __all__ = [
     "joke_texts",
     "question_texts",
     "news_texts",
+    "wikipedia_texts",
+    "wiki_paragraphs",
     "JOKE_LISTS",
 ]
 
@@ -118,6 +131,56 @@ def news_texts() -> Iterator[str]:
     except OSError as err:
         raise ConfigError("data.params.source", f"cannot read {path} ({err})") from None
     return (line for line in lines if line.strip())
+
+
+WIKI_DUMP = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+_WIKI_TEXT = re.compile(r"<text[^>]*>(.*?)</text>", re.S)
+_WIKI_REF = re.compile(r"<ref[^>/]*/>|<ref[^>]*>.*?</ref>", re.S)
+_WIKI_TAG = re.compile(r"<!--.*?-->|<[^>]+>", re.S)
+_WIKI_INNER = re.compile(r"\{\{[^{}]*\}\}|\{\|[^{}]*?\|\}", re.S)  # innermost template or table
+_WIKI_LINK = re.compile(r"\[\[([^\[\]]*)\]\]")  # innermost [[target|label]]
+_WIKI_URL = re.compile(r"\[(?:https?|ftp)://[^\s\]]*\s*([^\]]*)\]")  # [http://... label]
+_NOT_PROSE_LINE = ("=", "*", "#", ":", ";", "|", "!", "{", "}")  # headings, lists, tables
+
+
+def wikipedia_texts() -> Iterator[str]:
+    """The prose paragraphs of every page of gensim's Wikipedia test dump, page by page."""
+    path = _package_dir("gensim") / "test" / "test_data" / WIKI_DUMP
+    try:
+        dump = bz2.decompress(path.read_bytes()).decode("utf-8")
+    except (OSError, ValueError, EOFError) as err:
+        raise ConfigError("data.params.source", f"cannot read {path} ({err})") from None
+    for page in _WIKI_TEXT.finditer(dump):
+        yield from wiki_paragraphs(page.group(1))
+
+
+def wiki_paragraphs(wikitext: str) -> Iterator[str]:
+    """The prose of one page's wikitext (as the dump escapes it), paragraph by paragraph."""
+    text = _WIKI_TAG.sub("", _WIKI_REF.sub("", html.unescape(wikitext)))
+    text = _innermost_first(_WIKI_INNER, "", text)  # nested templates, from the inside out
+    text = _innermost_first(_WIKI_LINK, _link_label, text)
+    text = _WIKI_URL.sub(r"\1", text).replace("'''", "").replace("''", "")
+    for paragraph in re.split(r"\n\s*\n", text):
+        lines = [
+            line
+            for line in paragraph.splitlines()
+            if line.strip() and not line.lstrip().startswith(_NOT_PROSE_LINE)
+        ]
+        if lines:
+            yield " ".join(lines)
+
+
+def _innermost_first(pattern: re.Pattern[str], repl: Any, text: str) -> str:
+    while (new := pattern.sub(repl, text)) != text:
+        text = new
+    return text
+
+
+def _link_label(match: re.Match[str]) -> str:
+    """``[[target|label]]`` -> ``label`` (``[[target]]`` -> ``target``); a file, image or
+    category link, or one into another namespace (``Wikipedia:``), -> nothing."""
+    body = match.group(1)
+    return "" if ":" in body.split("|")[0] else body.split("|")[-1]
 
 
 def _whole_items(texts: Iterable[str], min_words: int, max_words: int) -> tuple[str, ...]:

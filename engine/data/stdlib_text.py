@@ -31,10 +31,11 @@ Two sources, so that a model can be measured on text it was never trained on:
   sentences by the same rules. Another author, another register: reference prose rather
   than API notes.
 
-* ``source: "comments"``, ``"descriptions"``, ``"jokes"``, ``"questions"``, ``"news"``: code
-  comments, the installed distributions' descriptions, pyjokes' jokes and the Zen of Python,
-  the everyday questions that mimesis ships, the news stories of gensim's test corpus
-  (:mod:`engine.data.english_text`): English of other registers.
+* ``source: "comments"``, ``"descriptions"``, ``"jokes"``, ``"questions"``, ``"news"``,
+  ``"wikipedia"``: code comments, the installed distributions' descriptions, pyjokes' jokes
+  and the Zen of Python, the everyday questions that mimesis ships, the news stories and the
+  Wikipedia pages of gensim's test data (:mod:`engine.data.english_text`): English of other
+  registers.
 
 ``also`` appends the sentences of more sources to the pool (deduplicated), e.g. ``source:
 "docstrings"`` with ``also: ["comments", "descriptions"]``: a broad mix to distil on.
@@ -79,6 +80,7 @@ from engine.data.english_text import (
     joke_texts,
     news_texts,
     question_texts,
+    wikipedia_texts,
 )
 
 __all__ = [
@@ -111,7 +113,16 @@ _FIELD = re.compile(r"^\s*(:\w+|@\w+|\w+ --|Args:|Returns?:|Raises:|Parameters|-
 _ALLOWED = re.compile(r"^[A-Za-z0-9 ,.;:'\"()?!-]+$")
 
 
-SOURCES = ("docstrings", "reference", "comments", "descriptions", "jokes", "questions", "news")
+SOURCES = (
+    "docstrings",
+    "reference",
+    "comments",
+    "descriptions",
+    "jokes",
+    "questions",
+    "news",
+    "wikipedia",
+)
 _CODE_SOURCES = ("docstrings", "comments")  # read source files: modules / packages select them
 MAX_PATTERNS = 64
 MAX_PACKAGES = 16
@@ -401,7 +412,9 @@ def _source_sentences(source: str, params: StdlibTextParams) -> tuple[str, ...]:
     if source == "questions":
         return question_texts(params.min_words, params.max_words)
     if source == "news":
-        return _news_sentences(params.min_words, params.max_words)
+        return _text_sentences("news", params.min_words, params.max_words)
+    if source == "wikipedia":
+        return _text_sentences("wikipedia", params.min_words, params.max_words)
     tagged = tagged_sentences(params.min_words, params.max_words)
     pats = params.modules
     own = [s for m, s in tagged if _selected(m, pats)]
@@ -436,9 +449,11 @@ def _description_sentences(min_words: int, max_words: int) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=4)
-def _news_sentences(min_words: int, max_words: int) -> tuple[str, ...]:
+def _text_sentences(source: str, min_words: int, max_words: int) -> tuple[str, ...]:
+    """The sentences of a source of running prose, cut by the docstring rules."""
     params = StdlibTextParams(min_words=min_words, max_words=max_words)
-    return tuple(_new_sentences(news_texts(), params, set()))
+    texts = news_texts() if source == "news" else wikipedia_texts()
+    return tuple(_new_sentences(texts, params, set()))
 
 
 def generate_stdlib_text(

@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 
+from engine.data.english_text import WIKI_DUMP, wiki_paragraphs
 from engine.data.stdlib_text import (
     StdlibTextParams,
     generate_stdlib_text,
@@ -154,7 +155,7 @@ def test_weights_draw_each_source_in_proportion_and_keep_train_and_validation_di
     for w in (1.0, 4.0):
         expect = _expected_drawn(n_docs, len(pool) - n_docs, w, n)
         shares = []
-        for seed in range(20):
+        for seed in range(10):
             lines, tags, info = generate_tagged_text(
                 n, seed, StdlibTextParams(**mix, weights={"jokes": w})
             )
@@ -188,3 +189,55 @@ def _expected_drawn(a: int, b: int, w: float, n: int) -> float:
         new[1 : step + 2] += dist[: step + 1] * p_b
         dist = new
     return float((np.arange(n + 1) * dist).sum())
+
+
+WIKITEXT = "\n".join(
+    [
+        "{{Infobox person|name=Ada {{nowrap|Lovelace}}|born=1815}}",
+        "'''Ada Lovelace''' was an English [[mathematician]] and [[Writer|writer]].<ref "
+        'name="a">Toole, 1998.</ref> She worked on the [[Analytical Engine|engine]] of '
+        "[[Charles Babbage]].<ref>Fuegi.</ref>",
+        "[[File:Ada.jpg|thumb|A portrait of [[Ada Lovelace|Ada]].]]",
+        "== Life ==",
+        "<!-- a comment -->Her notes held an [http://example.org algorithm] for the machine.",
+        "* a list line",
+        '{| class="wikitable"',
+        "| a table cell",
+        "|}",
+        "",
+        "She died in 1852 &amp; was buried in [[Category:People]]Hucknall.",
+    ]
+)
+
+
+def test_wikipedia_pages_are_reduced_to_their_prose():
+    assert list(wiki_paragraphs(WIKITEXT)) == [  # the file link's line, emptied, parts them
+        "Ada Lovelace was an English mathematician and writer. She worked on the engine of "
+        "Charles Babbage.",
+        "Her notes held an algorithm for the machine.",
+        "She died in 1852 & was buried in Hucknall.",
+    ]
+
+
+def test_wikipedia_sentences_are_the_words_gensims_own_filter_keeps():
+    """The dump's prose by gensim's own markup filter (``filter_wiki``) as the reference: the
+    sentences of the source are word for word in it."""
+    import bz2
+    import re
+
+    from gensim.corpora.wikicorpus import filter_wiki
+    from gensim.test.utils import datapath
+
+    pool = stdlib_sentences(StdlibTextParams(source="wikipedia", min_words=3))
+    assert len(pool) > 12_000 and len({s.lower() for s in pool}) == len(pool)
+    dump = bz2.decompress(open(datapath(WIKI_DUMP), "rb").read()).decode("utf-8")
+    pages = re.findall(r"<text[^>]*>(.*?)</text>", dump, re.S)
+    assert len(pages) == 206
+
+    def words(text: str) -> str:
+        return " " + " ".join(re.findall(r"[a-z0-9]+", text.lower())) + " "
+
+    reference = "".join(words(filter_wiki(page)) for page in pages)
+    sample = pool[:: max(1, len(pool) // 2000)]
+    found = sum(words(s) in reference for s in sample)
+    assert found >= 0.99 * len(sample), (found, len(sample))
