@@ -218,6 +218,8 @@ def distill(
         "ranks": prep["ranks"],
         "cosine_after_fit": start,
         "cosine": end,
+        # the job's own report: its last stage's validation metrics per source of a mix
+        "metrics_by_source": ((result.report.get("stages") or [{}])[-1]).get("metrics_by_source"),
         "steps": result.report["steps"],
         "seconds_setup": round(setup, 1),  # data, allocation, fit, teacher table
         "seconds_allocation": prep.get("seconds_allocation"),  # hf_bert's
