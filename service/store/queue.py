@@ -30,6 +30,7 @@ __all__ = [
     "TASK_NAME",
     "client_app",
     "enqueue",
+    "lost_table_race",
     "revoke",
     "task_id",
     "transport_options",
@@ -101,22 +102,37 @@ def enqueue(
     node, ``nodes``: ``service.store.placement.queue_name``); False if the broker is
     unreachable (nothing is retried here)."""
     app = client_app(settings.broker)
-    try:
-        app.send_task(
-            TASK_NAME,
-            args=(job_id, attempt),
-            task_id=task_id(job_id, attempt),
-            queue=queue_name(settings.queue, devices=devices, nodes=nodes),
-            soft_time_limit=max_wall_time_s,
-            time_limit=max_wall_time_s + HARD_LIMIT_GRACE_S,
-            retry=False,
-        )
-    except Exception as exc:  # noqa: BLE001 (any broker failure means: not sent)
-        log.warning(
-            "enqueue of %s failed: %s: %s", task_id(job_id, attempt), type(exc).__name__, exc
-        )
-        return False
-    return True
+    for first in (True, False):
+        try:
+            app.send_task(
+                TASK_NAME,
+                args=(job_id, attempt),
+                task_id=task_id(job_id, attempt),
+                queue=queue_name(settings.queue, devices=devices, nodes=nodes),
+                soft_time_limit=max_wall_time_s,
+                time_limit=max_wall_time_s + HARD_LIMIT_GRACE_S,
+                retry=False,
+            )
+            return True
+        except Exception as exc:  # noqa: BLE001 (any broker failure means: not sent)
+            if first and lost_table_race(exc):
+                continue  # the other process made the tables: the second send finds them
+            log.warning(
+                "enqueue of %s failed: %s: %s", task_id(job_id, attempt), type(exc).__name__, exc
+            )
+            return False
+    return False
+
+
+def lost_table_race(exc: BaseException) -> bool:
+    """Whether ``exc`` is an SQLAlchemy broker's lost race to create its tables.
+
+    kombu's SQLAlchemy transport creates its two tables on a process's first connection,
+    checking first and then creating: when two processes connect to a new broker at once (in
+    the embedded mode, the API's first send while a worker boots) one of them gets "table
+    kombu_queue already exists". The tables exist then, so sending again succeeds; the worker's
+    own connection retries by itself (``broker_connection_retry_on_startup``)."""
+    return "already exists" in str(exc) and type(exc).__name__ == "OperationalError"
 
 
 def revoke(settings: Settings, task_id: str) -> bool:

@@ -79,3 +79,34 @@ def test_sending_recovers_when_the_broker_comes_back(tmp_path):
         assert json.loads(raw)["headers"]["id"] == "job_1:3"
     finally:
         server.kill()
+
+
+@pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy is deprecated")  # kombu's
+def test_a_send_that_loses_the_race_to_create_the_embedded_brokers_tables_is_sent_again(tmp_path):
+    """Two processes connecting to a new SQLite broker at once: kombu checks for its tables, the
+    other process creates ``kombu_queue`` in between, kombu's CREATE TABLE fails. The moment
+    between the check and the create is reproduced here: just before kombu creates the table,
+    another connection (as the other process would) creates it."""
+    import sqlite3
+
+    from sqlalchemy import Table, event
+
+    settings = Settings(home=tmp_path, queue=f"test.{uuid.uuid4().hex[:8]}")  # SQLite broker
+    settings.ensure_dirs()
+    path = settings.broker.removeprefix("sqla+sqlite:///")
+    raced: list[str] = []
+
+    def other_process_first(table, connection, **kw):
+        if table.name == "kombu_queue" and not raced:
+            raced.append(table.name)
+            with sqlite3.connect(path) as other:
+                other.execute("CREATE TABLE kombu_queue (id INTEGER PRIMARY KEY, name TEXT)")
+
+    event.listen(Table, "before_create", other_process_first)
+    try:
+        assert enqueue(settings=settings, job_id="job_1", attempt=1, max_wall_time_s=600)
+    finally:
+        event.remove(Table, "before_create", other_process_first)
+    assert raced == ["kombu_queue"]  # the race happened, and the send went through after it
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT count(*) FROM kombu_message").fetchone() == (1,)
