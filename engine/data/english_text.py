@@ -19,7 +19,7 @@ Five more sources of :mod:`engine.data.stdlib_text`, each another register of En
   everyday English about money, travel, health, work ("What should i do to be a great
   geologist?"). Each is one item, kept by the rules of ``jokes``.
 * ``news``: the Lee corpus that ``gensim`` ships among its test data
-  (``test/test_data/lee_background.cor``): 300 Australian news stories of 2001, one per line,
+  (``test/test_data/lee_background.cor``): 300 Australian news stories, one per line,
   cut into sentences by the docstring rules. Reported prose of journalists.
 * ``wikipedia``: the shortened dump of the English Wikipedia that ``gensim`` ships among its
   test data (``enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2``: 206
