@@ -21,6 +21,8 @@ from functools import lru_cache
 from typing import Any
 
 from celery import Celery
+from kombu.exceptions import OperationalError as BrokerError
+from sqlalchemy.exc import OperationalError
 
 from service.store.placement import queue_name
 from service.store.settings import Settings
@@ -132,7 +134,8 @@ def lost_table_race(exc: BaseException) -> bool:
     the embedded mode, the API's first send while a worker boots) one of them gets "table
     kombu_queue already exists". The tables exist then, so sending again succeeds; the worker's
     own connection retries by itself (``broker_connection_retry_on_startup``)."""
-    return "already exists" in str(exc) and type(exc).__name__ == "OperationalError"
+    # kombu re-raises the database's error as its own OperationalError
+    return isinstance(exc, OperationalError | BrokerError) and "already exists" in str(exc)
 
 
 def revoke(settings: Settings, task_id: str) -> bool:
