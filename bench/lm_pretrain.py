@@ -42,7 +42,8 @@ from typing import Any
 import torch
 
 from bench.common import machine_info, write_json
-from engine.data.stdlib_text import StdlibTextParams, generate_stdlib_text
+from engine.data.stdlib_text import StdlibTextParams
+from engine.data.text_draw import generate_stdlib_text
 from engine.data.tokenizer import train_wordpiece
 from engine.export import load_compressed
 from engine.train.cli import run_job

@@ -47,10 +47,8 @@ the draw is the plain shuffle).
 read, and are refused when neither is in the mix.
 
 Each pool is therefore a pure function of the Python version and the parameters
-(``info["python"]`` and ``info["pool_sha256"]`` record it). :func:`generate_stdlib_text`
-shuffles the pool with ``numpy.random.default_rng(seed)`` and returns the first ``n``
-sentences: train is the first ``n_train``, validation the next ``n_valid`` (disjoint, held
-out).
+(``info["python"]`` and ``info["pool_sha256"]`` record it). The draw of train and
+validation sentences from a pool: :mod:`engine.data.text_draw`.
 """
 
 from __future__ import annotations
@@ -58,7 +56,6 @@ from __future__ import annotations
 import ast
 import fnmatch
 import functools
-import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -68,9 +65,6 @@ import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
 
 from engine.configs import ConfigError
 from engine.data.config import check_int
@@ -87,8 +81,6 @@ __all__ = [
     "StdlibTextParams",
     "stdlib_sentences",
     "tagged_sentences",
-    "generate_stdlib_text",
-    "generate_tagged_text",
     "tagged_pool",
     "docstring_sentences",
     "package_sentences",
@@ -336,21 +328,6 @@ def _new_sentences(docs: Iterable[str], params: StdlibTextParams, seen: set[str]
                 yield s
 
 
-def _versions(packages: tuple[str, ...]) -> dict[str, str | None]:
-    """The installed version of the distribution that provides each import name."""
-    owners = importlib.metadata.packages_distributions()  # one scan of the installed metadata
-    out: dict[str, str | None] = {}
-    for package in packages:
-        out[package] = None
-        for dist in owners.get(package) or []:
-            try:
-                out[package] = importlib.metadata.version(dist)
-                break
-            except importlib.metadata.PackageNotFoundError:
-                continue
-    return out
-
-
 def _top_module(path: Path, root: Path) -> str:
     rel = path.relative_to(root)
     return rel.parts[0] if len(rel.parts) > 1 else path.stem
@@ -411,10 +388,8 @@ def _source_sentences(source: str, params: StdlibTextParams) -> tuple[str, ...]:
         return joke_texts(params.min_words, params.max_words)
     if source == "questions":
         return question_texts(params.min_words, params.max_words)
-    if source == "news":
-        return _text_sentences("news", params.min_words, params.max_words)
-    if source == "wikipedia":
-        return _text_sentences("wikipedia", params.min_words, params.max_words)
+    if source in _PROSE:
+        return _prose_sentences(source, params.min_words, params.max_words)
     tagged = tagged_sentences(params.min_words, params.max_words)
     pats = params.modules
     own = [s for m, s in tagged if _selected(m, pats)]
@@ -448,69 +423,11 @@ def _description_sentences(min_words: int, max_words: int) -> tuple[str, ...]:
     return tuple(_new_sentences(description_texts(), params, set()))
 
 
+_PROSE = {"news": news_texts, "wikipedia": wikipedia_texts}  # running prose: cut like docstrings
+
+
 @functools.lru_cache(maxsize=4)
-def _text_sentences(source: str, min_words: int, max_words: int) -> tuple[str, ...]:
-    """The sentences of a source of running prose, cut by the docstring rules."""
+def _prose_sentences(source: str, min_words: int, max_words: int) -> tuple[str, ...]:
+    """The sentences of a source of running prose (:data:`_PROSE`), cut by the docstring rules."""
     params = StdlibTextParams(min_words=min_words, max_words=max_words)
-    texts = news_texts() if source == "news" else wikipedia_texts()
-    return tuple(_new_sentences(texts, params, set()))
-
-
-def generate_stdlib_text(
-    n: int, seed: int, params: StdlibTextParams
-) -> tuple[list[str], dict[str, Any]]:
-    """The first ``n`` sentences of the pool shuffled by ``seed``, and a description."""
-    sentences, _, info = generate_tagged_text(n, seed, params)
-    return sentences, info
-
-
-def generate_tagged_text(
-    n: int, seed: int, params: StdlibTextParams
-) -> tuple[list[str], list[str], dict[str, Any]]:
-    """:func:`generate_stdlib_text` with each sentence's source beside it."""
-    import platform
-
-    pool = stdlib_sentences(params)
-    if n > len(pool):
-        raise ConfigError(
-            "data.n_train",
-            f"with data.n_valid asks for {n} sentences, more than the {len(pool)} "
-            f"found in the sources {list(params.sources)} (Python "
-            f"{platform.python_version()})"
-            + (f" with the packages {list(params.packages)}" if params.packages else ""),
-        )
-    tags = [src for src, _ in tagged_pool(params)] if params.also else None
-    rng = np.random.default_rng(seed)
-    if params.weights:
-        order = _weighted_order(rng, tags, dict(params.weights))[:n]
-    else:
-        order = rng.permutation(len(pool))[:n]
-    digest = hashlib.sha256("\n".join(pool).encode()).hexdigest()
-    info = {
-        "generator": "stdlib_text",
-        "pool_size": len(pool),
-        "pool_sha256": digest,
-        "python": platform.python_version(),
-        "min_words": params.min_words,
-        "max_words": params.max_words,
-        "source": params.source,
-        "also": list(params.also),
-        "weights": dict(params.weights),
-        "modules": list(params.modules),
-        "packages": _versions(params.packages),
-    }
-    drawn = [params.source] * n if tags is None else [tags[i] for i in order]
-    if params.also:
-        info["pool_per_source"] = {src: tags.count(src) for src in params.sources}
-        info["drawn_per_source"] = {src: drawn.count(src) for src in params.sources}
-    return [pool[i] for i in order], drawn, info
-
-
-def _weighted_order(rng: np.random.Generator, tags: list[str], weights: dict[str, float]):
-    """The pool's indices in a random order where a sentence of weight ``w`` comes early in
-    proportion to ``w``: weighted sampling without replacement (Efraimidis and Spirakis:
-    each index gets the key ``log(u) / w``, ``u`` uniform, and the largest keys come first),
-    so any prefix is a weighted draw and train / validation stay disjoint."""
-    w = np.array([weights.get(t, 1.0) for t in tags])  # (P,)
-    keys = np.log(rng.random(len(tags))) / w  # (P,), all <= 0
-    return np.argsort(-keys, kind="stable")
+    return tuple(_new_sentences(_PROSE[source](), params, set()))

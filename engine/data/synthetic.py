@@ -35,11 +35,7 @@ from engine.data.criteo import collate_criteo, dlrm_overrides, parse_criteo
 from engine.data.lines import build_mlm_data
 from engine.data.sentences import build_sentence_data
 from engine.data.source import DataBundle, train_valid_sources
-from engine.data.stdlib_text import (
-    StdlibTextParams,
-    generate_stdlib_text,
-    generate_tagged_text,
-)
+from engine.data.stdlib_text import StdlibTextParams
 from engine.data.synthetic_tabular import (
     CriteoParams,
     MLPParams,
@@ -49,6 +45,7 @@ from engine.data.synthetic_tabular import (
 )
 from engine.data.synthetic_text import MLMParams, NLIParams, generate_mlm, generate_nli
 from engine.data.text import build_pair_data
+from engine.data.text_draw import generate_stdlib_text, generate_tagged_text
 
 __all__ = [
     "GENERATOR_OF_ARCH",

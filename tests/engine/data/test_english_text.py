@@ -15,10 +15,9 @@ import pytest
 from engine.data.english_text import WIKI_DUMP, wiki_paragraphs
 from engine.data.stdlib_text import (
     StdlibTextParams,
-    generate_stdlib_text,
-    generate_tagged_text,
     stdlib_sentences,
 )
+from engine.data.text_draw import generate_stdlib_text, generate_tagged_text
 
 COMMENTED = """#!/usr/bin/env python
 # -*- coding: utf-8 -*-

@@ -12,9 +12,9 @@ from engine.data import DataConfig, build_data, stdlib_text, write_synthetic
 from engine.data.stdlib_text import (
     StdlibTextParams,
     docstring_sentences,
-    generate_stdlib_text,
     stdlib_sentences,
 )
+from engine.data.text_draw import generate_stdlib_text
 from tests.helpers.hf_bert import MINILM, minilm_dir
 
 MODEL = {"path": MINILM}
