@@ -10,10 +10,11 @@ of :mod:`bench.fidelity_data` and fold (``--reps`` of its 5 stratified folds, cu
 * ``dense``: :func:`bench.fidelity.job` with method ``dense``, :func:`bench.fidelity.early_steps`
   steps (the dense twin of :mod:`bench.fidelity`, the same run);
 * ``defaults``: the same job with method ``comera`` whose ``compression`` gives the layers
-  (``["*"]``), ``d``, ``shrink_every`` and ``max_metric_drop`` and no ``max_rank``, and a single
-  early stage with ``target_ratio`` :data:`TARGET` and no ``gamma`` (:func:`defaults_job`).
-  The engine then picks ``max_rank: "auto"`` (a dense calibration run chooses the ranks,
-  docs/method.md#automatic-rank) and ``gamma: "auto"``; each fold checks that it did (the
+  (``["*"]``), ``shrink_every`` and ``max_metric_drop`` and no ``max_rank`` and no ``d``, and a
+  single early stage with ``target_ratio`` :data:`TARGET` and no ``gamma``
+  (:func:`defaults_job`). The engine then picks ``max_rank: "auto"`` (a dense calibration run
+  chooses the ranks, and the TT linears have two cores, docs/method.md#automatic-rank) and
+  ``gamma: "auto"``; each fold checks that it did (the
   job's config and the report's ``auto_rank`` entry) and fails loudly otherwise. The dense
   twin's accuracy is handed to the run (``control.dense_reference``, as a caller that ran the
   twin does) so the stage's ``advice`` can say when it ended under it; training is unchanged.
@@ -50,7 +51,7 @@ def defaults_job(train: Path, valid: Path, seed: int, steps: int) -> dict[str, A
     spec = fidelity.job(train, valid, "comera", seed, steps, MAIN)
     spec["name"] = "auto-defaults"
     spec["compression"] = {
-        k: spec["compression"][k] for k in ("layers", "d", "shrink_every", "max_metric_drop")
+        k: spec["compression"][k] for k in ("layers", "shrink_every", "max_metric_drop")
     }
     stage = spec["schedule"][0]
     stage.pop("gamma", None)

@@ -19,8 +19,10 @@ __all__ = ["automatic_choices"]
 
 def automatic_choices(cfg: JobConfig) -> dict[str, Any] | None:
     out: dict[str, Any] = {}
-    if cfg.tensorized and cfg.compression.options.max_rank == "auto":
+    options = cfg.compression.options
+    if cfg.tensorized and options.max_rank == "auto":
         steps = probe_steps(cfg)
+        two_cores = options.linear_order == 1 and options.d is None
         out["max_rank"] = {
             "value": "auto",
             "rule": (
@@ -28,11 +30,17 @@ def automatic_choices(cfg: JobConfig) -> dict[str, Any] | None:
                 f"rates, the job's seed); each TT layer takes the smallest rank whose TT-SVD "
                 f"of its dense weight keeps a relative error <= {TOLERANCE}, at most "
                 f"{AUTO_RANK_CAP}; every layer starts at the largest layer's choice"
+                + (
+                    "; with no d given, each TT linear has two cores (a rank-r product U V)"
+                    if two_cores
+                    else ""
+                )
             ),
             "calibration_steps": steps,
             "tolerance": TOLERANCE,
             "cap": AUTO_RANK_CAP,
             "planned_at": AUTO_RANK_CAP,
+            "linear_d": options.linear_order,
             "reported_in": "the report's auto_rank: per layer the rank, its error and whether "
             "the cap held it",
         }

@@ -48,8 +48,12 @@ Specialize = Callable[[str, "Slot"], dict[str, Any]]  # (name, slot) -> extra TT
 MAX_RANK = 1024
 # max_rank "auto": the rank each layer starts at is chosen by a short calibration run before
 # the model is built (engine.train.auto_rank); this is its upper bound, and the rank a plan
-# (which runs no calibration) builds and counts at
-AUTO_RANK_CAP = 64
+# (which runs no calibration) builds and counts at. 64 left the 384 x 256 input layer of the
+# real-data benchmark 1.4-2.8 points under dense (docs/method.md#automatic-rank)
+AUTO_RANK_CAP = 256
+# max_rank "auto" without d: TT linears of two cores (a rank-r product U V, d = 1 per side),
+# which trained closest to dense from scratch on every real data set (the same doc section)
+AUTO_LINEAR_D = 1
 
 
 def _patterns(layers: Any) -> tuple[str, ...]:
@@ -111,6 +115,9 @@ class TensorizeOptions(ConfigMethods):
     gate_threshold: float = spec(1e-2, ge=0, lt=1)
     shapes: str = spec("auto", choices=("auto", "paper"))
     d: int | None = spec(None, ge=1, le=6)
+    # modes per side of the TT linears alone, where they differ from d: what max_rank "auto"
+    # chose (AUTO_LINEAR_D), kept when the model is built at the calibrated rank
+    linear_d: int | None = spec(None, ge=1, le=6)
     layers: tuple[str, ...] = spec(("*",), length=(1, 64), convert=_patterns)
     min_size: int = spec(1024, ge=1, le=2**40)
     # explicit factorizations: (pattern, in / row modes, out / col modes), first match wins;
@@ -124,6 +131,17 @@ class TensorizeOptions(ConfigMethods):
     def rank_bound(self) -> int:
         """``max_rank`` as a number: ``AUTO_RANK_CAP`` for ``"auto"``."""
         return AUTO_RANK_CAP if self.max_rank == "auto" else int(self.max_rank)
+
+    @property
+    def linear_order(self) -> int | None:
+        """Modes per side of a TT linear: ``linear_d`` if set, else ``d``;
+        :data:`AUTO_LINEAR_D` under ``max_rank: "auto"`` when neither ``d`` nor paper shapes
+        fix them; ``None`` (by size) otherwise. Modes given in ``modes`` still win."""
+        if self.linear_d is not None:
+            return self.linear_d
+        if self.d is None and self.max_rank == "auto" and self.shapes == "auto":
+            return AUTO_LINEAR_D
+        return self.d
 
     @property
     def embedding_rank(self) -> int:
@@ -194,7 +212,7 @@ def _build(slot: Slot, tt: bool, options: TensorizeOptions, extra: dict[str, Any
         kw = {
             "max_rank": options.rank_bound,
             "gate_threshold": options.gate_threshold,
-            "d": options.d,
+            "d": options.linear_order,
             **extra,
         }
         return TTLinear(slot.n_in, slot.n_out, bias, **kw)

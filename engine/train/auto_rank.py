@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 PROBE_STEPS = 100  # steps of the dense calibration run (at most the first stage's length)
-TOLERANCE = 0.3  # relative Frobenius error of the TT-SVD of the calibrated dense weight
+TOLERANCE = 0.2  # relative Frobenius error of the TT-SVD of the calibrated dense weight
 
 
 @dataclass(frozen=True)
@@ -273,6 +273,7 @@ def calibrate(
         "steps": done,
         "tolerance": TOLERANCE,
         "cap": AUTO_RANK_CAP,
+        "linear_d": options.linear_order,  # modes per side of the TT linears (1: two cores)
         "weight": "the dense twin's weight after the calibration steps",
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,

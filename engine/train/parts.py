@@ -94,7 +94,7 @@ def build_parts(
             box = [auto.to_dict()]
             torch_dist.broadcast_object_list(box, src=0)
             auto = AutoRank.from_dict(box[0])
-        opts = opts.replace(max_rank=auto.build_rank)
+        opts = opts.replace(max_rank=auto.build_rank, linear_d=opts.linear_order)
     try:
         model = workload.build(model_config, tensorized=job.tensorized, options=opts).to(device)
     except ValueError as err:  # a stage or option that does not fit the model

@@ -15,7 +15,7 @@ def _fast_protocol(monkeypatch):
 
 def test_the_defaults_job_gives_neither_max_rank_nor_gamma(tmp_path):
     spec = auto_defaults.defaults_job(tmp_path / "t.npz", tmp_path / "v.npz", 0, 720)
-    assert "max_rank" not in spec["compression"]
+    assert "max_rank" not in spec["compression"] and "d" not in spec["compression"]
     assert spec["compression"]["layers"] == ["*"]
     [stage] = spec["schedule"]
     assert stage["kind"] == "early" and "gamma" not in stage
@@ -34,6 +34,7 @@ def test_a_fold_of_wine_runs_the_automatic_ranks_and_gamma(monkeypatch, tmp_path
     assert row["chosen"] == {"max_rank": "auto", "gamma": "auto"}
     auto = row["auto_rank"]
     assert set(auto["layers"]) == {"hidden.0", "hidden.1"} == set(row["ranks"])
+    assert all(len(r) == 3 for r in row["ranks"].values()), row["ranks"]  # no d: two cores
     assert auto["probe_steps"] == 30  # min(100, the stage's 30 steps)
     assert auto["build_rank"] == max(c["rank"] for c in auto["layers"].values())
     assert row["gamma"] is not None and "share" in row["gamma"]  # AutoGamma ran

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from engine.train.auto_rank import AUTO_RANK_CAP, TOLERANCE
 from service.main import create_app
 from service.planner import Planner
 from service.planner_child import PlannerChild, plan_in_child
@@ -245,8 +246,9 @@ def test_validate_states_what_the_run_will_choose_when_only_a_target_is_given(ap
     report = plan.json()
     assert report["spec"]["compression"]["max_rank"] == "auto"
     auto = report["automatic"]
-    assert auto["max_rank"]["calibration_steps"] == 30 and auto["max_rank"]["planned_at"] == 64
-    assert "relative error <= 0.3" in auto["max_rank"]["rule"]
+    assert auto["max_rank"]["calibration_steps"] == 30
+    assert auto["max_rank"]["planned_at"] == AUTO_RANK_CAP
+    assert f"relative error <= {TOLERANCE}" in auto["max_rank"]["rule"]
     assert auto["gamma"]["stages"] == [0]
     fixed = api_lite.client.post("/v1/jobs:validate", json=job_body())
     assert fixed.status_code == 200 and fixed.json()["automatic"] is None

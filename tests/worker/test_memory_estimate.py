@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from engine.models.registry import get_workload
+from engine.train.auto_rank import AUTO_RANK_CAP
 from engine.train.job import JobConfig
 from tests.helpers.hf_dirs import SIZES, write_bert_dir
 from tests.helpers.specs import (
@@ -152,23 +153,37 @@ def test_hf_bert_counts_its_frozen_original_and_its_inference_forward(tmp_path):
 
 
 def test_max_rank_auto_is_planned_at_the_cap_with_the_calibration_phase_counted():
-    """``max_rank: "auto"``: the layers at the cap (64), the dense twin's training (weights,
-    gradients, two AdamW moments: 16 B a parameter) as the larger phase of this MLP, and the
-    rule stated; a fixed rank states nothing and plans the TT model alone."""
+    """``max_rank: "auto"``: the layers at the cap (``AUTO_RANK_CAP``), each TT linear of two
+    cores (no ``d`` given), the larger of the dense twin's training (weights, gradients, two
+    AdamW moments: 16 B a parameter) and the TT model's counted, and the rule stated; a fixed rank
+    states nothing and plans the TT model alone, its linears at the cores their size gives."""
     job = _job()
     job["compression"]["max_rank"] = "auto"
     job["schedule"] = [early_stage(steps=40, target_ratio=0.5)]
     plan = plan_job(job)
-    assert all(max(layer["initial_ranks"]) <= 64 for layer in plan["layers"])
+    assert all(max(layer["initial_ranks"]) <= AUTO_RANK_CAP for layer in plan["layers"])
     assert max(max(layer["initial_ranks"]) for layer in plan["layers"]) > 8
-    assert plan["memory"]["model_bytes"] == 16 * plan["params_before"]  # no frozen weights
+    assert all(len(layer["initial_ranks"]) == 3 for layer in plan["layers"])  # two cores
+    # the larger phase: the dense twin's training (no frozen weights) or the TT model's,
+    # which at the cap has more parameters than this MLP's dense layers
+    at_cap = _job()
+    at_cap["compression"].update(max_rank=AUTO_RANK_CAP, d=1)
+    at_cap["schedule"] = job["schedule"]
+    tt_bytes = plan_job(at_cap)["memory"]["model_bytes"]
+    assert plan["memory"]["model_bytes"] == max(16 * plan["params_before"], tt_bytes)
+    assert tt_bytes > 16 * plan["params_before"]
+    wide = copy.deepcopy(job)  # a 1024 x 1024 layer: the dense twin's phase is the larger
+    wide["model"] = mlp_model(1024, 1024)
+    assert plan_job(wide)["memory"]["model_bytes"] == 16 * plan_job(wide)["params_before"]
     auto = plan["automatic"]
     assert auto["max_rank"]["calibration_steps"] == 40  # min(100, the first stage's steps)
-    assert (auto["max_rank"]["cap"], auto["max_rank"]["planned_at"]) == (64, 64)
+    assert (auto["max_rank"]["cap"], auto["max_rank"]["planned_at"]) == (AUTO_RANK_CAP,) * 2
+    assert auto["max_rank"]["linear_d"] == 1 and "two cores" in auto["max_rank"]["rule"]
     assert auto["gamma"]["stages"] == [0]  # a target and no gamma: "auto"
     fixed = plan_job(_job())
     assert fixed["automatic"] is None
     assert fixed["memory"]["model_bytes"] < 16 * fixed["params_before"]
+    assert any(len(layer["initial_ranks"]) > 3 for layer in fixed["layers"])
 
 
 def test_an_hf_sentence_encoder_plans_its_teacher_table_unless_it_distils_every_token(tmp_path):

@@ -115,6 +115,28 @@ def test_options_reach_the_layers_and_specialize_overrides():
     assert model.emb.gate_threshold == 0.3
 
 
+def test_auto_rank_without_d_builds_two_core_linears_and_leaves_embeddings_alone():
+    """``max_rank: "auto"`` with no ``d``: every TT linear is a rank-r product (one mode per
+    side, two cores); an embedding keeps its cores; a given ``d``, explicit ``modes`` and a
+    fixed rank all keep the factorization by size."""
+    model = Toy()
+    materialize(model, TensorizeOptions(max_rank="auto", min_size=1))
+    for name in ("blocks.0.fc", "blocks.1.fc", "small"):
+        layer = model.get_submodule(name)
+        assert (layer.in_modes, len(layer.cores)) == ((layer.in_features,), 2), name
+    assert len(model.emb.row_modes) >= 2
+    assert TensorizeOptions(max_rank="auto").linear_order == 1
+    assert TensorizeOptions(max_rank="auto", d=2).linear_order == 2
+    assert TensorizeOptions(max_rank=8).linear_order is None
+    assert TensorizeOptions(max_rank=8, linear_d=1, d=3).linear_order == 1  # built at the choice
+    assert TensorizeOptions(max_rank="auto", shapes="paper").linear_order is None
+    given = Toy()
+    modes = {"blocks.0.fc": {"in": [4, 8], "out": [6, 8]}}
+    materialize(given, TensorizeOptions(max_rank="auto", min_size=1, modes=modes))
+    assert (given.blocks[0]["fc"].in_modes, given.blocks[0]["fc"].out_modes) == ((4, 8), (6, 8))
+    assert len(given.blocks[1]["fc"].in_modes) == 1
+
+
 def test_pattern_that_matches_nothing_is_an_error():
     with pytest.raises(ValueError, match=r"layers: pattern 'block\.\*'.*candidates"):
         materialize(Toy(), TensorizeOptions(layers=("emb", "block.*")))

@@ -185,6 +185,24 @@ def test_the_job_starts_at_the_largest_layer_choice_and_reports_each(tmp_path):
     assert again.control.auto_rank == auto
 
 
+def test_without_d_the_linears_have_two_cores_as_a_job_built_at_the_choice(tmp_path):
+    """No ``d``: every TT linear is a rank-r product (two cores), and the start equals,
+    bitwise, a job given the chosen rank and ``linear_d`` 1 (what the run builds with)."""
+    cfg = _job({"kind": "early", "steps": 20, "target_ratio": 0.5, "lr": LR})
+    del cfg["compression"]["d"]
+    auto = Trainer(JobConfig.from_dict(cfg), workdir=tmp_path / "a")
+    choice = auto.control.auto_rank
+    for name in choice["layers"]:
+        layer = auto.model.get_submodule(name)
+        assert len(layer.cores) == 2 and layer.in_modes == (layer.in_features,)
+        assert layer.ranks[1] == min(choice["build_rank"], layer.in_features, layer.out_features)
+    fixed = _job(*cfg["schedule"], max_rank=choice["build_rank"], linear_d=1)
+    del fixed["compression"]["d"]
+    fixed = Trainer(JobConfig.from_dict(fixed), workdir=tmp_path / "b")
+    a, b = auto.model.state_dict(), fixed.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_resume_keeps_the_choice_and_is_bitwise(tmp_path):
     stages = (
         {"kind": "early", "steps": 20, "target_ratio": 0.5, "lr": LR},
