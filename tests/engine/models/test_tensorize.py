@@ -161,6 +161,8 @@ def test_unbuilt_slot_raises():
         ("max_rank", 0),
         ("embedding_max_rank", 0),
         ("d", True),
+        ("linear_d", 0),
+        ("linear_d", 7),
         ("min_size", 0),
         ("gate_threshold", 1.0),
         ("shapes", "mnli"),

@@ -203,12 +203,15 @@ def test_without_d_the_linears_have_two_cores_as_a_job_built_at_the_choice(tmp_p
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_resume_keeps_the_choice_and_is_bitwise(tmp_path):
+@pytest.mark.parametrize("d", [2, None], ids=["d2", "two-cores"])
+def test_resume_keeps_the_choice_and_is_bitwise(tmp_path, d):
     stages = (
         {"kind": "early", "steps": 20, "target_ratio": 0.5, "lr": LR},
         {"kind": "late", "steps": 10, "target_ratio": 0.5, "lr": LR},
     )
     cfg = {**_job(*stages), "checkpoint": {"every_steps": 5, "keep": 10}}
+    if d is None:
+        del cfg["compression"]["d"]
     _, full, _ = _run(cfg, tmp_path / "full")
     ckpts = tmp_path / "full" / "checkpoints"
     # the model is built at the cap and takes the checkpoint's shapes; no calibration runs
