@@ -198,8 +198,9 @@ class CompressionSpec(StrictModel):
     method: Literal["comera", "dense", "galore"] = "comera"
     layers: list[Pattern] = Field(default_factory=lambda: ["*"], min_length=1, max_length=64)
     # "auto": each layer's starting rank chosen by a short dense calibration run (at most
-    # 64); the default for a comera job with a target_ratio that gives neither max_rank nor
-    # any stage's gamma (from-scratch architectures; hf and hf_bert start from TT-SVD)
+    # 256; with no d, TT linears of two cores); the default for a comera job with a
+    # target_ratio that gives neither max_rank nor any stage's gamma (from-scratch
+    # architectures; hf and hf_bert start from TT-SVD)
     max_rank: Annotated[StrictInt, Field(ge=1, le=1024)] | Literal["auto"] = 30
     embedding_max_rank: StrictInt | None = Field(default=None, ge=1, le=1024)
     # "auto": factorize every layer; "paper": the architecture's published shapes where it has
