@@ -46,9 +46,9 @@ import importlib.metadata
 import importlib.util
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from engine.configs import ConfigError
 
@@ -63,6 +63,7 @@ __all__ = [
     "JOKE_LISTS",
 ]
 
+T = TypeVar("T")
 _NOT_PROSE = ("!", "-*-", "type:", "noqa", "pragma", "fmt:")
 JOKE_LISTS = ("neutral", "chuck")  # pyjokes' English lists (its "all" is their union)
 
@@ -115,10 +116,7 @@ def joke_texts(min_words: int, max_words: int) -> tuple[str, ...]:
 def question_texts(min_words: int, max_words: int) -> tuple[str, ...]:
     """mimesis' English questions, each kept whole (module docstring)."""
     path = _package_dir("mimesis") / "datasets" / "en" / "text.json"
-    try:
-        questions = json.loads(path.read_text("utf-8"))["questions"]
-    except (OSError, ValueError, KeyError) as err:
-        raise ConfigError("data.params.source", f"cannot read {path} ({err})") from None
+    questions = _read(path, lambda raw: json.loads(raw.decode("utf-8"))["questions"])
     texts = [q for q in questions if isinstance(q, str)]
     return _whole_items(texts, min_words, max_words)
 
@@ -126,10 +124,7 @@ def question_texts(min_words: int, max_words: int) -> tuple[str, ...]:
 def news_texts() -> Iterator[str]:
     """The stories of gensim's Lee corpus, one a line (module docstring)."""
     path = _package_dir("gensim") / "test" / "test_data" / "lee_background.cor"
-    try:
-        lines = path.read_text("utf-8").splitlines()
-    except OSError as err:
-        raise ConfigError("data.params.source", f"cannot read {path} ({err})") from None
+    lines = _read(path, lambda raw: raw.decode("utf-8").splitlines())
     return (line for line in lines if line.strip())
 
 
@@ -146,10 +141,7 @@ _NOT_PROSE_LINE = ("=", "*", "#", ":", ";", "|", "!", "{", "}")  # headings, lis
 def wikipedia_texts() -> Iterator[str]:
     """The prose paragraphs of every page of gensim's Wikipedia test dump, page by page."""
     path = _package_dir("gensim") / "test" / "test_data" / WIKI_DUMP
-    try:
-        dump = bz2.decompress(path.read_bytes()).decode("utf-8")
-    except (OSError, ValueError, EOFError) as err:
-        raise ConfigError("data.params.source", f"cannot read {path} ({err})") from None
+    dump = _read(path, lambda raw: bz2.decompress(raw).decode("utf-8"))
     for page in _WIKI_TEXT.finditer(dump):
         yield from wiki_paragraphs(page.group(1))
 
@@ -198,6 +190,15 @@ def _whole_items(texts: Iterable[str], min_words: int, max_words: int) -> tuple[
             seen.add(text.lower())
             out.append(text)
     return tuple(out)
+
+
+def _read(path: Path, parse: Callable[[bytes], T]) -> T:
+    """``parse`` of a data file's bytes; a file that is missing, cut short or not what its
+    reader expects is a ConfigError naming it (a broken install, not a crash)."""
+    try:
+        return parse(path.read_bytes())
+    except (OSError, ValueError, KeyError, TypeError, EOFError) as err:
+        raise ConfigError("data.params.source", f"cannot read {path} ({err})") from None
 
 
 def _package_dir(name: str) -> Path:

@@ -240,3 +240,25 @@ def test_wikipedia_sentences_are_the_words_gensims_own_filter_keeps():
     sample = pool[:: max(1, len(pool) // 2000)]
     found = sum(words(s) in reference for s in sample)
     assert found >= 0.99 * len(sample), (found, len(sample))
+
+
+def test_a_broken_data_file_is_a_config_error_naming_it(monkeypatch, tmp_path):
+    """A package's data file that is missing, not JSON or a cut-off bz2 stream: each reader
+    says which file and that it cannot read it (a broken install, not a traceback)."""
+    from engine.configs import ConfigError
+    from engine.data import english_text
+
+    monkeypatch.setattr(english_text, "_package_dir", lambda name: tmp_path / name)
+    (tmp_path / "mimesis" / "datasets" / "en").mkdir(parents=True)
+    (tmp_path / "mimesis" / "datasets" / "en" / "text.json").write_text('{"answers": []}')
+    data = tmp_path / "gensim" / "test" / "test_data"
+    data.mkdir(parents=True)
+    (data / WIKI_DUMP).write_bytes(b"BZh91AY&SY")  # a bz2 header and nothing after it
+    readers = [
+        (lambda: english_text.question_texts(3, 40), "text.json"),  # no "questions" key
+        (lambda: list(english_text.news_texts()), "lee_background.cor"),  # missing
+        (lambda: list(english_text.wikipedia_texts()), WIKI_DUMP),  # cut short
+    ]
+    for read, name in readers:
+        with pytest.raises(ConfigError, match=rf"cannot read .*{name}"):
+            read()
