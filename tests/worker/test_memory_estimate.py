@@ -174,7 +174,8 @@ def test_max_rank_auto_is_planned_at_the_cap_with_the_calibration_phase_counted(
     assert tt_bytes > 16 * plan["params_before"]
     wide = copy.deepcopy(job)  # a 1024 x 1024 layer: the dense twin's phase is the larger
     wide["model"] = mlp_model(1024, 1024)
-    assert plan_job(wide)["memory"]["model_bytes"] == 16 * plan_job(wide)["params_before"]
+    wide_plan = plan_job(wide)
+    assert wide_plan["memory"]["model_bytes"] == 16 * wide_plan["params_before"]
     auto = plan["automatic"]
     assert auto["max_rank"]["calibration_steps"] == 40  # min(100, the first stage's steps)
     assert (auto["max_rank"]["cap"], auto["max_rank"]["planned_at"]) == (AUTO_RANK_CAP,) * 2
