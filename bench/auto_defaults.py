@@ -46,16 +46,10 @@ TARGET = fidelity.EARLY_TARGET  # 0.15: the early stage's target of bench.fideli
 
 
 def defaults_job(train: Path, valid: Path, seed: int, steps: int) -> dict[str, Any]:
-    """:func:`bench.fidelity.job`'s CoMERA early stage with the engine's defaults: no
-    ``max_rank``, no ``gamma``, only the stage's ``target_ratio``."""
-    spec = fidelity.job(train, valid, "comera", seed, steps, MAIN)
+    """:func:`bench.fidelity.job`'s CoMERA early stage from the automatic start (the engine's
+    defaults: no ``max_rank``, no ``d``, no ``gamma``, only the stage's ``target_ratio``)."""
+    spec = fidelity.job(train, valid, "comera", seed, steps, MAIN, start="auto")
     spec["name"] = "auto-defaults"
-    spec["compression"] = {
-        k: spec["compression"][k] for k in ("layers", "shrink_every", "max_metric_drop")
-    }
-    stage = spec["schedule"][0]
-    stage.pop("gamma", None)
-    stage["target_ratio"] = TARGET
     return spec
 
 

@@ -9,7 +9,7 @@ generated and that installs offline (:mod:`bench.fidelity_data`): scikit-learn's
 breast cancer and wine, and MiniLM embeddings of standard-library docstrings labelled with
 their package. Per data set and fold (``--reps`` of 5 stratified 80/20 folds), through
 :class:`engine.train.Trainer` and the ``mlp`` workload (``hidden [256, 256]``, GELU, dropout
-0.1, batch 64, TT layers of 2 + 2 cores from rank 64):
+0.1, batch 64):
 
 * layer sets (``--layer-sets``): ``all``, every tensorizable layer (``hidden.0`` and
   ``hidden.1``; the output layer stays dense), the protocol; ``hidden.1``, the one layer the
@@ -18,9 +18,12 @@ their package. Per data set and fold (``--reps`` of 5 stratified 80/20 folds), t
   :data:`EARLY_EPOCHS` epochs of the split's training rows where that is more: a TT layer
   trained from scratch converges more slowly than a dense one, so the larger sets need the
   epochs);
-* ``early``: the same steps of the CoMERA early stage from rank 64, ``gamma: "auto"`` with a
-  stage ``target_ratio`` of :data:`EARLY_TARGET` (gradual cuts, see
-  :mod:`engine.train.rank_control`);
+* ``early``: the same steps of the CoMERA early stage with a stage ``target_ratio`` of
+  :data:`EARLY_TARGET` (gradual cuts, see :mod:`engine.train.rank_control`), from the start
+  ``--start`` names (:data:`STARTS`): ``auto``, the protocol, gives no ``max_rank``, ``d`` or
+  ``gamma``, so the engine chooses them as for any user who gives only a target (ranks from a
+  dense calibration run, TT linears of two cores, ``gamma: "auto"``); ``rank64``, the protocol
+  before, gives ``max_rank`` 64, ``d`` 2 (2 + 2 cores) and ``gamma: "auto"``;
 * ``late-<t>/<variant>``: branches resumed from the early stage's final checkpoint: a late
   stage of :data:`LATE_STEPS` steps at target ratio ``t`` of the size at its start, under the
   fidelity guard (``max_metric_drop`` 1.0 point), then :data:`FINETUNE_STEPS` fine-tune steps.
@@ -94,7 +97,16 @@ LATE_MAX_STEPS = DEFAULT_AUTO_MAX_STEPS
 # layer at rank 64 without any cut (gamma 0) is as far behind at 720 (84.04)
 EARLY_EPOCHS = 30
 BATCH = 64
-EARLY_TARGET = 0.15  # rank 64 of a 256 x 256 TT layer is 2.0x; 0.15 of that is ~13x
+# from the automatic start (5.6-6.6x on these sets) ~40x; from rank 64 of a 256 x 256 TT layer
+# of 2 + 2 cores (2.0x) ~13x
+EARLY_TARGET = 0.15
+# the early stage's start: the compression keys of the job besides layers, shrink_every and
+# max_metric_drop. "auto" (the protocol): none, so the engine chooses (max_rank "auto" from a
+# dense calibration run, TT linears of two cores, gamma "auto"): what a user who gives only
+# target_ratio gets. "rank64": max_rank 64, d 2 (2 + 2 cores) and gamma "auto", the protocol
+# before the automatic defaults, for comparison
+STARTS: dict[str, dict[str, Any]] = {"auto": {}, "rank64": {"max_rank": 64, "d": 2}}
+START = "auto"
 LR = {"cores": 0.003, "gates": 0.01, "others": 0.001}
 LR_SCHEDULE = "cosine"
 TEACHER_WEIGHT = 1.0  # the variants with a teacher (late and finetune stages; temperature 2)
@@ -124,29 +136,37 @@ def job(
     seed: int,
     steps: int,
     layers: str = MAIN,
+    start: str | None = None,
 ) -> dict[str, Any]:
     """The early-stage job (or its dense twin) of one split, ``steps`` long, the ``mlp``
-    workload with the layer set ``layers`` (:data:`LAYER_SETS`) tensorized."""
+    workload with the layer set ``layers`` (:data:`LAYER_SETS`) tensorized, from ``start``
+    (:data:`STARTS`; default :data:`START`)."""
+    start = START if start is None else start
+    if start not in STARTS:
+        raise ValueError(f"start: one of {STARTS}, got {start!r}")
+    compression: dict[str, Any] = {
+        "layers": LAYER_SETS[layers],
+        **STARTS[start],
+        "shrink_every": 25,
+        "max_metric_drop": TOLERANCE,
+    }
+    early: dict[str, Any] = {"target_ratio": EARLY_TARGET}
+    if start == "rank64":
+        early["gamma"] = "auto"  # given: the automatic start leaves it to the engine
     return {
         "version": 1,
         "name": f"fidelity-{method}",
         "method": method,
         "model": {"arch": "mlp", "config": {"hidden": [256, 256], "dropout": 0.1}},
         "data": {"kind": "npz", "train": str(train), "valid": str(valid)},
-        "compression": {
-            "layers": LAYER_SETS[layers],
-            "max_rank": 64,
-            "d": 2,
-            "shrink_every": 25,
-            "max_metric_drop": TOLERANCE,
-        },
+        "compression": compression,
         "schedule": [
             {
                 "kind": "early",
                 "steps": steps,
                 "lr": LR,
                 "lr_schedule": LR_SCHEDULE,
-                **({"gamma": "auto", "target_ratio": EARLY_TARGET} if method == "comera" else {}),
+                **(early if method == "comera" else {}),
             }
         ],
         "training": {"batch_size": BATCH, "seed": seed, "log_every": 50},
@@ -158,7 +178,7 @@ def text_job(
 ) -> dict[str, Any]:
     """The early-stage job (or its dense twin) of the ``transformer`` row: JSONL sentences,
     a WordPiece vocabulary trained on the training rows, every encoder linear tensorized."""
-    spec = job(train, valid, method, seed, steps)
+    spec = job(train, valid, method, seed, steps, start="rank64")  # its ranks: TEXT_MAX_RANK
     spec["model"] = {
         "arch": "transformer",
         "config": {**TEXT_MODEL, "num_classes": fidelity_data.PACKAGES, "dropout": 0.1},
@@ -299,6 +319,9 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     parser.add_argument("--early-steps", type=int, default=EARLY_STEPS)
     parser.add_argument("--lr-schedule", default=LR_SCHEDULE, choices=("constant", "cosine"))
+    parser.add_argument(
+        "--start", default=START, choices=tuple(STARTS), help="the MLP early stage's start"
+    )
     parser.add_argument("--note", default=None, help="recorded in the JSON (a partial run)")
     parser.add_argument(
         "--update",
@@ -306,7 +329,7 @@ def main() -> None:
         help="replace only the data sets run now in the results file (keep the others)",
     )
     args = parser.parse_args()
-    _set_protocol(args.early_steps, args.lr_schedule)
+    _set_protocol(args.early_steps, args.lr_schedule, args.start)
     torch.set_num_threads(args.threads)
     t_all = time.perf_counter()
     results: dict[str, Any] = {}
@@ -349,6 +372,11 @@ def main() -> None:
             print_dataset(name, results[name])
     previous = previous_results(args.out)
     if args.update:  # the data sets run now replace theirs; the others stay as they were
+        kept = {n: r for n, r in previous.get("datasets", {}).items() if n not in results}
+        for name, res in kept.items():  # their checks as defined now, from their runs
+            res["checks"] = {
+                ls: checks(name, res["runs"], res["splits"], ls) for ls in res["checks"]
+            }
         results = {**previous.get("datasets", {}), **results}
     mlp = {n: r for n, r in results.items() if n not in fidelity_data.TEXT_DATASETS}
     text_rows = {n: r for n, r in results.items() if n in fidelity_data.TEXT_DATASETS}
@@ -375,6 +403,7 @@ def main() -> None:
             "late_steps": "auto",
             "late_max_steps": LATE_MAX_STEPS,
             "finetune_steps": FINETUNE_STEPS,
+            "start": START,
             "early_target": EARLY_TARGET,
             "tolerance_points": TOLERANCE,
             "room_for_the_0.2_check": ROOM,
@@ -406,18 +435,18 @@ def run_splits(work: list[tuple], args: argparse.Namespace) -> list[dict[str, di
     """:func:`run_split` of every ``(name, rep, tmp, x, y, layer_sets)``, in order;
     ``args.jobs`` processes of ``args.threads`` torch threads each run them side by side
     (spawned: no forked torch)."""
-    init = (args.early_steps, args.lr_schedule, args.threads)
+    init = (args.early_steps, args.lr_schedule, args.start, args.threads)
     return map_spawned(run_split, work, args.jobs, _init, init)
 
 
-def _init(early_steps: int, lr_schedule: str, threads: int) -> None:
-    _set_protocol(early_steps, lr_schedule)
+def _init(early_steps: int, lr_schedule: str, start: str, threads: int) -> None:
+    _set_protocol(early_steps, lr_schedule, start)
     torch.set_num_threads(threads)
 
 
-def _set_protocol(early_steps: int, lr_schedule: str) -> None:
-    global EARLY_STEPS, LR_SCHEDULE
-    EARLY_STEPS, LR_SCHEDULE = early_steps, lr_schedule
+def _set_protocol(early_steps: int, lr_schedule: str, start: str = "auto") -> None:
+    global EARLY_STEPS, LR_SCHEDULE, START
+    EARLY_STEPS, LR_SCHEDULE, START = early_steps, lr_schedule, start
 
 
 if __name__ == "__main__":

@@ -84,15 +84,19 @@ def summarize(result: Any, seconds: float) -> dict[str, Any]:
 def merge_update(
     payload: dict[str, Any], previous: dict[str, Any], names: list[str], args: Any
 ) -> None:
-    """``--update``: the previous run's protocol with the fold counts of the data sets run
-    now, its time plus this run's, and this run listed under ``updates``."""
+    """``--update``: the previous run's protocol with the parts of the data sets run now (the
+    MLP's or the text row's), its time plus this run's, and this run listed under
+    ``updates``."""
     protocol = {**previous.get("protocol", {})}
     if any(n in fidelity_data.TEXT_DATASETS for n in names):
         protocol["text_reps"] = args.text_reps
         protocol["text_job"] = payload["protocol"]["text_job"]
         protocol["text_plan"] = payload["protocol"]["text_plan"]
-    if any(n not in fidelity_data.TEXT_DATASETS for n in names):
-        protocol["reps"] = args.reps
+    if any(n not in fidelity_data.TEXT_DATASETS for n in names):  # the MLP protocol of now
+        protocol.update(
+            {k: v for k, v in payload["protocol"].items() if not k.startswith("text_")},
+            reps=args.reps,
+        )
     update = {
         "datasets": names,
         "argv": sys.argv[1:],

@@ -97,7 +97,9 @@ def checks(
     early = agg[f"{layers}/early"]
     out: dict[str, Any] = {
         "early_within_tolerance_of_dense": early["accuracy"] >= agg["dense"]["accuracy"] - tol,
-        "early_at_least_10x": early["ratio"] >= 10.0,
+        "early_target_reached": all(
+            s[f"{layers}/early"].get("early_target_reached") for s in splits
+        ),
         "early_turned_gates_off": all(
             s[f"{layers}/early"]["early_size_end"] < s[f"{layers}/early"]["early_size_start"]
             for s in splits

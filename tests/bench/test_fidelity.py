@@ -175,7 +175,7 @@ def test_a_fold_runs_every_path_and_the_checks_and_tables_follow(monkeypatch, tm
     assert set(abl["mlp"]["parts"]) == {"teacher"}  # no-back-off against neither only
     summary = fidelity.summary_checks(results, abl)
     assert "wine:no_run_ends_below_tolerance" in summary
-    assert "stdlib_modules_text:early_at_least_10x" in summary
+    assert "stdlib_modules_text:early_target_reached" in summary
     assert "ablation:mlp:teacher_adds" in summary
     fidelity.print_markdown({"datasets": results, "encoder": None})
     out = capsys.readouterr().out
