@@ -141,7 +141,8 @@ def test_sigterm_stops_the_processes_and_the_next_attempt_resumes(
 
     monkeypatch.setattr("worker.processes.torchrun_command", held)
     monkeypatch.setenv("COMERA_TEST_HOLD_AT_STEP", "12")
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parents[2]))
+    path = [str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in path if p))  # the ranks' import
     settings, factory = jobs.settings_for(tmp_path, sqlite_url), jobs.factory_for(sqlite_url)
     job_id = jobs.make_job(factory, jobs.tiny_spec(training={**TWO, "log_every": 1}))
     deadline = time.monotonic() + 150
