@@ -27,7 +27,8 @@ choice says so (``raise max_rank`` by hand if that layer matters).
 The job starts every layer at the largest layer's choice (``build_rank``): a rank a layer does
 not need costs compute until the early stage's gates cut it, one it lacks costs accuracy, and
 starting each layer at its own smaller rank (a fresh draw of its cores) did not help on the
-real-data benchmark (docs/method.md#automatic-rank).
+real-data benchmark (docs/method.md#automatic-rank). The start's weights are the twin's,
+decomposed (:mod:`engine.train.auto_start`).
 """
 
 from __future__ import annotations
@@ -181,6 +182,11 @@ class AutoRank:
                 f"smallest TT rank whose TT-SVD of the dense layer after {self.probe.get('steps')} "
                 f"calibration steps keeps a relative error <= {self.probe.get('tolerance')}, "
                 f"at most {self.probe.get('cap')}; every layer starts at the largest choice"
+                + (
+                    f", starting from {self.probe['start']['from']}"
+                    if "start" in self.probe
+                    else ""
+                )
             ),
             "probe": dict(self.probe),
             "layers": {n: c.to_dict() for n, c in self.layers.items()},
@@ -222,13 +228,14 @@ def probe_steps(job: Any) -> int:
 
 def calibrate(
     job: Any, workload: Any, data: Any, model_config: Any, device: torch.device
-) -> AutoRank:
+) -> tuple[AutoRank, nn.Module]:
     """Train the dense twin of the job's model for :func:`probe_steps` steps (the first
     stage's learning rates, the job's seed and batches) and choose each TT layer's rank from
     the twin's weight ``W`` then: the rank at which the TT layer can hold what the dense
     layer computes with, random part included (the update ``W - W_0`` alone asked for ranks
-    that left digits 1.7 points under dense, docs/method.md#automatic-rank). The global RNG
-    state is as before the call."""
+    that left digits 1.7 points under dense, docs/method.md#automatic-rank). Returns the
+    choice and the trained twin (the start's weights: :mod:`engine.train.auto_start`). The
+    global RNG state is as before the call."""
     from engine.nn.dropout import mask_stream
     from engine.train.optim import build_optimizer
 
@@ -278,4 +285,4 @@ def calibrate(
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,
     }
-    return AutoRank(choices, probe)
+    return AutoRank(choices, probe), dense

@@ -22,6 +22,7 @@ from engine.data import build_data
 from engine.models.registry import get_workload
 from engine.rank import tensorized_layers
 from engine.train.auto_rank import AutoRank, calibrate
+from engine.train.auto_start import warm_start_
 from engine.train.config import ConfigError, as_config_error
 from engine.train.distributed import DistContext
 from engine.train.job import JobConfig
@@ -87,9 +88,9 @@ def build_parts(
     # max_rank "auto": a fresh run chooses the rank by a dense calibration run (every layer
     # starts at the largest layer's choice); a resumed one builds at the cap and takes the
     # checkpoint's shapes and choice
-    auto = None
+    auto, twin = None, None
     if job.tensorized and opts.max_rank == "auto" and fresh:
-        auto = calibrate(job, workload, data, model_config, device)
+        auto, twin = calibrate(job, workload, data, model_config, device)
         if dist is not None:  # every rank builds rank 0's choice
             box = [auto.to_dict()]
             torch_dist.broadcast_object_list(box, src=0)
@@ -105,6 +106,12 @@ def build_parts(
             f"no layer of the {job.model.arch!r} "
             f"model matches {list(opts.layers)}: nothing to compress",
         )
+    if twin is not None:  # the automatic start: the calibrated dense twin, decomposed
+        try:
+            auto.probe["start"] = warm_start_(model, twin)
+        except ValueError as err:  # a model whose dense twin does not correspond: a fresh draw
+            auto.probe["start"] = {"from": "a fresh draw", "why": str(err)}
+        del twin
     if fresh:  # data-dependent init (hf_bert: whitened TT-SVD); resume restores instead
         workload.prepare(model, data.train.batches(0), device=device)
     setup = workload.setup(model, data.train, job, device=device)

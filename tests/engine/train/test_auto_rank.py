@@ -4,6 +4,7 @@ and the early-stage advice to raise ``max_rank`` (:mod:`engine.train.report`).""
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -12,8 +13,9 @@ import torch
 
 from engine.configs import ConfigError
 from engine.nn.tt_linear import TTLinear
-from engine.train import FunctionCallback, JobConfig, Trainer
+from engine.train import FunctionCallback, JobConfig, Trainer, parts
 from engine.train.auto_rank import AutoRank, choose_rank, tt_tensor
+from engine.train.auto_start import warm_start_
 from engine.train.report import RAISE_MAX_RANK, early_stage_advice
 from engine.tt.decompose import matrix_to_tt, tt_to_full
 
@@ -152,7 +154,22 @@ def _run(cfg: dict[str, Any], path, **kw):
     return trainer, trainer.run(), events
 
 
-def test_the_job_starts_at_the_largest_layer_choice_and_reports_each(tmp_path):
+@pytest.fixture
+def twins(monkeypatch) -> list[torch.nn.Module]:
+    """The dense twins the calibration trained, in order (copies: the run's own is freed)."""
+    out: list[torch.nn.Module] = []
+    real = parts.calibrate
+
+    def calibrate(*args: Any):
+        auto, twin = real(*args)
+        out.append(copy.deepcopy(twin))
+        return auto, twin
+
+    monkeypatch.setattr(parts, "calibrate", calibrate)
+    return out
+
+
+def test_the_job_starts_at_the_largest_layer_choice_and_reports_each(tmp_path, twins):
     cfg = _job({"kind": "early", "steps": 30, "target_ratio": 0.5, "lr": LR})
     trainer, result, _ = _run(cfg, tmp_path / "a")
     auto = result.report["auto_rank"]
@@ -174,20 +191,26 @@ def test_the_job_starts_at_the_largest_layer_choice_and_reports_each(tmp_path):
             min(math.prod(sizes[: k + 1]), math.prod(sizes[k + 1 :])) for k in range(len(sizes) - 1)
         ]
         assert list(layer.ranks[1:-1]) == [min(choice.build_rank, b) for b in bounds]
-    # the calibration leaves the run's random draws alone: the same start as a fixed rank
+    # the start: a job given the chosen rank, set from the calibrated twin by warm_start_
+    # (the calibration leaves the run's random draws alone, so where a bond is wider than
+    # the decomposition the extra slices are the fixed job's draw)
     fixed = Trainer(
         JobConfig.from_dict(_job(*cfg["schedule"], max_rank=choice.build_rank)),
         workdir=tmp_path / "c",
     )
+    start = warm_start_(fixed.model, twins[-1])
     a, b = again.model.state_dict(), fixed.model.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    # the same seed chooses the same ranks
+    assert auto["probe"]["start"] == start and set(start["error"]) == set(choice.layers)
+    assert "starting from the TT-SVD of the dense twin" in auto["rule"]
+    # the same seed chooses the same ranks and start
     assert again.control.auto_rank == auto
 
 
-def test_without_d_the_linears_have_two_cores_as_a_job_built_at_the_choice(tmp_path):
+def test_without_d_the_linears_have_two_cores_as_a_job_built_at_the_choice(tmp_path, twins):
     """No ``d``: every TT linear is a rank-r product (two cores), and the start equals,
-    bitwise, a job given the chosen rank and ``linear_d`` 1 (what the run builds with)."""
+    bitwise, a job given the chosen rank and ``linear_d`` 1 (what the run builds with) set
+    from the calibrated twin; each layer within the rule's tolerance of the twin's weight."""
     cfg = _job({"kind": "early", "steps": 20, "target_ratio": 0.5, "lr": LR})
     del cfg["compression"]["d"]
     auto = Trainer(JobConfig.from_dict(cfg), workdir=tmp_path / "a")
@@ -199,8 +222,11 @@ def test_without_d_the_linears_have_two_cores_as_a_job_built_at_the_choice(tmp_p
     fixed = _job(*cfg["schedule"], max_rank=choice["build_rank"], linear_d=1)
     del fixed["compression"]["d"]
     fixed = Trainer(JobConfig.from_dict(fixed), workdir=tmp_path / "b")
+    warm_start_(fixed.model, twins[0])
     a, b = auto.model.state_dict(), fixed.model.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    errors = choice["probe"]["start"]["error"]
+    assert all(0.0 <= errors[n] <= choice["probe"]["tolerance"] + 1e-6 for n in choice["layers"])
 
 
 @pytest.mark.parametrize("d", [2, None], ids=["d2", "two-cores"])
