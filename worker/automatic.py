@@ -29,7 +29,8 @@ def automatic_choices(cfg: JobConfig) -> dict[str, Any] | None:
                 f"the dense twin of the model trains {steps} steps (the first stage's learning "
                 f"rates, the job's seed); each TT layer takes the smallest rank whose TT-SVD "
                 f"of its dense weight keeps a relative error <= {TOLERANCE}, at most "
-                f"{AUTO_RANK_CAP}; every layer starts at the largest layer's choice"
+                f"{AUTO_RANK_CAP}; every layer starts at the largest layer's choice, from the "
+                f"TT-SVD of the dense twin's weight (the twin's other weights copied)"
                 + (
                     "; with no d given, each TT linear has two cores (a rank-r product U V)"
                     if two_cores
@@ -42,7 +43,7 @@ def automatic_choices(cfg: JobConfig) -> dict[str, Any] | None:
             "planned_at": AUTO_RANK_CAP,
             "linear_d": options.linear_order,
             "reported_in": "the report's auto_rank: per layer the rank, its error and whether "
-            "the cap held it",
+            "the cap held it; probe.start: each layer's error at the start",
         }
     stages = [i for i, stage in enumerate(cfg.schedule) if stage.gamma == "auto"]
     if stages:
