@@ -274,6 +274,8 @@ def calibrate(
             if not seen:
                 break
             epoch += 1
+        dense.zero_grad(set_to_none=True)  # kept for the start: its weights, not its grads
+        dense.requires_grad_(False)
         weights = {n: dense.get_submodule(n).weight.detach() for n in names}
         choices = choose_layer_ranks(weights, layers, tol=TOLERANCE, cap=AUTO_RANK_CAP)
     probe = {
