@@ -33,8 +33,18 @@ __all__ = ["warm_start_"]
 def warm_start_(model: nn.Module, dense: nn.Module) -> dict[str, Any]:
     """Set ``model`` (tensorized) from ``dense`` (its dense twin) in place; returns the record
     of the job report's ``auto_rank.probe.start``: per layer the relative Frobenius error of
-    the start against the twin's weight. Raises ``ValueError`` where the two models do not
-    correspond (a layer or parameter of one missing from, or shaped unlike, the other)."""
+    the start against the twin's weight. Raises ``ValueError``, ``model`` unchanged, where the
+    two models do not correspond (a layer or parameter of one missing from, or shaped unlike,
+    the other)."""
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        return _warm_start(model, dense)
+    except ValueError:
+        model.load_state_dict(before)
+        raise
+
+
+def _warm_start(model: nn.Module, dense: nn.Module) -> dict[str, Any]:
     errors: dict[str, float] = {}
     owned: set[str] = set()
     for name, layer in tensorized_layers(model):

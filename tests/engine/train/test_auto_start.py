@@ -80,12 +80,15 @@ def test_four_core_layers_and_embeddings_are_the_tt_svd_rebuilt_in_float64():
         assert torch.allclose(model.emb(ids).double(), emb[ids], atol=1e-5)
 
 
-def test_a_twin_that_does_not_correspond_is_refused():
+def test_a_twin_that_does_not_correspond_is_refused_and_the_model_left_as_it_was():
     model = Net(tt=True)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
     other = _twin()
-    other.out = nn.Linear(10, 4)  # another head
+    other.out = nn.Linear(10, 4)  # another head: found after every TT layer was set
     with pytest.raises(ValueError, match="out.weight"):
         warm_start_(model, other)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
     other = _twin()
     other.a = TTLinear(16, 12, max_rank=2)  # no dense layer to decompose
     with pytest.raises(ValueError, match="a: no dense twin of a TTLinear"):
