@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from engine.nn.tt_linear import TTLinear
 from engine.nn.ttm_embedding import TTMEmbedding
 from engine.rank import tensorized_layers
+from engine.tt.decompose import embedding_to_ttm, matrix_to_tt
 
 __all__ = ["warm_start_"]
 
@@ -49,28 +50,17 @@ def _warm_start(model: nn.Module, dense: nn.Module) -> dict[str, Any]:
     owned: set[str] = set()
     for name, layer in tensorized_layers(model):
         source = dense.get_submodule(name)
+        rank = max(layer.ranks)
         if isinstance(layer, TTLinear) and isinstance(source, nn.Linear):
-            fit = TTLinear.from_linear(
-                source,
-                max_rank=max(layer.ranks),
-                in_modes=layer.in_modes,
-                out_modes=layer.out_modes,
-            )
-            target = source.weight
+            fit = matrix_to_tt(source.weight, layer.in_modes, layer.out_modes, max_rank=rank)
         elif isinstance(layer, TTMEmbedding) and isinstance(source, nn.Embedding):
-            fit = TTMEmbedding.from_embedding(
-                source,
-                max_rank=max(layer.ranks),
-                row_modes=layer.row_modes,
-                col_modes=layer.col_modes,
-            )
-            target = source.weight
+            fit = embedding_to_ttm(source.weight, layer.row_modes, layer.col_modes, max_rank=rank)
         else:
             raise ValueError(f"{name}: no dense twin of a {type(layer).__name__}")
-        _place(list(layer.cores), [c.to(layer.cores[0].dtype) for c in fit.cores], name)
+        _place(list(layer.cores), [c.to(layer.cores[0].dtype) for c in fit], name)
         for gate in layer.gates:
             gate.fill_(1.0)
-        errors[name] = _error(layer, target)
+        errors[name] = _error(layer, source.weight)
         own = [*layer.named_parameters(), *layer.named_buffers()]
         owned |= {f"{name}.{n}" for n, _ in own if n != "bias"}
     _copy_the_rest(model, dense, owned)

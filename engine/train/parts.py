@@ -111,7 +111,6 @@ def build_parts(
             auto.probe["start"] = warm_start_(model, twin)
         except ValueError as err:  # a model whose dense twin does not correspond: a fresh draw
             auto.probe["start"] = {"from": "a fresh draw", "why": str(err)}
-        del twin
     if fresh:  # data-dependent init (hf_bert: whitened TT-SVD); resume restores instead
         workload.prepare(model, data.train.batches(0), device=device)
     setup = workload.setup(model, data.train, job, device=device)
