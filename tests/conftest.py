@@ -43,6 +43,10 @@ if TYPE_CHECKING:
 def _seed():
     torch.manual_seed(0)
     yield
+    if os.environ.get("PYTEST_XDIST_WORKER") and torch.get_num_threads() != 1:
+        # a test that raised this process's threads (a benchmark's main sets its --threads)
+        # must not leave every later test of the process on more threads than the cores hold
+        torch.set_num_threads(1)
 
 
 @pytest.hookimpl(hookwrapper=True)

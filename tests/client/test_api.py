@@ -11,8 +11,10 @@ import pytest
 from client import ChecksumMismatch, ComeraClient, ComeraError
 from tests.client.conftest import SPEC, spec
 from tests.client.proxy import DroppingProxy
+from tests.helpers.groups import CLIENT
 
-pytestmark = pytest.mark.slow  # the package's server starts once (about 5 s) for all tests
+# the package's server starts once (about 5 s) for all tests, in one test process (CLIENT)
+pytestmark = [pytest.mark.slow, CLIENT]
 
 
 def test_submit_get_and_list(client, finished_job):

@@ -14,9 +14,10 @@ from typer.testing import CliRunner
 
 from client.cli import app
 from tests.client.conftest import spec
+from tests.helpers.groups import CLIENT
 from tests.helpers.specs import model_spec
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, CLIENT]
 ENV = {"COLUMNS": "200", "NO_COLOR": "1"}
 
 

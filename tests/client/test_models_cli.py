@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from tests.client.test_cli import comera
+from tests.helpers.groups import CLIENT
 from tests.helpers.hf_models import make_model_dir
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, CLIENT]
 
 
 def test_upload_list_and_delete_a_model_directory(server, tmp_path: Path):

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from tests.faults.stack import SPEC
+from tests.helpers.groups import PROCESSES
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, PROCESSES]
 SHORT = {**SPEC, "schedule": [{"kind": "early", "steps": 10}], "checkpointing": {"keep": 1}}
 
 

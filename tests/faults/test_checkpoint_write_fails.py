@@ -9,8 +9,9 @@ import sys
 import pytest
 
 from tests.faults.stack import SPEC
+from tests.helpers.groups import PROCESSES
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, PROCESSES]
 LIMIT = 16 * 1024  # bytes per file: a checkpoint of SPEC is about 22 KB, nothing else > 4 KB
 # exec the worker under RLIMIT_FSIZE (Python ignores SIGXFSZ: a write past it fails, EFBIG)
 LIMITED = (

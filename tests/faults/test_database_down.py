@@ -10,8 +10,9 @@ from sqlalchemy import create_engine, text
 
 from tests.faults.proxy import SwitchableProxy
 from tests.faults.stack import SPEC, wait_for
+from tests.helpers.groups import PROCESSES
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, PROCESSES]
 
 
 def _rows(db_url: str) -> tuple[list[str], list[str]]:
