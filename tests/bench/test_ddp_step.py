@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 from bench.device_summary import summary
-from tests.helpers.groups import PROCESSES
+from tests.helpers.groups import LAUNCHES
 
-pytestmark = PROCESSES
+pytestmark = LAUNCHES
 
 
 def test_ddp_step_smoke_on_cpu_and_its_summary_row(tmp_path: Path):

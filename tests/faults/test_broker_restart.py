@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from tests.faults.stack import SPEC
-from tests.helpers.groups import PROCESSES
+from tests.helpers.groups import SERVICES
 
-pytestmark = [pytest.mark.slow, PROCESSES]
+pytestmark = [pytest.mark.slow, SERVICES]
 SHORT = {**SPEC, "schedule": [{"kind": "early", "steps": 10}], "checkpointing": {"keep": 1}}
 
 

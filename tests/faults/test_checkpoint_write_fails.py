@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from tests.faults.stack import SPEC
-from tests.helpers.groups import PROCESSES
+from tests.helpers.groups import SERVICES
 
-pytestmark = [pytest.mark.slow, PROCESSES]
+pytestmark = [pytest.mark.slow, SERVICES]
 LIMIT = 16 * 1024  # bytes per file: a checkpoint of SPEC is about 22 KB, nothing else > 4 KB
 # exec the worker under RLIMIT_FSIZE (Python ignores SIGXFSZ: a write past it fails, EFBIG)
 LIMITED = (

@@ -10,9 +10,9 @@ from sqlalchemy import create_engine, text
 
 from tests.faults.proxy import SwitchableProxy
 from tests.faults.stack import SPEC, wait_for
-from tests.helpers.groups import PROCESSES
+from tests.helpers.groups import SERVICES
 
-pytestmark = [pytest.mark.slow, PROCESSES]
+pytestmark = [pytest.mark.slow, SERVICES]
 
 
 def _rows(db_url: str) -> tuple[list[str], list[str]]:

@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 import pytest
 
 from tests.faults.stack import SPEC, wait_for
-from tests.helpers.groups import PROCESSES
+from tests.helpers.groups import SERVICES
 
-pytestmark = [pytest.mark.slow, PROCESSES]
+pytestmark = [pytest.mark.slow, SERVICES]
 # Attempt 1 must be killed after its first checkpoint (step 50) and before its end. The test
 # looks for that checkpoint with the worker paused (SIGSTOP to its process group, where the job
 # trains: ``Stack.pause``), so the job cannot end between the look and the kill, and runs only

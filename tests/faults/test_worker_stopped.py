@@ -18,9 +18,9 @@ from service.store.db.session import make_engine
 from service.store.settings import Settings
 from service.task_control import CeleryControl
 from tests.faults.stack import SPEC, wait_for
-from tests.helpers.groups import PROCESSES
+from tests.helpers.groups import SERVICES
 
-pytestmark = [pytest.mark.slow, PROCESSES]
+pytestmark = [pytest.mark.slow, SERVICES]
 LONG = {**SPEC, "schedule": [{"kind": "early", "steps": 100_000}]}
 # attempt 1 is frozen (SIGSTOP) from the step it is seen at until the signal has been sent, so
 # however long the broadcasts take (two inspect() calls of 2 s, then revoke) it cannot finish

@@ -1,19 +1,26 @@
 """The xdist groups of ``scripts/test.sh`` (``--dist loadgroup``): the tests of one group run
 one after another in one test process while the other test processes take the rest.
 
-``PROCESSES``: a test that starts several busy processes of its own (a service stack with a
-Celery worker, torchrun ranks, a launched CLI that trains). Alone on 2 cores each takes 4-22 s;
-two or three of them side by side starved each other's children past the suite's 60 s limit
-(a CI run saw the killed-worker and broker-restart tests at 60 s, both 17-22 s alone), so they
-take turns, beside the light tests.
+Tests that start several busy processes of their own take 4-22 s alone on 2 cores; three of
+them side by side starved each other's children past the suite's 60 s limit (a CI run saw the
+killed-worker and broker-restart tests at 60 s). In two groups, at most two run at once, and
+the third test process takes the light tests:
+
+``SERVICES``: a service stack (``comera up``, the API, Celery workers, the reaper) that runs
+jobs. ``LAUNCHES``: training processes launched apart from the test (torchrun ranks, the
+engine's CLI, a Python without this project loading an export).
 
 ``CLIENT``: the tests of ``tests/client`` that share its package-scoped ``comera up`` server
 and finished job; in one test process they start it once, not once per process.
+
+The grouping needs pytest 9.1 (pyproject.toml): under 9.2, xdist 3.8 loses the group without a
+word (``tests/test_groups.py`` fails then).
 """
 
 from __future__ import annotations
 
 import pytest
 
-PROCESSES = pytest.mark.xdist_group("processes")
+SERVICES = pytest.mark.xdist_group("services")
+LAUNCHES = pytest.mark.xdist_group("launches")
 CLIENT = pytest.mark.xdist_group("client")

@@ -21,6 +21,7 @@ from api_schemas import JobCreate
 from api_schemas.engine_spec import to_engine
 from engine.export import load_compressed
 from tests.helpers.db import migrated_postgres, postgres_available
+from tests.helpers.groups import SERVICES
 from tests.helpers.metrics import validation_metrics
 from tests.helpers.services import (
     TINY_JOB,
@@ -34,7 +35,7 @@ from tests.helpers.services import (
     wait_for,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, SERVICES]
 SPEC = {**TINY_JOB, "name": "e2e-mlp"}
 
 

@@ -12,9 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.helpers.groups import SERVICES
 from tests.helpers.services import clean_env, free_port, start_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, SERVICES]
 
 
 def _children() -> dict[int, list[int]]:

@@ -25,7 +25,7 @@ from service.store.db.migrate import upgrade
 from service.store.placement import queue_name
 from service.store.queue import enqueue
 from service.store.settings import Settings
-from tests.helpers.groups import PROCESSES
+from tests.helpers.groups import SERVICES
 from tests.worker.jobs import factory_for, get, make_job, tiny_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,7 +112,7 @@ def purge_redis(url: str, queue: str) -> None:
         client.close()
 
 
-@PROCESSES
+@SERVICES
 @pytest.mark.slow
 def test_postgres_and_redis_worker_runs_a_job_and_enforces_its_time_limit(pg_url, tmp_path):
     broker = f"redis://127.0.0.1:6379/{random.randint(1, 15)}"
@@ -138,7 +138,7 @@ def test_postgres_and_redis_worker_runs_a_job_and_enforces_its_time_limit(pg_url
     assert job.error["type"] == "https://comera.dev/problems/timeout"
 
 
-@PROCESSES
+@SERVICES
 @pytest.mark.slow
 def test_embedded_mode_needs_nothing_but_files(tmp_path):
     settings = Settings(home=tmp_path, queue=_queue())  # SQLite store and SQLite broker

@@ -24,7 +24,7 @@ from service.store.db.migrate import upgrade
 from service.store.db.session import session_scope
 from service.store.queue import enqueue
 from service.store.settings import Settings
-from tests.helpers.groups import PROCESSES
+from tests.helpers.groups import LAUNCHES
 from tests.service.api_helpers import issue_key
 from tests.worker import jobs
 from tests.worker.test_celery import _queue, celery_worker, purge_redis, wait_terminal
@@ -32,7 +32,7 @@ from worker.processes import _start_time
 
 pytestmark = [
     pytest.mark.slow,
-    PROCESSES,
+    LAUNCHES,
     pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy is deprecated"),
 ]
 TWO = {"batch_size": 16, "log_every": 5, "devices": 2}

@@ -20,6 +20,7 @@ from service.store.db.models import Job, JobAttempt
 from service.store.db.session import session_scope
 from service.store.queue import enqueue
 from service.store.settings import Settings
+from tests.helpers.groups import SERVICES
 from tests.helpers.services import wait_for
 from tests.worker.jobs import factory_for, get, make_job, tiny_spec
 from tests.worker.test_celery import celery_worker, purge_redis
@@ -91,6 +92,7 @@ def _started_at(factory, job_id: str):
 
 
 @pytest.mark.slow
+@SERVICES
 @pytest.mark.parametrize("mode", ["distributed", "embedded"])
 def test_one_worker_starts_the_other_tenants_job_second(mode, request, tmp_path):
     """Distributed: PostgreSQL + Redis. Embedded: SQLite store and SQLite broker, whose worker

@@ -28,6 +28,7 @@ from service.store.db.session import session_scope
 from service.store.queue import enqueue
 from service.store.settings import Settings
 from tests.engine.data.test_npy_fortran import write_zeros_npz
+from tests.helpers.groups import SERVICES
 from tests.helpers.specs import mlp_model
 from tests.worker.jobs import factory_for, make_job, tiny_spec
 from tests.worker.test_celery import _queue, celery_worker, wait_terminal
@@ -52,6 +53,7 @@ def _move_to_tenant(factory, job_id: str, tenant: str) -> None:
 
 
 @pytest.mark.slow
+@SERVICES
 def test_a_bomb_and_an_oom_job_fail_alone_and_another_tenants_job_succeeds(tmp_path, monkeypatch):
     monkeypatch.setenv("COMERA_JOB_MEMORY_CAP_BYTES", str(CAP))
     settings = Settings(home=tmp_path, queue=_queue())

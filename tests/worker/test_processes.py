@@ -20,7 +20,7 @@ from engine.train import ConfigError, JobConfig
 from service.store.db.crud.job_actions import cancel_job
 from service.store.db.crud.jobs import get_job
 from service.store.db.session import session_scope
-from tests.helpers.groups import PROCESSES
+from tests.helpers.groups import LAUNCHES
 from tests.helpers.specs import early_stage, engine_job, mlp_model, synthetic_data
 from tests.worker import jobs
 from worker import processes
@@ -93,7 +93,7 @@ def test_descendants_include_grandchildren_in_sessions_of_their_own():
         parent.wait()
 
 
-@PROCESSES
+@LAUNCHES
 def test_a_two_device_job_runs_in_processes_and_is_recorded_as_one(pg_url, tmp_path):
     settings, factory = jobs.settings_for(tmp_path, pg_url), jobs.factory_for(pg_url)
     job_id = jobs.make_job(factory, jobs.tiny_spec(training=TWO))
@@ -127,7 +127,7 @@ def _preempt_at(root: Path, step: int, deadline: float) -> None:
         time.sleep(0.01)
 
 
-@PROCESSES
+@LAUNCHES
 def test_sigterm_stops_the_processes_and_the_next_attempt_resumes(
     sqlite_url, tmp_path, monkeypatch
 ):
@@ -209,7 +209,7 @@ def test_processes_that_fail_fail_the_job_with_their_reason(
     assert job.error["detail"] == detail
 
 
-@PROCESSES
+@LAUNCHES
 def test_processes_that_ignore_the_stop_are_killed_and_the_cancel_completes(
     sqlite_url, tmp_path, monkeypatch
 ):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.export import load_compressed
-from tests.helpers.groups import PROCESSES
+from tests.helpers.groups import LAUNCHES
 from tests.helpers.services import train_cli
 from tests.helpers.specs import engine_job, stages, synthetic_data, transformer_model
 
@@ -105,7 +105,7 @@ def test_a_malformed_data_row_exits_2_naming_file_and_line(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-@PROCESSES
+@LAUNCHES
 def test_nproc_per_node_runs_the_job_under_torchrun_and_rank_0_writes(tmp_path):
     """Two processes under torchrun (a real subprocess, the rendezvous on a free port): the
     same outputs as one process, the report says how it ran, the events file follows it."""
@@ -129,7 +129,7 @@ def test_nproc_per_node_runs_the_job_under_torchrun_and_rank_0_writes(tmp_path):
     assert len([e for e in lines if e["event"] == "stage_end"]) == 3  # rank 0's events only
 
 
-@PROCESSES
+@LAUNCHES
 def test_a_stop_file_stops_every_process_with_a_partial_checkpoint(tmp_path):
     out, stop = tmp_path / "out", tmp_path / "stop"
     stop.touch()  # present from the start: the job stops before its first step

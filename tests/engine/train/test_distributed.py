@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 
 from engine.train import FunctionCallback, JobConfig, Trainer
 from engine.train.distributed import BACKEND, backend
-from tests.helpers.groups import PROCESSES
+from tests.helpers.groups import LAUNCHES
 from tests.helpers.specs import (
     engine_job,
     mlp_model,
@@ -26,7 +26,7 @@ from tests.helpers.specs import (
 )
 
 # every test but the last two spawns two training processes
-pytestmark = PROCESSES
+pytestmark = LAUNCHES
 LR = {"cores": 0.003, "gates": 0.02, "others": 0.003}
 JOB: dict[str, Any] = engine_job(
     name="ddp",

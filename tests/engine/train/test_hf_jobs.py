@@ -16,7 +16,7 @@ import torch
 from engine.export import load_compressed
 from engine.train.cli import run_job
 from engine.train.job import JobConfig
-from tests.helpers.groups import PROCESSES
+from tests.helpers.groups import LAUNCHES
 from tests.helpers.hf_models import TEXT, VOCAB, make_model_dir, tiny_config, write_tokenizer
 from tests.helpers.specs import early_stage, engine_job, late_stage, model_spec, text_data
 
@@ -119,7 +119,7 @@ def _loaded_alone(tmp_path: Path, cases: list[tuple[Path, str, str]]) -> list[di
     return results
 
 
-@PROCESSES
+@LAUNCHES
 def test_a_llama_export_from_the_cli_loads_with_transformers_alone(tmp_path):
     """``python -m engine.train`` on a LLaMA (grouped-query attention) directory: its
     ``model/hf/`` (remote code) and ``model/dense/`` (the standard class) load without this
@@ -143,7 +143,7 @@ def test_a_llama_export_from_the_cli_loads_with_transformers_alone(tmp_path):
     assert results[0]["class"] == "ComeraTTModel" and results[1]["class"] == "LlamaForCausalLM"
 
 
-@PROCESSES
+@LAUNCHES
 def test_gpt2_and_bert_exports_load_with_transformers_alone(tmp_path):
     """GPT-2 (``Conv1D``, transposed) and BERT (masked LM) jobs: each ``model/hf/`` loads
     without this project, outputs equal to ``load_compressed``; GPT-2 generates."""
