@@ -1,5 +1,7 @@
-"""Redis restarted (keeping nothing) while jobs wait in its queue, and a job submitted while it
-is down: no job is lost. The reaper re-sends the lost messages and the unsent one."""
+"""Redis restarted (keeping nothing) while a job waits in its queue, and a job submitted while
+it is down: no job is lost. The reaper re-sends the lost message and sends the unsent one.
+(One queued job, not more: each runs in turn on the one worker, and under a loaded CI a third
+job took this test to 60 s.)"""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ SHORT = {**SPEC, "schedule": [{"kind": "early", "steps": 10}], "checkpointing": 
 
 def test_jobs_queued_when_redis_restarts_empty_all_run(stack, redis_server):
     client = stack.api()
-    queued = [stack.submit(client, SHORT, f"before-restart-{i}") for i in range(2)]
+    queued = [stack.submit(client, SHORT, "before-restart")]
     assert not any(job["enqueue_pending"] for job in queued)  # in Redis's queue
 
     redis_server.kill()  # the queue is gone with it
