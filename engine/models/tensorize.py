@@ -39,6 +39,7 @@ __all__ = [
     "embedding_slot",
     "materialize",
     "build_model",
+    "break_even_rank",
     "require_matches",
     "tensorize_report",
 ]
@@ -54,6 +55,12 @@ AUTO_RANK_CAP = 256
 # max_rank "auto" without d: TT linears of two cores (a rank-r product U V, d = 1 per side),
 # which trained closest to dense from scratch on every real data set (the same doc section)
 AUTO_LINEAR_D = 1
+# a two-core linear (W = U V at rank r) holds r (n_in + n_out) entries, fewer than the dense
+# n_in n_out only below its break-even rank n_in n_out / (n_in + n_out) (about the smaller
+# side). Where that is under this bound the layer stays dense: each rank its early stage cuts
+# is one of the few input dimensions (wine's 13 features went to 4 and the early stage lost
+# 1.67 points under dense; with that layer dense it ended 0.56 above, docs/method.md#two-core-floor)
+MIN_BREAK_EVEN_RANK = 16
 
 
 def _patterns(layers: Any) -> tuple[str, ...]:
@@ -227,6 +234,30 @@ def _build(slot: Slot, tt: bool, options: TensorizeOptions, extra: dict[str, Any
     return TTMEmbedding(slot.n_in, slot.n_out, **kw)
 
 
+def break_even_rank(n_in: int, n_out: int) -> float:
+    """The rank below which a two-core ``n_in x n_out`` linear holds fewer entries than the
+    dense weight: ``n_in n_out / (n_in + n_out)``."""
+    return n_in * n_out / (n_in + n_out)
+
+
+def _too_small_for_two_cores(
+    slot: Slot, options: TensorizeOptions, extra: dict[str, Any]
+) -> str | None:
+    """Why a linear that would be built of two cores stays dense (its break-even rank is under
+    :data:`MIN_BREAK_EVEN_RANK`), or ``None``. Modes given (``modes``, an architecture's own
+    shapes) are the user's choice and are built as given."""
+    if slot.kind != "linear" or options.linear_order != 1 or "in_modes" in extra:
+        return None
+    even = break_even_rank(slot.n_in, slot.n_out)
+    if even >= MIN_BREAK_EVEN_RANK:
+        return None
+    return (
+        f"two cores of {slot.n_in} x {slot.n_out} hold fewer entries than the dense weight only "
+        f"below rank {even:.1f} (< {MIN_BREAK_EVEN_RANK}): each rank cut would be one of its "
+        f"{min(slot.n_in, slot.n_out)} input or output dimensions"
+    )
+
+
 def require_matches(patterns: tuple[str, ...], names: list[str], where: str) -> None:
     """Every ``options.layers`` pattern must select one of ``names`` (the tensorizable layers
     of ``where``), else a ConfigError on ``layers`` lists the candidates."""
@@ -266,6 +297,8 @@ def materialize(
             reason = f"dense weight has {slot.dense_size} < min_size={options.min_size} entries"
         extra = specialize(name, slot) if reason is None and specialize is not None else {}
         explicit = options.explicit_modes(name) if reason is None else None
+        if reason is None and explicit is None:
+            reason = _too_small_for_two_cores(slot, options, extra)
         if explicit is not None:  # the user's factorization replaces the architecture's
             keys = (
                 ("in_modes", "out_modes") if slot.kind == "linear" else ("row_modes", "col_modes")

@@ -33,7 +33,8 @@ def test_a_fold_of_wine_runs_the_automatic_ranks_and_gamma(monkeypatch, tmp_path
     row = auto_defaults.run_fold("wine", 0, tmp_path, x, y)
     assert row["chosen"] == {"max_rank": "auto", "gamma": "auto"}
     auto = row["auto_rank"]
-    assert set(auto["layers"]) == {"hidden.0", "hidden.1"} == set(row["ranks"])
+    # wine's 13 x 256 input layer stays dense (two cores of it break even at rank 12.4)
+    assert set(auto["layers"]) == {"hidden.1"} == set(row["ranks"])
     assert all(len(r) == 3 for r in row["ranks"].values()), row["ranks"]  # no d: two cores
     assert auto["probe_steps"] == 30  # min(100, the stage's 30 steps)
     assert auto["build_rank"] == max(c["rank"] for c in auto["layers"].values())

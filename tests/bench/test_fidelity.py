@@ -142,7 +142,8 @@ def _fast_protocol(monkeypatch):
 
 def test_a_fold_runs_every_path_and_the_checks_and_tables_follow(monkeypatch, tmp_path, capsys):
     """Both workloads, a fold each, with a short protocol (< 20 s): the MLP on wine with every
-    layer tensorized, the transformer on 200 sentences of 10 classes."""
+    layer selected (``hidden.0``, 13 x 256, stays dense: two cores of it break even at rank
+    12.4), the transformer on 200 sentences of 10 classes."""
     _fast_protocol(monkeypatch)
     torch.set_num_threads(1)
     x, y, info = fidelity_data.load("wine")
@@ -150,7 +151,7 @@ def test_a_fold_runs_every_path_and_the_checks_and_tables_follow(monkeypatch, tm
     assert {"dense", "all/early", "all/late-0.5/no-back-off", "all/late-0.5/neither"} <= set(rows)
     late = rows["all/late-0.5/neither"]
     assert late["size_start"] == rows["all/early"]["size"]
-    assert set(late["ranks"]) == {"hidden.0", "hidden.1"}
+    assert set(late["ranks"]) == {"hidden.1"}
     assert late["room"] > 1 and late["late_ratio"] >= 1
     assert all(r["decision"] != "back_off" for r in late["retries"])  # it stops instead
     words = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "theta", "kappa", "zeta"]

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
 from torch import nn
 
 from engine.models.tensorize import (
+    MIN_BREAK_EVEN_RANK,
     Slot,
     TensorizeOptions,
     TensorizeReport,
+    break_even_rank,
     embedding_slot,
     linear_slot,
     materialize,
@@ -120,10 +123,13 @@ def test_auto_rank_without_d_builds_two_core_linears_and_leaves_embeddings_alone
     side, two cores); an embedding keeps its cores; a given ``d``, explicit ``modes`` and a
     fixed rank all keep the factorization by size."""
     model = Toy()
-    materialize(model, TensorizeOptions(max_rank="auto", min_size=1))
-    for name in ("blocks.0.fc", "blocks.1.fc", "small"):
+    report = materialize(model, TensorizeOptions(max_rank="auto", min_size=1))
+    for name in ("blocks.0.fc", "blocks.1.fc"):
         layer = model.get_submodule(name)
         assert (layer.in_modes, len(layer.cores)) == ((layer.in_features,), 2), name
+    # 16 x 32 breaks even at rank 10.7 < MIN_BREAK_EVEN_RANK: it stays dense, and says why
+    assert type(model.small) is nn.Linear
+    assert "below rank 10.7" in {s.name: s.reason for s in report.skipped}["small"]
     assert len(model.emb.row_modes) >= 2
     assert TensorizeOptions(max_rank="auto").linear_order == 1
     assert TensorizeOptions(max_rank="auto", d=2).linear_order == 2
@@ -244,3 +250,36 @@ def test_explicit_modes_must_match_a_tensorized_layer_and_fit_it():
                 min_size=16, modes={"hidden.0": {"in": [2, 2], "out": [4, 8]}}
             ),
         )
+
+
+@pytest.mark.parametrize(
+    ("n_in", "n_out", "two_cores"),
+    [(13, 256, False), (16, 16, False), (16, 32, False), (30, 256, True), (64, 256, True)],
+)
+def test_two_core_layers_stay_dense_below_the_break_even_rank(n_in, n_out, two_cores):
+    """A linear that would be two cores is built only where its break-even rank (counted
+    here by brute force: the smallest rank whose built layer holds at least the dense
+    weight's entries) is at least MIN_BREAK_EVEN_RANK; modes given keep it tensorized."""
+
+    class One(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = linear_slot(n_in, n_out)
+
+    even = next(
+        r
+        for r in range(1, min(n_in, n_out) + 1)
+        if TTLinear(n_in, n_out, d=1, max_rank=r).tt_parameters() >= n_in * n_out
+    )
+    assert math.ceil(break_even_rank(n_in, n_out)) == even
+    model = One()
+    materialize(model, TensorizeOptions(max_rank="auto", min_size=1))
+    assert isinstance(model.fc, TTLinear) is two_cores
+    assert two_cores is (break_even_rank(n_in, n_out) >= MIN_BREAK_EVEN_RANK)
+    given = One()  # a factorization given by hand is the user's choice
+    modes = {"fc": {"in": [n_in], "out": [n_out]}}
+    materialize(given, TensorizeOptions(max_rank="auto", min_size=1, modes=modes))
+    assert isinstance(given.fc, TTLinear)
+    fixed = One()  # d given: not two cores, the rule does not apply
+    materialize(fixed, TensorizeOptions(max_rank=8, min_size=1, d=2))
+    assert isinstance(fixed.fc, TTLinear)
