@@ -58,8 +58,8 @@ AUTO_LINEAR_D = 1
 # a two-core linear (W = U V at rank r) holds r (n_in + n_out) entries, fewer than the dense
 # n_in n_out only below its break-even rank n_in n_out / (n_in + n_out) (about the smaller
 # side). Where that is under this bound the layer stays dense: each rank its early stage cuts
-# is one of the few input dimensions (wine's 13 features went to 4 and the early stage lost
-# 1.67 points under dense; with that layer dense it ended 0.56 above, docs/method.md#two-core-floor)
+# is one of its few input or output dimensions (wine's 13 features went to 4: the early stage
+# ended 1.67 points under dense, 0.05 with that layer dense; docs/method.md#two-core-floor)
 MIN_BREAK_EVEN_RANK = 16
 
 
