@@ -109,6 +109,10 @@ def test_the_late_branches_set_the_teacher_by_variant_and_the_plan_runs_the_abla
     assert fidelity.plan("hidden.1") == [(0.8, "full"), (0.5, "full"), (0.2, "full")]
     text = fidelity.text_job(Path("t.jsonl"), Path("v.jsonl"), "comera", 0, 100)
     assert text["model"]["arch"] == "transformer" and text["data"]["kind"] == "jsonl"
+    # the automatic start, as the MLP rows: no max_rank, d or gamma, the same early target
+    assert not {"max_rank", "d"} & set(text["compression"]) and "gamma" not in text["schedule"][0]
+    assert text["schedule"][0]["target_ratio"] == fidelity.EARLY_TARGET
+    assert JobConfig.from_dict(text).compression.options.max_rank == "auto"
     JobConfig.from_dict(fidelity.late_job(text, 0.5, "neither"))
 
 
