@@ -6,7 +6,9 @@ factories that return placeholder :class:`Slot` modules; once the module tree ex
 
 * ``TTLinear`` / ``TTMEmbedding`` when the slot's name matches one of ``options.layers``
   (``fnmatch`` patterns, e.g. ``encoder.*.ffn.*``) and the dense weight has at least
-  ``options.min_size`` entries (a 16 x 32 matrix gains nothing from a TT chain);
+  ``options.min_size`` entries (a 16 x 32 matrix gains nothing from a TT chain) and, for a
+  linear built of two cores (``W = U V``), a break-even rank of at least
+  :data:`MIN_BREAK_EVEN_RANK` (:func:`break_even_rank`);
 * ``nn.Linear`` / ``nn.Embedding`` otherwise, recorded with the reason in the report.
 
 Names therefore always agree with the model's real module tree, whatever order the model
@@ -243,10 +245,13 @@ def break_even_rank(n_in: int, n_out: int) -> float:
 def _too_small_for_two_cores(
     slot: Slot, options: TensorizeOptions, extra: dict[str, Any]
 ) -> str | None:
-    """Why a linear that would be built of two cores stays dense (its break-even rank is under
-    :data:`MIN_BREAK_EVEN_RANK`), or ``None``. Modes given (``modes``, an architecture's own
-    shapes) are the user's choice and are built as given."""
-    if slot.kind != "linear" or options.linear_order != 1 or "in_modes" in extra:
+    """Why a linear the engine would build of two cores (``max_rank: "auto"`` without ``d``)
+    stays dense (its break-even rank is under :data:`MIN_BREAK_EVEN_RANK`), or ``None``. A
+    ``d`` or modes given (``modes``, an architecture's own shapes) are the user's choice and
+    are built as given."""
+    if slot.kind != "linear" or options.d is not None or options.linear_order != 1:
+        return None
+    if "in_modes" in extra:
         return None
     even = break_even_rank(slot.n_in, slot.n_out)
     if even >= MIN_BREAK_EVEN_RANK:

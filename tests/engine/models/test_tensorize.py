@@ -257,9 +257,9 @@ def test_explicit_modes_must_match_a_tensorized_layer_and_fit_it():
     [(13, 256, False), (16, 16, False), (16, 32, False), (30, 256, True), (64, 256, True)],
 )
 def test_two_core_layers_stay_dense_below_the_break_even_rank(n_in, n_out, two_cores):
-    """A linear that would be two cores is built only where its break-even rank (counted
-    here by brute force: the smallest rank whose built layer holds at least the dense
-    weight's entries) is at least MIN_BREAK_EVEN_RANK; modes given keep it tensorized."""
+    """A linear the engine would build of two cores is built only where its break-even rank
+    (counted here by brute force: the smallest rank whose built layer holds at least the dense
+    weight's entries) is at least MIN_BREAK_EVEN_RANK; modes or a d given keep it tensorized."""
 
     class One(nn.Module):
         def __init__(self) -> None:
@@ -280,6 +280,10 @@ def test_two_core_layers_stay_dense_below_the_break_even_rank(n_in, n_out, two_c
     modes = {"fc": {"in": [n_in], "out": [n_out]}}
     materialize(given, TensorizeOptions(max_rank="auto", min_size=1, modes=modes))
     assert isinstance(given.fc, TTLinear)
-    fixed = One()  # d given: not two cores, the rule does not apply
-    materialize(fixed, TensorizeOptions(max_rank=8, min_size=1, d=2))
-    assert isinstance(fixed.fc, TTLinear)
+    for d in (1, 2):  # a d given is the user's choice too, two cores (d 1) included
+        fixed = One()
+        materialize(fixed, TensorizeOptions(max_rank=8, min_size=1, d=d))
+        assert isinstance(fixed.fc, TTLinear) and len(fixed.fc.in_modes) == d
+    built = One()  # as the calibrated model is built: linear_d holds the engine's choice
+    materialize(built, TensorizeOptions(max_rank=8, min_size=1, linear_d=1))
+    assert isinstance(built.fc, TTLinear) is two_cores
