@@ -32,13 +32,12 @@ import argparse
 import statistics
 import time
 from pathlib import Path
-from tempfile import TemporaryDirectory
 from typing import Any
 
 import torch
 
 from bench import fidelity, fidelity_data
-from bench.common import machine_info, map_spawned, write_json
+from bench.common import machine_info, write_json
 from bench.fidelity_summary import MAIN, TOLERANCE
 from engine.train import JobConfig, Trainer
 
@@ -132,12 +131,6 @@ def summarize_dataset(folds: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def run_folds(work: list[tuple], jobs: int, threads: int) -> list[dict[str, Any]]:
-    """:func:`run_fold` of every ``(name, rep, tmp, x, y)``, in order; ``jobs`` spawned
-    processes of ``threads`` torch threads side by side (as :func:`bench.fidelity.run_splits`)."""
-    return map_spawned(run_fold, work, jobs, torch.set_num_threads, (threads,))
-
-
 def print_markdown(payload: dict[str, Any]) -> None:
     print(
         "| data set | dense % | defaults % | diff (points) | within 1 point | ratio "
@@ -161,29 +154,11 @@ def print_markdown(payload: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--reps", type=int, default=fidelity_data.FOLDS, help="folds run per data set (<= 5)"
-    )
-    parser.add_argument("--datasets", default=",".join(fidelity_data.DATASETS))
-    parser.add_argument("--jobs", type=int, default=2, help="folds run side by side")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    fidelity_data.fold_arguments(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     t_all = time.perf_counter()
-    names = [n for n in args.datasets.split(",") if n]
-    datasets: dict[str, Any] = {}
-    with TemporaryDirectory() as tmp:
-        loaded = {n: fidelity_data.load(n) for n in names}
-        work = [(n, rep, Path(tmp), *loaded[n][:2]) for n in names for rep in range(args.reps)]
-        folds = run_folds(work, args.jobs, args.threads)
-    for name in names:
-        rows = [f for w, f in zip(work, folds, strict=True) if w[0] == name]
-        x, y, info = loaded[name]
-        datasets[name] = {
-            "info": {**info, "rows": int(len(y)), "n_classes": len(set(y.tolist()))},
-            "summary": summarize_dataset(rows),
-            "folds": rows,
-        }
+    datasets = fidelity_data.run_datasets(run_fold, summarize_dataset, args)
     within = {n: d["summary"]["checks"]["within_1_point_on_average"] for n, d in datasets.items()}
     payload = {
         "benchmark": "auto_defaults",
@@ -196,7 +171,7 @@ def main() -> None:
             "reps": args.reps,
             "jobs": args.jobs,
             "threads": args.threads,
-            "datasets": names,
+            "datasets": list(datasets),
             "early_steps": fidelity.EARLY_STEPS,
             "early_epochs_at_least": fidelity.EARLY_EPOCHS,
             "target_ratio": TARGET,

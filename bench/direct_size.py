@@ -25,13 +25,12 @@ import argparse
 import statistics
 import time
 from pathlib import Path
-from tempfile import TemporaryDirectory
 from typing import Any
 
 import torch
 
 from bench import fidelity, fidelity_data
-from bench.common import machine_info, map_spawned, write_json
+from bench.common import machine_info, write_json
 from bench.fidelity_summary import MAIN, TOLERANCE
 from engine.train import JobConfig, Trainer
 
@@ -102,29 +101,11 @@ def print_markdown(payload: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--reps", type=int, default=fidelity_data.FOLDS, help="folds run per data set (<= 5)"
-    )
-    parser.add_argument("--datasets", default=",".join(fidelity_data.DATASETS))
-    parser.add_argument("--jobs", type=int, default=2, help="folds run side by side")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    fidelity_data.fold_arguments(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     t_all = time.perf_counter()
-    names = [n for n in args.datasets.split(",") if n]
-    datasets: dict[str, Any] = {}
-    with TemporaryDirectory() as tmp:
-        loaded = {n: fidelity_data.load(n) for n in names}
-        work = [(n, rep, Path(tmp), *loaded[n][:2]) for n in names for rep in range(args.reps)]
-        folds = map_spawned(run_fold, work, args.jobs, torch.set_num_threads, (args.threads,))
-    for name in names:
-        rows = [f for w, f in zip(work, folds, strict=True) if w[0] == name]
-        x, y, info = loaded[name]
-        datasets[name] = {
-            "info": {**info, "rows": int(len(y)), "n_classes": len(set(y.tolist()))},
-            "summary": summarize_dataset(rows),
-            "folds": rows,
-        }
+    datasets = fidelity_data.run_datasets(run_fold, summarize_dataset, args)
     payload = {
         "benchmark": "direct_size",
         "question": (
@@ -136,7 +117,7 @@ def main() -> None:
             "reps": args.reps,
             "jobs": args.jobs,
             "threads": args.threads,
-            "datasets": names,
+            "datasets": list(datasets),
             "factors": list(FACTORS),
             "early_target": fidelity.EARLY_TARGET,
             "tolerance_points": TOLERANCE,

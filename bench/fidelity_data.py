@@ -16,18 +16,25 @@
 
 :func:`split` cuts a set into a training and a validation part, one fold of a stratified
 5-fold partition (so over all folds every row is validated once), and writes them as the NPZ
-files the engine's ``npz`` loader reads.
+files the engine's ``npz`` loader reads. :func:`fold_arguments` and :func:`run_datasets` are
+the command line and the loop of the benchmarks that run a function per MLP set and fold
+(:mod:`bench.auto_defaults`, :mod:`bench.direct_size`).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
+from tempfile import TemporaryDirectory
+from typing import Any
 
 import numpy as np
 import torch
 
+from bench.common import map_spawned
 from engine.data.stdlib_text import tagged_sentences
 from engine.data.tokenizer import load_tokenizer
 from engine.models.hf_bert import load_pretrained, mean_pool
@@ -160,3 +167,36 @@ def split_text(
         lines = (json.dumps({"text": sentences[i], "label": str(int(y[i]))}) for i in rows)
         path.write_text("\n".join(lines) + "\n")
     return *paths, {"train": len(tr), "valid": len(va), "features": "text"}
+
+
+def fold_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--reps``, ``--datasets``, ``--jobs`` and ``--threads`` of a per-fold benchmark."""
+    parser.add_argument("--reps", type=int, default=FOLDS, help="folds run per data set (<= 5)")
+    parser.add_argument("--datasets", default=",".join(DATASETS))
+    parser.add_argument("--jobs", type=int, default=2, help="folds run side by side")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+
+
+def run_datasets(
+    run_fold: Callable[..., dict[str, Any]],
+    summarize: Callable[[list[dict[str, Any]]], dict[str, Any]],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """``run_fold(name, rep, tmp, x, y)`` for every data set of ``args.datasets`` and each of
+    its ``args.reps`` folds, ``args.jobs`` spawned processes of ``args.threads`` torch threads
+    side by side; per data set its ``info``, ``summarize(folds)`` and the ``folds``."""
+    names = [n for n in args.datasets.split(",") if n]
+    with TemporaryDirectory() as tmp:
+        loaded = {n: load(n) for n in names}
+        work = [(n, rep, Path(tmp), *loaded[n][:2]) for n in names for rep in range(args.reps)]
+        folds = map_spawned(run_fold, work, args.jobs, torch.set_num_threads, (args.threads,))
+    out: dict[str, Any] = {}
+    for name in names:
+        rows = [f for w, f in zip(work, folds, strict=True) if w[0] == name]
+        _, y, info = loaded[name]
+        out[name] = {
+            "info": {**info, "rows": int(len(y)), "n_classes": len(set(y.tolist()))},
+            "summary": summarize(rows),
+            "folds": rows,
+        }
+    return out
