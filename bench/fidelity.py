@@ -22,8 +22,9 @@ their package. Per data set and fold (``--reps`` of 5 stratified 80/20 folds), t
   :data:`EARLY_TARGET` (gradual cuts, see :mod:`engine.train.rank_control`), from the start
   ``--start`` names (:data:`STARTS`): ``auto``, the protocol, gives no ``max_rank``, ``d`` or
   ``gamma``, so the engine chooses them as for any user who gives only a target (ranks from a
-  dense calibration run, TT linears of two cores, ``gamma: "auto"``); ``rank64``, the protocol
-  before, gives ``max_rank`` 64, ``d`` 2 (2 + 2 cores) and ``gamma: "auto"``;
+  dense calibration run, TT linears of two cores, ``gamma: "auto"``); ``auto-d2`` the same
+  with ``d`` 2 (the calibrated ranks and the twin's TT-SVD, in 2 + 2 cores); ``rank64``, the
+  protocol before, gives ``max_rank`` 64, ``d`` 2 (2 + 2 cores) and ``gamma: "auto"``;
 * ``late-<t>/<variant>``: branches resumed from the early stage's final checkpoint: a late
   stage of :data:`LATE_STEPS` steps at target ratio ``t`` of the size at its start, under the
   fidelity guard (``max_metric_drop`` 1.0 point), then :data:`FINETUNE_STEPS` fine-tune steps.
@@ -103,8 +104,13 @@ BATCH = 64
 EARLY_TARGET = 0.15
 # the compression keys of the early stage's start. "auto" (the protocol): none, so the engine
 # chooses (max_rank "auto", TT linears of two cores, gamma "auto"), as for a user who gives only
-# target_ratio; "rank64": max_rank 64, d 2 and gamma "auto", the protocol before, to compare
-STARTS: dict[str, dict[str, Any]] = {"auto": {}, "rank64": {"max_rank": 64, "d": 2}}
+# target_ratio; "auto-d2": the same in 2 + 2 cores (d 2: max_rank is still "auto", the start the
+# twin's TT-SVD); "rank64": max_rank 64, d 2 and gamma "auto", the protocol before, to compare
+STARTS: dict[str, dict[str, Any]] = {
+    "auto": {},
+    "auto-d2": {"d": 2},
+    "rank64": {"max_rank": 64, "d": 2},
+}
 START = "auto"
 LR = {"cores": 0.003, "gates": 0.01, "others": 0.001}
 LR_SCHEDULE = "cosine"

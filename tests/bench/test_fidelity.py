@@ -259,3 +259,13 @@ def test_update_keeps_the_other_data_sets_and_lists_the_run():
     }
     assert payload["seconds"] == 150.0 and payload["machine"] == {"cpus": 2}
     assert payload["updates"][0]["datasets"] == ["stdlib_modules_text"]
+
+
+def test_the_four_core_automatic_start_keeps_the_calibrated_ranks():
+    """``--start auto-d2``: no max_rank or gamma given, so the engine still calibrates the
+    ranks (max_rank "auto") and starts from the twin, in TT linears of 2 + 2 cores."""
+    spec = fidelity.job(Path("t.npz"), Path("v.npz"), "comera", 0, 720, start="auto-d2")
+    assert spec["compression"]["d"] == 2 and "max_rank" not in spec["compression"]
+    assert "gamma" not in spec["schedule"][0]
+    options = JobConfig.from_dict(spec).compression.options
+    assert options.max_rank == "auto" and options.linear_order == 2
