@@ -34,8 +34,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from bench import fidelity, fidelity_data
 from bench.common import machine_info, write_json
 from bench.fidelity_summary import MAIN, TOLERANCE
@@ -156,7 +154,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     fidelity_data.fold_arguments(parser)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
     t_all = time.perf_counter()
     datasets = fidelity_data.run_datasets(run_fold, summarize_dataset, args)
     within = {n: d["summary"]["checks"]["within_1_point_on_average"] for n, d in datasets.items()}

@@ -22,9 +22,8 @@ their package. Per data set and fold (``--reps`` of 5 stratified 80/20 folds), t
   :data:`EARLY_TARGET` (gradual cuts, see :mod:`engine.train.rank_control`), from the start
   ``--start`` names (:data:`STARTS`): ``auto``, the protocol, gives no ``max_rank``, ``d`` or
   ``gamma``, so the engine chooses them as for any user who gives only a target (ranks from a
-  dense calibration run, TT linears of two cores, ``gamma: "auto"``); ``auto-d2`` the same
-  with ``d`` 2 (the calibrated ranks and the twin's TT-SVD, in 2 + 2 cores); ``rank64``, the
-  protocol before, gives ``max_rank`` 64, ``d`` 2 (2 + 2 cores) and ``gamma: "auto"``;
+  dense calibration run, TT linears of two cores, ``gamma: "auto"``); ``auto-d2``, the same
+  in 2 + 2 cores (``d`` 2); ``rank64``, the protocol before, ``max_rank`` 64 and ``d`` 2;
 * ``late-<t>/<variant>``: branches resumed from the early stage's final checkpoint: a late
   stage of :data:`LATE_STEPS` steps at target ratio ``t`` of the size at its start, under the
   fidelity guard (``max_metric_drop`` 1.0 point), then :data:`FINETUNE_STEPS` fine-tune steps.
@@ -102,10 +101,9 @@ BATCH = 64
 # of the start's size: 5.6-6.6x against dense from the automatic start (larger than dense at
 # its start), ~13x from rank 64 of 2 + 2 cores (2.0x at its start)
 EARLY_TARGET = 0.15
-# the compression keys of the early stage's start. "auto" (the protocol): none, so the engine
-# chooses (max_rank "auto", TT linears of two cores, gamma "auto"), as for a user who gives only
-# target_ratio; "auto-d2": the same in 2 + 2 cores (d 2: max_rank is still "auto", the start the
-# twin's TT-SVD); "rank64": max_rank 64, d 2 and gamma "auto", the protocol before, to compare
+# the compression keys of the early stage's start (see the module doc): "auto", the protocol,
+# none (the engine chooses, as for a user who gives only target_ratio); "auto-d2", the same in
+# 2 + 2 cores; "rank64", the protocol before
 STARTS: dict[str, dict[str, Any]] = {
     "auto": {},
     "auto-d2": {"d": 2},
@@ -120,10 +118,6 @@ LAYER_SETS: dict[str, list[str]] = {"all": ["*"], "hidden.1": ["hidden.1"]}
 TEXT_MODEL = {"d_model": 64, "n_heads": 4, "d_ff": 128, "n_layers": 2, "max_len": 48}
 TEXT_DATA = {"vocab_size": 4000, "max_len": 48}
 TEXT_EARLY_EPOCHS = 30
-# the text row starts as the MLP rows do (the automatic start, EARLY_TARGET). From max_rank 32
-# with 2 + 2 cores and a target of 0.5 it ended 12.5 points under dense at 5.5x (5 folds); on
-# fold 0 the automatic start ended 2.8 under at 4.8x (0.3: 1.7 under at 3.7x)
-TEXT_EARLY_TARGET = EARLY_TARGET
 TEXT_REPS = 2  # a fold of the transformer row costs a few minutes on one core
 TEXT_VARIANTS = ("full", "neither")
 
@@ -181,7 +175,8 @@ def text_job(
     train: Path, valid: Path, method: str, seed: int, steps: int, layers: str = "encoder"
 ) -> dict[str, Any]:
     """The early-stage job (or its dense twin) of the ``transformer`` row: JSONL sentences,
-    a WordPiece vocabulary trained on the training rows, every encoder linear tensorized."""
+    a WordPiece vocabulary trained on the training rows, every encoder linear tensorized, from
+    the automatic start to :data:`EARLY_TARGET`, as the MLP rows."""
     spec = job(train, valid, method, seed, steps, start="auto")
     spec["model"] = {
         "arch": "transformer",
@@ -198,8 +193,6 @@ def text_job(
         **TEXT_DATA,
     }
     spec["compression"].update(layers=["encoder.*"])
-    if method == "comera":
-        spec["schedule"][0]["target_ratio"] = TEXT_EARLY_TARGET
     return spec
 
 

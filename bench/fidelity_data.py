@@ -184,7 +184,9 @@ def run_datasets(
 ) -> dict[str, Any]:
     """``run_fold(name, rep, tmp, x, y)`` for every data set of ``args.datasets`` and each of
     its ``args.reps`` folds, ``args.jobs`` spawned processes of ``args.threads`` torch threads
-    side by side; per data set its ``info``, ``summarize(folds)`` and the ``folds``."""
+    side by side (here, with ``args.jobs`` <= 1); per data set its ``info``,
+    ``summarize(folds)`` and the ``folds``."""
+    torch.set_num_threads(args.threads)  # the folds run here when args.jobs <= 1
     names = [n for n in args.datasets.split(",") if n]
     with TemporaryDirectory() as tmp:
         loaded = {n: load(n) for n in names}
