@@ -69,6 +69,10 @@ class StageSpec(StrictModel):
     # temperature
     teacher_weight: float | None = Field(default=None, ge=0, le=1000)
     teacher_temperature: float = Field(default=2.0, gt=0, le=100)
+    # late stages: at the stage start every TT linear of fewer modes per side is rewritten,
+    # exactly, in this many, so the stage can cut more bonds; 1 keeps the form (null: 2 where
+    # the engine chose two cores, max_rank "auto" without d; else 1)
+    linear_d: StrictInt | None = Field(default=None, ge=1, le=6)
 
     @model_validator(mode="after")
     def _length(self) -> StageSpec:
@@ -82,6 +86,8 @@ class StageSpec(StrictModel):
             object.__setattr__(self, "max_steps", DEFAULT_AUTO_MAX_STEPS)
         if self.kind == "early" and self.teacher_weight:
             raise ValueError("teacher_weight is for 'late' and 'finetune' stages")
+        if self.kind != "late" and self.linear_d is not None:
+            raise ValueError("linear_d is for 'late' stages")
         if self.gamma is None:  # the default is filled here (fields_set still says not given)
             auto = self.kind == "early" and self.target_ratio is not None
             object.__setattr__(self, "gamma", "auto" if auto else DEFAULT_GAMMA)

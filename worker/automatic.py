@@ -4,7 +4,9 @@
 plan cannot give their values; it gives the rule, the bounds, what the plan assumed in their
 place (the layers and the memory estimate are planned at the rank cap, the most the choice
 can be, and count the dense calibration run when it needs more memory than training), and
-where the run reports what it chose. ``None`` when the job leaves nothing to choose.
+where the run reports what it chose. A late stage's ``linear_d`` (given, or the engine's
+default) is stated with the stages it applies to. ``None`` when the job leaves nothing to
+choose.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from engine.train.auto_rank import AUTO_RANK_CAP, TOLERANCE, probe_steps
 from engine.train.job import JobConfig
+from engine.train.refactor_stage import stage_linear_d
 
 __all__ = ["automatic_choices"]
 
@@ -44,6 +47,21 @@ def automatic_choices(cfg: JobConfig) -> dict[str, Any] | None:
             "linear_d": options.linear_order,
             "reported_in": "the report's auto_rank: per layer the rank, its error and whether "
             "the cap held it; probe.start: each layer's error at the start",
+        }
+    late = [i for i, st in enumerate(cfg.schedule) if stage_linear_d(st, options) > 1]
+    if cfg.tensorized and late:
+        out["linear_d"] = {
+            "value": [stage_linear_d(cfg.schedule[i], options) for i in late],
+            "stages": late,
+            "given": [cfg.schedule[i].linear_d is not None for i in late],
+            "rule": (
+                "at the start of these late stages every TT linear of fewer modes per side is "
+                "rewritten exactly in this many (the output does not change), so the stage can "
+                "cut bonds a two-core layer lacks; not given, 2 where the engine chose two "
+                "cores (max_rank 'auto' without d)"
+            ),
+            "reported_in": "the late stage's stage_start event: refactored, per layer the "
+            "ranks before and after and the new modes",
         }
     stages = [i for i, stage in enumerate(cfg.schedule) if stage.gamma == "auto"]
     if stages:

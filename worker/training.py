@@ -34,6 +34,7 @@ from engine.export import ExportInfo, export_compressed
 from engine.train import ConfigError, JobConfig, Trainer, TrainResult
 from engine.train.checkpoint import FORMAT_VERSION as CHECKPOINT_FORMAT
 from engine.train.fidelity import measure_fidelity
+from engine.train.refactor_stage import export_options
 from engine.train.resume import check_compatible
 from engine.train.state import TrainState
 from service.store.db.models import Job
@@ -165,7 +166,7 @@ def export_model(
             tmp,
             arch=config.model.arch,
             model_config=trainer.model_config.to_dict(),
-            options=config.compression.options.to_dict(),
+            options=export_options(trainer),
             tensorized=config.tensorized,
             metrics=stages[-1]["metrics"] if stages else {},
             extra={

@@ -43,6 +43,7 @@ from engine.train import distributed
 from engine.train.callbacks import Callback, JsonlWriter
 from engine.train.config import ConfigError
 from engine.train.job import JobConfig
+from engine.train.refactor_stage import export_options
 
 __all__ = ["build_parser", "check_world", "main", "parse_export_extra", "run_job", "summary"]
 
@@ -185,7 +186,7 @@ def run_job(
             out / "model",
             arch=job.model.arch,
             model_config=trainer.model_config.to_dict(),
-            options=job.compression.options.to_dict(),
+            options=export_options(trainer),
             tensorized=job.tensorized,
             metrics=final_metrics,
             extra={

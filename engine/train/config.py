@@ -71,6 +71,7 @@ DEFAULT_AUTO_MAX_STEPS = 2_000  # the bound of a ``steps: "auto"`` stage that gi
 DEFAULT_GAMMA = 0.01  # a stage's gamma when none is given and it is not chosen automatically
 MAX_TEACHER_WEIGHT = 1000.0
 MAX_TEMPERATURE = 100.0
+MAX_LINEAR_D = 6  # modes per side, as compression.d
 MAX_DEVICES = 64  # processes per node
 MAX_NODES = 256
 
@@ -115,6 +116,11 @@ class StageConfig(ConfigMethods):
     # stage (engine.train.teacher); None: the default, 0 (off: opt in with a weight > 0)
     teacher_weight: float | None = spec(None, ge=0, le=MAX_TEACHER_WEIGHT)
     teacher_temperature: float = spec(2.0, gt=0, le=MAX_TEMPERATURE)
+    # late stages: at the stage start, every TT linear of fewer modes per side is rewritten
+    # exactly in this many (engine.rank.refactor), so the stage can cut more bonds than the
+    # one of a two-core layer; 1 keeps the form. None: 2 where the engine chose two cores
+    # (max_rank "auto" without d), else 1 (engine.train.refactor_stage.stage_linear_d)
+    linear_d: int | None = spec(None, ge=1, le=MAX_LINEAR_D)
 
     def __post_init__(self) -> None:
         if self.gamma is None:
@@ -144,6 +150,8 @@ class StageConfig(ConfigMethods):
             raise ConfigError("target_ratio", "only applies to 'late' and 'early' stages")
         if kind != "late" and self.loss_ref is not None:
             raise ConfigError("loss_ref", f"only applies to 'late' stages, not {kind!r}")
+        if kind != "late" and self.linear_d is not None:
+            raise ConfigError("linear_d", f"only applies to 'late' stages, not {kind!r}")
         if kind == "early" and self.teacher_weight:
             raise ConfigError(
                 "teacher_weight",

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from engine.train import checkpoint as ckpt
 from engine.train.distributed import gather_rng
+from engine.train.refactor_stage import refactor_stage_
 from engine.train.resume import check_compatible
 from engine.train.state import TrainState
 from engine.train.teacher import StageTeacher, teacher_output
@@ -85,6 +86,9 @@ def resume_(trainer: Trainer, path: Path) -> None:
     tensors, meta = ckpt.read_checkpoint(path)
     state = TrainState.from_dict(meta["state"])
     check_compatible(meta["job"], t.job.to_dict(), state, path)
+    begun = state.stage + (1 if state.stage_started else 0)
+    for stage in t.job.schedule[:begun]:  # the layers a begun stage rewrote, as it did
+        refactor_stage_(t, stage, saved=tensors)
     ckpt.load_model_state_(t.model, tensors)
     ckpt.load_optimizer_state_(t.optimizer, t.names, tensors, meta["optimizer"])
     ckpt.restore_rng(tensors)

@@ -50,6 +50,7 @@ from engine.train.observe import emit_ranks, evaluate_parts, evaluate_stage
 from engine.train.optim import set_stage_lrs
 from engine.train.parts import build_parts, check_distributed
 from engine.train.prune_events import end_cuts, rank_event
+from engine.train.refactor_stage import refactor_stage_
 from engine.train.report import job_report
 from engine.train.state import TrainState
 from engine.train.teacher import StageTeacher, stage_teacher, teacher_output, teacher_weight
@@ -112,6 +113,7 @@ class Trainer:
         self._rows: tuple[int, int, int] | None = None  # (start, stop, global batch rows)
         self.checkpoints: list[Path] = []
         self.teacher: StageTeacher | None = None  # the model at the last late stage's start
+        self.refactored: dict[str, Any] = {}  # layers a late stage's linear_d rewrote
         self.parallel = (
             None if self.dist is None else ddp.DataParallel(self.dist, self.model, self.workload)
         )
@@ -149,6 +151,7 @@ class Trainer:
     # -- stages -----------------------------------------------------------------------------
     def _start_stage(self, index: int, stage: StageConfig) -> None:
         s = self.state
+        refactored = refactor_stage_(self, stage)  # before the stage's size and teacher
         if stage.epochs is not None and s.batch > 0:  # epoch stages start on a fresh epoch
             s.epoch, s.batch = s.epoch + 1, 0
         self.execution.invalidate()  # the objective's constants change with the stage
@@ -195,6 +198,7 @@ class Trainer:
                 "size": s.stage_size0,
                 "size_ref": s.size_ref,
                 "loss_ref": s.loss_ref,
+                **({"refactored": refactored} if refactored else {}),
             }
         )
         self._emit_ranks(index, force=True)

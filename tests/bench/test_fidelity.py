@@ -15,6 +15,7 @@ from engine.models.hf_bert import load_pretrained
 from engine.models.hf_bert.config import check_model_dir, read_architecture
 from engine.train import JobConfig
 from engine.train.guard import FidelityGuard
+from engine.tt.shapes import resolve_modes
 from tests.helpers.hf_bert import MINILM
 
 
@@ -154,8 +155,11 @@ def test_a_fold_runs_every_path_and_the_checks_and_tables_follow(monkeypatch, tm
     rows = fidelity.run_split("wine", 0, tmp_path, x, y, ("all",))
     assert {"dense", "all/early", "all/late-0.5/no-back-off", "all/late-0.5/neither"} <= set(rows)
     late = rows["all/late-0.5/neither"]
-    assert late["size_start"] == rows["all/early"]["size"]
-    assert set(late["ranks"]) == {"hidden.1"}
+    # the late stage starts from the early model rewritten in 2 + 2 cores (the engine's default
+    # for its own two cores): the same ranks plus the two outer cores, 16^2 + 16^2 entries
+    (n1, _), (_, m2) = (resolve_modes(256, None, d=2, descending=d).modes for d in (True, False))
+    assert late["size_start"] == rows["all/early"]["size"] + n1 * n1 + m2 * m2
+    assert set(late["ranks"]) == {"hidden.1"} and len(late["ranks"]["hidden.1"]) == 5
     assert late["room"] > 1 and late["late_ratio"] >= 1
     assert all(r["decision"] != "back_off" for r in late["retries"])  # it stops instead
     words = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "theta", "kappa", "zeta"]
