@@ -52,6 +52,11 @@ class FastPath:
         self._siblings: dict[int, tuple[int, ...]] = {}
         self.learned = False
 
+    def forget(self) -> None:
+        """The model's TT-linears were replaced (a late stage's rewrite): learn the sibling
+        runs again from the next session (they are kept by the layers' ids)."""
+        self._siblings, self.learned = {}, False
+
     @property
     def active(self) -> bool:
         return supports_fast_path(self.model)

@@ -74,6 +74,8 @@ def refactor_stage_(
     execution = getattr(trainer, "execution", None)  # not built yet while resuming
     if execution is not None:
         execution.invalidate()
+        if execution.fast is not None:
+            execution.fast.forget()
     if trainer.parallel is not None:
         trainer.parallel.invalidate()
     trainer.refactored.update(done)

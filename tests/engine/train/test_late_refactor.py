@@ -17,7 +17,7 @@ from engine.train.checkpoint import read_checkpoint, save_checkpoint
 from engine.train.config import ConfigError
 from engine.train.refactor_stage import export_options, stage_linear_d
 from tests.engine.train.test_rank_control import LR, mlp_job
-from tests.engine.train.test_trainer import _assert_same_run
+from tests.engine.train.test_trainer import _assert_same_run, make_job
 from tests.helpers.specs import mlp_model, stages, synthetic_dataset
 from worker.automatic import automatic_choices
 
@@ -81,6 +81,31 @@ def test_resume_inside_the_late_stage_and_the_finetune_is_bitwise(refactored):
     assert inside
     for ckpt in (inside[0], inside[-1]):
         _assert_same_run(result, Trainer(job, workdir=path / "again", resume=ckpt).run())
+
+
+def test_the_fast_path_learns_the_new_layers_and_resumes_bitwise(tmp_path):
+    """A transformer on the fast path, its attention projections rewritten: a run resumed
+    inside the late stage (its fast path learns from the rewritten model) is bitwise the
+    uninterrupted one (whose fast path forgets the old layers' sibling runs at the rewrite)."""
+    job = make_job(
+        compression={"max_rank": 4, "d": 1, "shrink_every": 2, "layers": ["encoder.*"]},
+        schedule=stages(
+            early={"steps": 6, "gamma": 1.0, "lr": {"gates": 0.3}},
+            late={"steps": 6, "target_ratio": 0.5, "lr": {"gates": 0.3}, "linear_d": 2},
+            finetune={"steps": 3},
+        ),
+        training={"batch_size": 16, "seed": 1, "log_every": 2, "fast_path": True},
+        checkpoint={"every_steps": 1, "keep": 20},
+    )
+    events: list[dict] = []
+    want = Trainer(job, workdir=tmp_path, callbacks=[FunctionCallback(events.append)]).run()
+    assert want.report["execution"]["fast_path"]
+    start = next(e for e in events if e["event"] == "stage_start" and e["stage"] == 1)
+    assert any(name.endswith("attn.q") for name in start["refactored"])
+    ckpts = sorted((tmp_path / "checkpoints").glob("step-*.safetensors"))
+    inside = [p for p in ckpts if 6 < int(p.stem.split("-")[1]) < 12]
+    assert inside
+    _assert_same_run(want, Trainer(job, workdir=tmp_path, resume=inside[0]).run())
 
 
 def test_the_export_rebuilds_the_refactored_layers(refactored, tmp_path):
