@@ -113,6 +113,9 @@ START = "auto"
 LR = {"cores": 0.003, "gates": 0.01, "others": 0.001}
 LR_SCHEDULE = "cosine"
 TEACHER_WEIGHT = 1.0  # the variants with a teacher (late and finetune stages; temperature 2)
+# the late stages' linear_d: None, the engine's default (2 + 2 cores for the automatic start's
+# two, docs/method.md#late-refactor); 1 keeps two cores (the protocol before)
+LATE_LINEAR_D: int | None = None
 LAYER_SETS: dict[str, list[str]] = {"all": ["*"], "hidden.1": ["hidden.1"]}
 # the transformer row: from scratch on the raw sentences of stdlib_modules
 TEXT_MODEL = {"d_model": 64, "n_heads": 4, "d_ff": 128, "n_layers": 2, "max_len": 48}
@@ -211,6 +214,7 @@ def late_job(base: dict[str, Any], target: float, variant: str = "full") -> dict
             "target_ratio": target,
             "lr": LR,
             **weight,
+            **({"linear_d": LATE_LINEAR_D} if LATE_LINEAR_D is not None else {}),
         },
         {
             "kind": "finetune",
@@ -319,6 +323,12 @@ def main() -> None:
     parser.add_argument(
         "--start", default=START, choices=tuple(STARTS), help="the MLP early stage's start"
     )
+    parser.add_argument(
+        "--late-linear-d",
+        type=int,
+        default=None,
+        help="the late stages' linear_d (default: the engine's)",
+    )
     parser.add_argument("--note", default=None, help="recorded in the JSON (a partial run)")
     parser.add_argument(
         "--update",
@@ -326,7 +336,7 @@ def main() -> None:
         help="replace only the data sets run now in the results file (keep the others)",
     )
     args = parser.parse_args()
-    _set_protocol(args.early_steps, args.lr_schedule, args.start)
+    _set_protocol(args.early_steps, args.lr_schedule, args.start, args.late_linear_d)
     torch.set_num_threads(args.threads)
     t_all = time.perf_counter()
     results: dict[str, Any] = {}
@@ -401,6 +411,7 @@ def main() -> None:
             "late_max_steps": LATE_MAX_STEPS,
             "finetune_steps": FINETUNE_STEPS,
             "start": START,
+            "late_linear_d": LATE_LINEAR_D,
             "early_target": EARLY_TARGET,
             "tolerance_points": TOLERANCE,
             "room_for_the_0.2_check": ROOM,
@@ -432,18 +443,20 @@ def run_splits(work: list[tuple], args: argparse.Namespace) -> list[dict[str, di
     """:func:`run_split` of every ``(name, rep, tmp, x, y, layer_sets)``, in order;
     ``args.jobs`` processes of ``args.threads`` torch threads each run them side by side
     (spawned: no forked torch)."""
-    init = (args.early_steps, args.lr_schedule, args.start, args.threads)
+    init = (args.early_steps, args.lr_schedule, args.start, args.late_linear_d, args.threads)
     return map_spawned(run_split, work, args.jobs, _init, init)
 
 
-def _init(early_steps: int, lr_schedule: str, start: str, threads: int) -> None:
-    _set_protocol(early_steps, lr_schedule, start)
+def _init(early_steps: int, lr_schedule: str, start: str, late_d: int | None, threads: int) -> None:
+    _set_protocol(early_steps, lr_schedule, start, late_d)
     torch.set_num_threads(threads)
 
 
-def _set_protocol(early_steps: int, lr_schedule: str, start: str = "auto") -> None:
-    global EARLY_STEPS, LR_SCHEDULE, START
-    EARLY_STEPS, LR_SCHEDULE, START = early_steps, lr_schedule, start
+def _set_protocol(
+    early_steps: int, lr_schedule: str, start: str = "auto", late_d: int | None = LATE_LINEAR_D
+) -> None:
+    global EARLY_STEPS, LR_SCHEDULE, START, LATE_LINEAR_D
+    EARLY_STEPS, LR_SCHEDULE, START, LATE_LINEAR_D = early_steps, lr_schedule, start, late_d
 
 
 if __name__ == "__main__":
