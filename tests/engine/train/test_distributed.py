@@ -25,7 +25,7 @@ from tests.helpers.specs import (
     transformer_model,
 )
 
-# every test but the last two spawns two training processes
+# every test but the two of config and backend spawns two training processes
 pytestmark = LAUNCHES
 LR = {"cores": 0.003, "gates": 0.02, "others": 0.003}
 JOB: dict[str, Any] = engine_job(
@@ -216,3 +216,20 @@ def test_the_backend_is_gloo_where_torch_has_nccl_but_sees_no_gpu(monkeypatch):
     assert backend() == BACKEND
     monkeypatch.setattr(dist, "is_nccl_available", lambda: False)
     assert backend() == "gloo"
+
+
+def test_a_late_stage_that_rewrites_its_layers_follows_one_process(tmp_path):
+    """Two cores rewritten in 2 + 2 at the late stage's start: every rank rewrites the same
+    layers, DDP wraps the new parameters, and the run follows the one-process run."""
+    job = copy.deepcopy(JOB)
+    job["compression"]["d"] = 1
+    job["schedule"][1]["linear_d"] = 2
+    two = run_world(tmp_path / "two", 2, job, tag="rewrite")
+    one = run_world(tmp_path / "one", 1, job)[0]
+    start = next(e for e in one["events"] if e["event"] == "stage_start" and e["stage"] == 1)
+    assert set(start["refactored"]) == {"hidden.0", "hidden.1"}
+    assert any(k.endswith("cores.3") for k in two[0]["state"])
+    assert_equal_states(two[0]["state"], two[1]["state"])
+    assert ranks_at_shrinks(two[0]["events"]) == ranks_at_shrinks(one["events"])
+    assert losses(two[0]["events"]) == pytest.approx(losses(one["events"]), rel=1e-5, abs=1e-6)
+    assert_close_states(two[0]["state"], one["state"], 1e-5)
