@@ -27,6 +27,7 @@ from service.store.settings import Settings
 from tests.helpers.specs import (
     early_stage,
     finetune_stage,
+    late_stage,
     mlp_model,
     model_spec,
     package,
@@ -250,5 +251,10 @@ def test_validate_states_what_the_run_will_choose_when_only_a_target_is_given(ap
     assert auto["max_rank"]["planned_at"] == AUTO_RANK_CAP
     assert f"relative error <= {TOLERANCE}" in auto["max_rank"]["rule"]
     assert auto["gamma"]["stages"] == [0]
+    assert "linear_d" not in auto  # no late stage
+    body["schedule"].append(late_stage(steps=10, target_ratio=0.5))
+    late = api_lite.client.post("/v1/jobs:validate", json=body).json()["automatic"]
+    assert late["linear_d"]["stages"] == [1] and late["linear_d"]["value"] == [2]
+    assert late["linear_d"]["given"] == [False]  # the engine's default for its two cores
     fixed = api_lite.client.post("/v1/jobs:validate", json=job_body())
     assert fixed.status_code == 200 and fixed.json()["automatic"] is None
