@@ -4,7 +4,9 @@ At the start of a late stage, every TT linear of fewer modes per side than the s
 :func:`stage_linear_d` is rewritten exactly in that many (the output does not change); the
 optimizer, the parameter names of checkpoints, the rank index and any captured step follow.
 Not given, it is 2 where the engine chose two cores itself (``max_rank: "auto"`` without
-``d``: its late stages cut more bonds, docs/method.md#late-refactor), else 1 (as built).
+``d``: its late stages cut more bonds, docs/method.md#late-refactor), else 1 (as built); a
+layer whose modes the job gives (``compression.modes``) keeps them unless ``linear_d`` is
+given.
 
 A resumed run rewrites the model it built before loading a checkpoint, for every begun stage,
 the layers whose cores in the checkpoint have the rewritten form (a checkpoint written before
@@ -54,16 +56,16 @@ def refactor_stage_(
     """Rewrite ``trainer``'s TT linears as ``stage`` asks (module doc); per layer what
     changed (empty: nothing did). ``saved``: a checkpoint's tensors, resuming: only the
     layers whose cores there have the rewritten form."""
-    d = stage_linear_d(stage, trainer.job.compression.options)
+    options = trainer.job.compression.options
+    d = stage_linear_d(stage, options)
     if d == 1 or trainer.control is None:
         return {}
-    only = None
+    layers = [n for n, m in trainer.model.named_modules() if isinstance(m, TTLinear)]
+    only = set(layers)
+    if stage.linear_d is None:  # the default: the layers whose modes the user did not give
+        only = {n for n in only if options.explicit_modes(n) is None}
     if saved is not None:
-        only = {
-            name
-            for name, m in trainer.model.named_modules()
-            if isinstance(m, TTLinear) and f"model/{name}.cores.{2 * d - 1}" in saved
-        }
+        only = {n for n in only if f"model/{n}.cores.{2 * d - 1}" in saved}
     done = refactor_model_(trainer.model, d, trainer.optimizer, only=only)
     if not done:
         return done

@@ -202,3 +202,13 @@ def test_a_checkpoint_written_in_two_cores_resumes_in_two_cores(tmp_path):
     Trainer(default, workdir=tmp_path / "c", callbacks=[FunctionCallback(fresh.append)]).run()
     start = next(e for e in fresh if e["event"] == "stage_start" and e["stage"] == 1)
     assert set(start["refactored"]) == {"hidden.1"}  # hidden.0 (16 x 64) stays dense: too small
+
+
+def test_the_default_leaves_the_modes_a_job_gives(tmp_path):
+    """Two cores asked for by name (``compression.modes``) stay two cores under the default;
+    the layers the engine factored itself are rewritten."""
+    events: list[dict] = []
+    job = _auto_job(layers=["hidden.*"], modes={"hidden.0": {"in": [16], "out": [64]}})
+    Trainer(job, workdir=tmp_path, callbacks=[FunctionCallback(events.append)]).run()
+    start = next(e for e in events if e["event"] == "stage_start" and e["stage"] == 1)
+    assert set(start["refactored"]) == {"hidden.1"}
