@@ -58,7 +58,7 @@ def automatic_choices(cfg: JobConfig) -> dict[str, Any] | None:
                 "at the start of these late stages every TT linear of fewer modes per side is "
                 "rewritten exactly in this many (the output does not change), so the stage can "
                 "cut bonds a two-core layer lacks; not given, 2 where the engine chose two "
-                "cores (max_rank 'auto' without d)"
+                "cores (max_rank 'auto' without d), the layers the job gives modes for kept"
             ),
             "reported_in": "the late stage's stage_start event: refactored, per layer the "
             "ranks before and after and the new modes",
