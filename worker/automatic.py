@@ -25,7 +25,6 @@ def automatic_choices(cfg: JobConfig) -> dict[str, Any] | None:
     options = cfg.compression.options
     if cfg.tensorized and options.max_rank == "auto":
         steps = probe_steps(cfg)
-        two_cores = options.linear_order == 1 and options.d is None
         out["max_rank"] = {
             "value": "auto",
             "rule": (
@@ -36,7 +35,7 @@ def automatic_choices(cfg: JobConfig) -> dict[str, Any] | None:
                 f"TT-SVD of the dense twin's weight (the twin's other weights copied)"
                 + (
                     "; with no d given, each TT linear has two cores (a rank-r product U V)"
-                    if two_cores
+                    if options.engine_two_cores
                     else ""
                 )
             ),
@@ -48,10 +47,11 @@ def automatic_choices(cfg: JobConfig) -> dict[str, Any] | None:
             "reported_in": "the report's auto_rank: per layer the rank, its error and whether "
             "the cap held it; probe.start: each layer's error at the start",
         }
-    late = [i for i, st in enumerate(cfg.schedule) if stage_linear_d(st, options) > 1]
+    rewrite = {i: stage_linear_d(st, options) for i, st in enumerate(cfg.schedule)}
+    late = [i for i, d in rewrite.items() if d > 1]
     if cfg.tensorized and late:
         out["linear_d"] = {
-            "value": [stage_linear_d(cfg.schedule[i], options) for i in late],
+            "value": [rewrite[i] for i in late],
             "stages": late,
             "given": [cfg.schedule[i].linear_d is not None for i in late],
             "rule": (

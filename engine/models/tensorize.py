@@ -153,6 +153,13 @@ class TensorizeOptions(ConfigMethods):
         return self.d
 
     @property
+    def engine_two_cores(self) -> bool:
+        """Whether the TT linears are two cores by the engine's choice (``max_rank: "auto"``
+        without ``d``: :data:`AUTO_LINEAR_D`, kept as ``linear_d`` once the rank is
+        calibrated), not by a ``d`` the job gave."""
+        return self.d is None and self.linear_order == 1
+
+    @property
     def embedding_rank(self) -> int:
         return self.embedding_max_rank if self.embedding_max_rank is not None else self.rank_bound
 
@@ -249,7 +256,7 @@ def _too_small_for_two_cores(
     stays dense (its break-even rank is under :data:`MIN_BREAK_EVEN_RANK`), or ``None``. A
     ``d`` or modes given (``modes``, an architecture's own shapes) are the user's choice and
     are built as given."""
-    if slot.kind != "linear" or options.d is not None or options.linear_order != 1:
+    if slot.kind != "linear" or not options.engine_two_cores:
         return None
     if "in_modes" in extra:
         return None

@@ -109,11 +109,42 @@ class TTLinear(KernelChoice, nn.Module):
         kernel: KernelPref | str = KernelPref.AUTO,
     ) -> TTLinear:
         """TT-SVD of ``linear.weight`` to ``max_rank`` and/or relative tolerance ``tol``."""
-        w = linear.weight.detach()
+        return cls.from_weight(
+            linear.weight,
+            linear.bias,
+            max_rank=max_rank,
+            tol=tol,
+            in_modes=in_modes,
+            out_modes=out_modes,
+            gate_threshold=gate_threshold,
+            d=d,
+            plan=plan,
+            kernel=kernel,
+        )
+
+    @classmethod
+    def from_weight(
+        cls,
+        weight: Tensor,
+        bias: Tensor | None = None,
+        *,
+        max_rank: int | None = None,
+        tol: float | None = None,
+        in_modes: Sequence[int] | None = None,
+        out_modes: Sequence[int] | None = None,
+        gate_threshold: float = 1e-2,
+        d: int | None = None,
+        plan: str | Plan = "auto",
+        kernel: KernelPref | str = KernelPref.AUTO,
+    ) -> TTLinear:
+        """TT-SVD of a torch ``(out, in)`` ``weight`` to ``max_rank`` and/or relative
+        tolerance ``tol``; cores and gates (at 1) in its dtype and on its device, ``bias``
+        copied."""
+        w = weight.detach()
         layer = cls(
-            linear.in_features,
-            linear.out_features,
-            linear.bias is not None,
+            w.shape[1],
+            w.shape[0],
+            bias is not None,
             max_rank=max_rank if max_rank is not None else 1,
             in_modes=in_modes,
             out_modes=out_modes,
@@ -132,8 +163,8 @@ class TTLinear(KernelChoice, nn.Module):
                 for c in cores[:-1]
             ]
         )
-        if linear.bias is not None:
-            layer.bias = nn.Parameter(linear.bias.detach().clone())
+        if bias is not None:
+            layer.bias = nn.Parameter(bias.detach().clone())
         return layer
 
     # -- compute ------------------------------------------------------------------------
@@ -158,11 +189,15 @@ class TTLinear(KernelChoice, nn.Module):
             x, list(self.cores), list(self.gates), self.bias, self.meta, self.plan, activation
         )
 
-    def to_dense(self) -> Tensor:
-        """The effective weight (out, in), gates applied."""
+    def to_dense(self, dtype: torch.dtype | None = None) -> Tensor:
+        """The effective weight (out, in), gates applied; computed in ``dtype`` if given
+        (the parameters cast first: float64 for an exact reference)."""
+        cores, gates = list(self.cores), list(self.gates)
+        if dtype is not None:
+            cores, gates = [c.to(dtype) for c in cores], [g.to(dtype) for g in gates]
         return tt_linear_weight(
-            list(self.cores),
-            list(self.gates),
+            cores,
+            gates,
             self.gate_threshold,
             self.in_features,
             self.out_features,

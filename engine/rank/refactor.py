@@ -28,11 +28,7 @@ from collections.abc import Collection
 import torch
 from torch import nn
 
-from engine.contract.reference import tt_linear_weight
-from engine.nn.params import ParamList
 from engine.nn.tt_linear import TTLinear
-from engine.tt.decompose import matrix_to_tt
-from engine.tt.shapes import resolve_modes
 
 __all__ = ["EXACT_TOL", "refactor_layer", "refactor_model_"]
 
@@ -42,41 +38,22 @@ EXACT_TOL = 1e-12
 
 def refactor_layer(layer: TTLinear, d: int) -> TTLinear:
     """``layer`` as a TT linear of ``d`` modes per side computing the same ``y`` (module
-    doc): same features, bias, gate threshold, plan and kernel; cores on ``layer``'s device
-    and dtype."""
+    doc): same features, bias (the same parameter: its optimizer state stays), gate threshold,
+    plan and kernel; cores on ``layer``'s device and dtype."""
     if d < 1:
         raise ValueError(f"d must be >= 1, got {d}")
     first = layer.cores[0]
     with torch.no_grad():
-        weight = tt_linear_weight(  # (out, in), float64
-            [c.detach().double() for c in layer.cores],
-            [g.detach().double() for g in layer.gates],
-            layer.gate_threshold,
-            layer.in_features,
-            layer.out_features,
-            len(layer.in_modes),
-        )
-    in_modes = resolve_modes(layer.in_features, None, d=d, name="in_modes", descending=True).modes
-    out_modes = resolve_modes(layer.out_features, None, d=d, name="out_modes").modes
-    cores = matrix_to_tt(weight, in_modes, out_modes, tol=EXACT_TOL)  # 2d x (r, s, r')
-    ranks = [int(c.shape[-1]) for c in cores[:-1]]
-    new = TTLinear(
-        layer.in_features,
-        layer.out_features,
-        layer.bias is not None,
-        in_modes=in_modes,
-        out_modes=out_modes,
-        ranks=ranks,
+        weight = layer.to_dense(torch.float64)  # (out, in)
+    new = TTLinear.from_weight(
+        weight,
+        tol=EXACT_TOL,
+        d=d,
         gate_threshold=layer.gate_threshold,
         plan=layer.plan,
         kernel=layer.kernel,
-        device=torch.device("meta"),
-        dtype=first.dtype,
-    )
-    kw = {"device": first.device, "dtype": first.dtype}
-    new.cores = ParamList([nn.Parameter(c.to(**kw)) for c in cores])
-    new.gates = ParamList([nn.Parameter(torch.ones(r, **kw)) for r in ranks])
-    new.bias = layer.bias  # the same parameter: its optimizer state stays
+    ).to(device=first.device, dtype=first.dtype)
+    new.bias = layer.bias
     return new
 
 

@@ -41,13 +41,8 @@ def stage_linear_d(stage: StageConfig, options: TensorizeOptions) -> int:
         return 1
     if stage.linear_d is not None:
         return stage.linear_d
-    engine_chose_two_cores = (
-        options.max_rank == "auto"
-        and options.d is None
-        and options.shapes == "auto"
-        and options.linear_order == 1
-    )
-    return AUTO_LATE_LINEAR_D if engine_chose_two_cores else 1
+    chosen = options.max_rank == "auto" and options.engine_two_cores  # the job's options
+    return AUTO_LATE_LINEAR_D if chosen else 1
 
 
 def refactor_stage_(

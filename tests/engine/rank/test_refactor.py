@@ -11,7 +11,6 @@ import pytest
 import torch
 from torch import nn
 
-from engine.contract.reference import tt_linear_weight
 from engine.nn.tt_linear import TTLinear
 from engine.rank.refactor import refactor_layer, refactor_model_
 from engine.train.optim import group_parameters
@@ -29,14 +28,8 @@ def _layer(n_in: int, n_out: int, rank: int, seed: int = 0) -> TTLinear:
 
 def _reference(layer: TTLinear) -> torch.Tensor:
     """The layer's effective weight (out, in) in float64."""
-    return tt_linear_weight(
-        [c.detach().double() for c in layer.cores],
-        [g.detach().double() for g in layer.gates],
-        layer.gate_threshold,
-        layer.in_features,
-        layer.out_features,
-        len(layer.in_modes),
-    )
+    with torch.no_grad():
+        return layer.to_dense(torch.float64)
 
 
 @pytest.mark.parametrize(("n_in", "n_out", "rank"), [(64, 256, 16), (384, 256, 12), (30, 100, 9)])
