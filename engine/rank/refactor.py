@@ -18,7 +18,9 @@ optimizer in step: the old cores and gates and their state leave their groups, t
 join the ``cores`` and ``gates`` groups with a fresh state (moments of a different
 factorization do not carry over); the bias stays the same parameter, state and all. The
 parameter order this leaves is the same on every call, so a resumed run that refactors the
-model it builds before loading a checkpoint matches the run that wrote it.
+model it builds before loading a checkpoint matches the run that wrote it. Such a run asks
+for the shapes alone (``exact=False``: the modes, rank-1 cores for the load to resize), not
+for a TT-SVD of the weights the load replaces.
 """
 
 from __future__ import annotations
@@ -57,17 +59,38 @@ def refactor_layer(layer: TTLinear, d: int) -> TTLinear:
     return new
 
 
+def _shell(layer: TTLinear, d: int) -> TTLinear:
+    """:func:`refactor_layer`'s shapes without its values: ``d`` modes per side, rank-1
+    cores (a checkpoint's load gives them their shapes and values), the same bias."""
+    first = layer.cores[0]
+    new = TTLinear(
+        layer.in_features,
+        layer.out_features,
+        layer.bias is not None,
+        max_rank=1,
+        d=d,
+        gate_threshold=layer.gate_threshold,
+        plan=layer.plan,
+        kernel=layer.kernel,
+        device=first.device,
+        dtype=first.dtype,
+    )
+    new.bias = layer.bias
+    return new
+
+
 def refactor_model_(
     model: nn.Module,
     d: int,
     optimizer: torch.optim.Optimizer | None = None,
     *,
     only: Collection[str] | None = None,
+    exact: bool = True,
 ) -> dict[str, dict[str, list[int]]]:
     """Replace every :class:`TTLinear` of ``model`` (of the names in ``only``, if given) with
-    fewer than ``d`` modes per side by :func:`refactor_layer` (module doc), ``optimizer``'s
-    groups following. Returns per layer its ``ranks`` before and after and its new modes
-    (empty: nothing to refactor)."""
+    fewer than ``d`` modes per side by :func:`refactor_layer` (``exact``) or its shapes alone
+    (module doc), ``optimizer``'s groups following. Returns per layer its ``ranks`` before and
+    after and its new modes (empty: nothing to refactor)."""
     done: dict[str, dict[str, list[int]]] = {}
     old: set[int] = set()
     new: dict[str, list[nn.Parameter]] = {"cores": [], "gates": []}
@@ -78,7 +101,7 @@ def refactor_model_(
             continue
         if min(layer.in_features, layer.out_features) < 2**d:
             continue  # too narrow for d modes of at least 2 a side
-        out = refactor_layer(layer, d)
+        out = refactor_layer(layer, d) if exact else _shell(layer, d)
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent), attr, out)
         old.update(id(p) for p in (*layer.cores, *layer.gates))

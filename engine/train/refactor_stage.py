@@ -61,7 +61,8 @@ def refactor_stage_(
         only = {n for n in only if options.explicit_modes(n) is None}
     if saved is not None:
         only = {n for n in only if f"model/{n}.cores.{2 * d - 1}" in saved}
-    done = refactor_model_(trainer.model, d, trainer.optimizer, only=only)
+    exact = saved is None  # resuming: the load gives the values
+    done = refactor_model_(trainer.model, d, trainer.optimizer, only=only, exact=exact)
     if not done:
         return done
     names = {p: n for n, p in trainer.model.named_parameters()}
