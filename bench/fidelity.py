@@ -324,10 +324,7 @@ def main() -> None:
         "--start", default=START, choices=tuple(STARTS), help="the MLP early stage's start"
     )
     parser.add_argument(
-        "--late-linear-d",
-        type=int,
-        default=None,
-        help="the late stages' linear_d (default: the engine's)",
+        "--late-linear-d", type=int, help="late stages' linear_d (default: engine's)"
     )
     parser.add_argument("--note", default=None, help="recorded in the JSON (a partial run)")
     parser.add_argument(
