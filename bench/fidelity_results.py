@@ -89,9 +89,10 @@ def merge_update(
     ``updates``."""
     protocol = {**previous.get("protocol", {})}
     if any(n in fidelity_data.TEXT_DATASETS for n in names):
-        protocol["text_reps"] = args.text_reps
-        protocol["text_job"] = payload["protocol"]["text_job"]
-        protocol["text_plan"] = payload["protocol"]["text_plan"]
+        protocol.update(  # the text row's protocol of now
+            {k: v for k, v in payload["protocol"].items() if k.startswith("text_")},
+            text_reps=args.text_reps,
+        )
     if any(n not in fidelity_data.TEXT_DATASETS for n in names):  # the MLP protocol of now
         protocol.update(
             {k: v for k, v in payload["protocol"].items() if not k.startswith("text_")},

@@ -249,7 +249,12 @@ def test_update_keeps_the_other_data_sets_and_lists_the_run():
         "seconds": 100.0,
     }
     payload = {
-        "protocol": {"text_job": {"new": 1}, "text_plan": ["late-0.5/full"]},
+        "protocol": {
+            "text_job": {"new": 1},
+            "text_plan": ["late-0.5/full"],
+            "text_early_epochs_at_least": 60,
+            "early_steps": 9,
+        },
         "machine": {"cpus": 4},
         "seconds": 50.0,
     }
@@ -260,6 +265,7 @@ def test_update_keeps_the_other_data_sets_and_lists_the_run():
         "text_reps": 5,
         "text_job": {"new": 1},
         "text_plan": ["late-0.5/full"],
+        "text_early_epochs_at_least": 60,
     }
     assert payload["seconds"] == 150.0 and payload["machine"] == {"cpus": 2}
     assert payload["updates"][0]["datasets"] == ["stdlib_modules_text"]
