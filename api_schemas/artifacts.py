@@ -241,6 +241,7 @@ class CompressionReport(BaseModel):
     # error, whether the cap held it)
     auto_rank: dict[str, Any] | None = None
     # what the run found to fix, e.g. {"code": "raise_max_rank", "fix": ..., "reason": ...}
+    # (codes: raise_max_rank, lower_late_lr, relax_late_target)
     advice: list[dict[str, Any]] | None = None
     baseline: BaselineReport | None = None  # a dense job of the same spec, when one exists
     execution: ExecutionReport | None = None  # how the steps ran (data parallelism included)

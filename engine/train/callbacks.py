@@ -13,7 +13,9 @@ file, a database or a queue unchanged:
 * ``guard``: a verdict of the fidelity guard on a cut (step, sizes before and after, metric,
   decision: ``accept``, ``back_off``, ``stop`` or ``restore``; :mod:`engine.train.prune_events`);
 * ``advice``: an early stage its ranks held back (``code: "raise_max_rank"``, the fix, the
-  reason; :func:`engine.train.report.early_stage_advice`), also in the stage's report.
+  reason; :func:`engine.train.report.early_stage_advice`) or a late stage that kept none of
+  its cuts (``"lower_late_lr"``, ``"relax_late_target"``;
+  :func:`engine.train.report.late_stage_advice`), also in the stage's report.
 """
 
 from __future__ import annotations

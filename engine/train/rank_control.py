@@ -121,6 +121,8 @@ class RankControl:
             "events": [],
             "floors": {k: list(v) for k, v in floors.items()},
             "ranks0": active_ranks(self.model),
+            # the rates the stage before ended with (no step of this stage has set them yet)
+            "lr_before": {g["name"]: float(g["lr"]) for g in self.optimizer.param_groups},
         }
         if stage.auto_steps and target is not None:  # recovery-paced: a cut's largest size
             self.info["auto_cut"] = max(1, math.ceil((size0 - target) / AUTO_CUTS))

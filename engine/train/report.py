@@ -19,9 +19,23 @@ from engine.train.evaluation import chance_report
 if TYPE_CHECKING:
     from engine.train.trainer import Trainer
 
-__all__ = ["RAISE_MAX_RANK", "early_stage_advice", "job_report", "target_summary"]
+__all__ = [
+    "LOWER_LATE_LR",
+    "RAISE_MAX_RANK",
+    "RELAX_LATE_TARGET",
+    "early_stage_advice",
+    "job_report",
+    "late_stage_advice",
+    "target_summary",
+]
 
-RAISE_MAX_RANK = "raise_max_rank"  # the advice's code
+RAISE_MAX_RANK = "raise_max_rank"  # the advice's codes
+LOWER_LATE_LR = "lower_late_lr"
+RELAX_LATE_TARGET = "relax_late_target"
+# a late stage whose rates are this many times those the stage before ended with is said to
+# jump (stdlib_modules fold 0: at the early stage's peak rates after its cosine, the uncut
+# model fell 7 points in 38 steps; at 0.1x the peak it held: bench/README.md)
+RATE_JUMP = 2.0
 
 
 def job_report(trainer: Trainer, status: str) -> dict[str, Any]:
@@ -144,4 +158,73 @@ def early_stage_advice(
         "tolerance": tolerance,
         "saturated": saturated,
         "below_dense": below,
+    }
+
+
+def late_stage_advice(
+    *,
+    size_start: int,
+    size_end: int,
+    target: float | None,
+    accepted_size: int | None,
+    trials: Sequence[Mapping[str, Any]],
+    metric: str,
+    reference: float | None,
+    tolerance: float,
+    lr: Mapping[str, float],
+    lr_before: Mapping[str, float],
+) -> dict[str, Any] | None:
+    """The report entry of a guarded late stage that kept none of its cuts, or None.
+
+    It applies when the stage ended above its ``target`` with its last accepted model still of
+    its start's size (``accepted_size``) after at least one judged cut (``trials``: the guard's
+    verdicts, each with its ``metric`` value). Where the stage's learning rates (``lr``, per
+    parameter group) are :data:`RATE_JUMP` times or more those the stage before ended with
+    (``lr_before``: the optimizer's rates when the stage began), the fix it names first is
+    lower rates: the jump alone can put the model under the floor with no cut at all; the
+    other fixes are a larger ``max_metric_drop`` or ``target_ratio``."""
+    judged = [t["metric"] for t in trials if t.get("metric") is not None]
+    if target is None or size_end <= target or reference is None or not judged:
+        return None
+    if accepted_size is None or accepted_size < size_start:
+        return None  # some cut held: the stage made progress
+    best = max(judged)
+    gap = 100.0 * (reference - best)
+    jumps = {
+        g: (lr[g] / lr_before[g] if lr_before[g] > 0 else None)
+        for g in lr
+        if g in lr_before and lr[g] > 0 and lr[g] >= RATE_JUMP * lr_before[g]
+    }
+    reasons = [
+        f"no cut of the late stage held: the best of its {len(judged)} verdicts was "
+        f"{gap:.2f} points of {metric} under the stage start ({100 * best:.2f} vs "
+        f"{100 * reference:.2f}; tolerance {tolerance:g})"
+    ]
+    fix = "give a larger max_metric_drop, or a larger target_ratio"
+    if jumps:
+        group = max(jumps, key=lambda g: float("inf") if jumps[g] is None else jumps[g])
+        factor = jumps[group]
+        times = "up from 0" if factor is None else f"{factor:.3g}x"
+        if factor is not None and factor > 1000:  # after a cosine to (almost) 0
+            times = "over 1000x"
+        reasons.append(
+            f"it trained at learning rates {times} those the stage before ended with "
+            f"({group}: {lr_before[group]:.3g} -> {lr[group]:.3g}), and such a jump can put "
+            "the model under the floor with no cut at all"
+        )
+        fix = (
+            f"lower this stage's learning rates towards those the stage before ended with, or {fix}"
+        )
+    return {
+        "code": LOWER_LATE_LR if jumps else RELAX_LATE_TARGET,
+        "fix": fix,
+        "reason": "; ".join(reasons),
+        "metric": metric,
+        "value": best,
+        "reference": reference,
+        "gap_points": gap,
+        "tolerance": tolerance,
+        "lr": dict(lr),
+        "lr_before": dict(lr_before),
+        "rate_jump": jumps,
     }

@@ -1,8 +1,9 @@
 """The stage report's fields that rank control knows (docs/method.md#prune-events,
 docs/method.md#fidelity-guard, docs/method.md#recovery-paced-stages): whether the size target
 was reached and why not, the prune events, the guard's verdicts and back-offs, the pace of a
-``steps: "auto"`` stage, the automatic gamma, and the early stage's advice when its ranks held
-it back (:func:`engine.train.report.early_stage_advice`)."""
+``steps: "auto"`` stage, the automatic gamma, the early stage's advice when its ranks held
+it back (:func:`engine.train.report.early_stage_advice`) and the late stage's when it kept
+none of its cuts (:func:`engine.train.report.late_stage_advice`)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from engine.rank import tensorized_layers
-from engine.train.report import early_stage_advice
+from engine.train.report import early_stage_advice, late_stage_advice
 from engine.tt.shapes import bond_rank_bounds
 
 if TYPE_CHECKING:
     from engine.train.rank_control import RankControl
 
-__all__ = ["active_ranks", "early_advice", "stage_outcome"]
+__all__ = ["active_ranks", "early_advice", "late_advice", "stage_outcome"]
 
 
 def active_ranks(model: nn.Module) -> dict[str, list[int]]:
@@ -31,10 +32,11 @@ def stage_outcome(
     control: RankControl, size_end: int | None, metrics: Mapping[str, float]
 ) -> dict[str, Any]:
     """What the stage reached: target, sizes, prune events, guard (stage report fields);
-    an early stage its ranks held back gets ``advice`` (:func:`early_advice`)."""
+    an early stage its ranks held back, or a late stage that kept none of its cuts, gets
+    ``advice`` (:func:`early_advice`, :func:`late_advice`)."""
     target = control.info.get("target")
     out: dict[str, Any] = {}
-    advice = early_advice(control, metrics)
+    advice = early_advice(control, metrics) or late_advice(control, size_end)
     if advice is not None:
         out["advice"] = advice
     if target is not None and size_end is not None:
@@ -100,4 +102,24 @@ def early_advice(control: RankControl, metrics: Mapping[str, float]) -> dict[str
         dense=dense,
         tolerance=tolerance,
         auto_rank=control.auto_rank,
+    )
+
+
+def late_advice(control: RankControl, size_end: int | None) -> dict[str, Any] | None:
+    """Lower rates (or a looser target) when a guarded late stage ended above its target
+    with none of its cuts kept (:func:`engine.train.report.late_stage_advice`)."""
+    stage, guard = control.stage, control.guard
+    if stage is None or stage.kind != "late" or guard is None or size_end is None:
+        return None
+    return late_stage_advice(
+        size_start=control.info["size0"],
+        size_end=size_end,
+        target=control.info.get("target"),
+        accepted_size=guard.accepted.get("size"),
+        trials=guard.retries,
+        metric=control.metric,
+        reference=guard.reference,
+        tolerance=guard.max_drop,
+        lr={g: float(getattr(stage.lr, g)) for g in ("cores", "gates", "others")},
+        lr_before=control.info.get("lr_before", {}),
     )
