@@ -1,13 +1,15 @@
 """Do a late stage's learning rates alone cost accuracy? The early checkpoint of
-:mod:`bench.fidelity` trained on with no cut at all, at the rates of its late stages and at
+:mod:`bench.fidelity` trained on with no cut at all, at its early stage's peak rates and at
 fractions of them, judged every prune interval as the fidelity guard judges a cut.
 
     python -m bench.late_rates [--reps N] [--datasets a,b] [--jobs 2] [--threads 1]
 
-:mod:`bench.fidelity` runs its late stages at the early stage's peak rates, after the early
-stage's cosine took them to about 0. Where a late stage keeps none of its cuts, its guard may
-be judging that jump, not the cuts (the report's ``lower_late_lr`` advice:
-:func:`engine.train.report.late_stage_advice`). This benchmark is the control. Per MLP data
+A late stage that starts at the early stage's peak rates, after the early stage's cosine
+took them to about 0, jumps; where it keeps none of its cuts, its guard may be judging that
+jump, not the cuts (the report's ``lower_late_lr`` advice:
+:func:`engine.train.report.late_stage_advice`). This benchmark is the control for
+:mod:`bench.fidelity`, whose late stages run at :data:`bench.fidelity.LATE_LR_SCALE` of those
+rates. Per MLP data
 set of :mod:`bench.fidelity_data` and fold (layer set ``all``, the automatic start, the early
 stage of :func:`bench.fidelity.early_steps` steps), from that early stage's final checkpoint,
 a ``finetune`` stage of :data:`STEPS` steps (no cut: a finetune has none; its gates do not
@@ -33,14 +35,14 @@ from bench.common import machine_info, write_json
 from bench.fidelity_summary import MAIN, TOLERANCE
 from engine.train import FunctionCallback, JobConfig, Trainer
 
-SCALES = (1.0, 0.3, 0.1)  # of the fidelity runs' rates (their late stages run at 1.0)
+SCALES = (1.0, 0.3, 0.1)  # of the fidelity early stage's rates (fidelity.LR)
 STEPS = 250  # ten judgements
 INTERVAL = 25  # compression.shrink_every of the fidelity jobs: their guard's interval
 
 
 def control_job(base: dict[str, Any], scale: float) -> dict[str, Any]:
     """``base`` (the early-stage job) and a finetune of :data:`STEPS` steps at ``scale`` times
-    the fidelity rates, evaluated every :data:`INTERVAL` steps."""
+    the early stage's rates, evaluated every :data:`INTERVAL` steps."""
     spec = {**base, "name": f"late-rates-{scale:g}"}
     spec["schedule"] = [
         *base["schedule"],

@@ -103,6 +103,8 @@ def test_the_late_branches_set_the_teacher_by_variant_and_the_plan_runs_the_abla
         late, finetune = fidelity.late_job(base, 0.2, variant)["schedule"][1:]
         weight = fidelity.TEACHER_WEIGHT if teacher else 0.0
         assert late["target_ratio"] == 0.2
+        early_lr = base["schedule"][0]["lr"]  # the late stage at a fraction of the early rates
+        assert late["lr"] == {k: v * fidelity.LATE_LR_SCALE for k, v in early_lr.items()}
         assert late["teacher_weight"] == finetune["teacher_weight"] == weight
         JobConfig.from_dict(fidelity.late_job(base, 0.2, variant))
     main = fidelity.plan(fidelity.MAIN)
