@@ -28,14 +28,12 @@ check ``within_1_point_on_average``. Writes ``bench/results/auto_defaults.json``
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 from bench import fidelity, fidelity_data
-from bench.common import machine_info, write_json
 from bench.fidelity_summary import MAIN, TOLERANCE
 from engine.train import JobConfig, Trainer
 
@@ -150,25 +148,16 @@ def print_markdown(payload: dict[str, Any]) -> None:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    fidelity_data.fold_arguments(parser)
-    args = parser.parse_args()
-    t_all = time.perf_counter()
-    datasets = fidelity_data.run_datasets(run_fold, summarize_dataset, args)
+def describe(datasets: dict[str, Any]) -> dict[str, Any]:
+    """The claim, the protocol and the checks of the results file
+    (:func:`fidelity_data.fold_benchmark`)."""
     within = {n: d["summary"]["checks"]["within_1_point_on_average"] for n, d in datasets.items()}
-    payload = {
-        "benchmark": "auto_defaults",
+    return {
         "claim": (
             "a job with only target_ratio set (no max_rank, no gamma) on each real data set "
             "lands its early stage within 1.0 point of the dense twin"
         ),
-        "machine": machine_info(),
         "protocol": {
-            "reps": args.reps,
-            "jobs": args.jobs,
-            "threads": args.threads,
-            "datasets": list(datasets),
             "early_steps": fidelity.EARLY_STEPS,
             "early_epochs_at_least": fidelity.EARLY_EPOCHS,
             "target_ratio": TARGET,
@@ -181,7 +170,6 @@ def main() -> None:
                 Path("TRAIN.npz"), Path("VALID.npz"), 0, fidelity.EARLY_STEPS
             ),
         },
-        "datasets": datasets,
         "checks": {
             "datasets_within_1_point_on_average": f"{sum(within.values())}/{len(within)}",
             "within_1_point_on_average": within,
@@ -190,9 +178,13 @@ def main() -> None:
                 f"/{sum(d['summary']['folds'] for d in datasets.values())}"
             ),
         },
-        "seconds": round(time.perf_counter() - t_all, 1),
     }
-    write_json("auto_defaults", payload)
+
+
+def main() -> None:
+    payload = fidelity_data.fold_benchmark(
+        "auto_defaults", __doc__, run_fold, summarize_dataset, describe
+    )
     print_markdown(payload)
 
 

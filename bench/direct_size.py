@@ -21,14 +21,12 @@ stage's own bar). Writes ``bench/results/direct_size.json``.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 from bench import fidelity, fidelity_data
-from bench.common import machine_info, write_json
 from bench.fidelity_summary import MAIN, TOLERANCE
 from engine.train import JobConfig, Trainer
 
@@ -97,33 +95,26 @@ def print_markdown(payload: dict[str, Any]) -> None:
     print(f"\n{payload['seconds']:.0f} s")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    fidelity_data.fold_arguments(parser)
-    args = parser.parse_args()
-    t_all = time.perf_counter()
-    datasets = fidelity_data.run_datasets(run_fold, summarize_dataset, args)
-    payload = {
-        "benchmark": "direct_size",
+def describe(datasets: dict[str, Any]) -> dict[str, Any]:
+    """The question and the protocol of the results file (:func:`fidelity_data.fold_benchmark`)."""
+    return {
         "question": (
             "does a model of the late stage's target size, trained directly to it by the early "
             "stage, hold the accuracy of the model the late stages start from"
         ),
-        "machine": machine_info(),
         "protocol": {
-            "reps": args.reps,
-            "jobs": args.jobs,
-            "threads": args.threads,
-            "datasets": list(datasets),
             "factors": list(FACTORS),
             "early_target": fidelity.EARLY_TARGET,
             "tolerance_points": TOLERANCE,
             "job": size_job(Path("TRAIN.npz"), Path("VALID.npz"), 0, fidelity.EARLY_STEPS, 0.5),
         },
-        "datasets": datasets,
-        "seconds": round(time.perf_counter() - t_all, 1),
     }
-    write_json("direct_size", payload)
+
+
+def main() -> None:
+    payload = fidelity_data.fold_benchmark(
+        "direct_size", __doc__, run_fold, summarize_dataset, describe
+    )
     print_markdown(payload)
 
 

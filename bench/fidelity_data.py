@@ -18,13 +18,15 @@
 5-fold partition (so over all folds every row is validated once), and writes them as the NPZ
 files the engine's ``npz`` loader reads. :func:`fold_arguments` and :func:`run_datasets` are
 the command line and the loop of the benchmarks that run a function per MLP set and fold
-(:mod:`bench.auto_defaults`, :mod:`bench.direct_size`).
+(:mod:`bench.auto_defaults`, :mod:`bench.direct_size`, :mod:`bench.late_rates`), and
+:func:`fold_benchmark` the whole of their ``main``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
@@ -34,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.common import map_spawned
+from bench.common import machine_info, map_spawned, write_json
 from engine.data.stdlib_text import tagged_sentences
 from engine.data.tokenizer import load_tokenizer
 from engine.models.hf_bert import load_pretrained, mean_pool
@@ -202,3 +204,40 @@ def run_datasets(
             "folds": rows,
         }
     return out
+
+
+def fold_benchmark(
+    name: str,
+    doc: str,
+    run_fold: Callable[..., dict[str, Any]],
+    summarize: Callable[[list[dict[str, Any]]], dict[str, Any]],
+    describe: Callable[[dict[str, Any]], dict[str, Any]],
+) -> dict[str, Any]:
+    """``python -m bench.<name>`` of a per-fold benchmark (``doc``: its module docstring):
+    :func:`fold_arguments`, :func:`run_datasets`, then ``bench/results/<name>.json`` with
+    ``name``, what ``describe(datasets)`` gives (its ``protocol`` after the command line's
+    ``reps``, ``jobs``, ``threads`` and the data sets run), the machine, the data sets and the
+    seconds. Returns that payload."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    fold_arguments(parser)
+    args = parser.parse_args()
+    t_all = time.perf_counter()
+    datasets = run_datasets(run_fold, summarize, args)
+    described = dict(describe(datasets))
+    protocol = {
+        "reps": args.reps,
+        "jobs": args.jobs,
+        "threads": args.threads,
+        "datasets": list(datasets),
+        **described.pop("protocol"),
+    }
+    payload = {
+        "benchmark": name,
+        **described,
+        "machine": machine_info(),
+        "protocol": protocol,
+        "datasets": datasets,
+        "seconds": round(time.perf_counter() - t_all, 1),
+    }
+    write_json(name, payload)
+    return payload

@@ -24,14 +24,12 @@ model there). Writes ``bench/results/late_rates.json``.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 from bench import fidelity, fidelity_data
-from bench.common import machine_info, write_json
 from bench.fidelity_summary import MAIN, TOLERANCE
 from engine.train import FunctionCallback, JobConfig, Trainer
 
@@ -125,35 +123,28 @@ def print_markdown(payload: dict[str, Any]) -> None:
     print(f"\n{payload['seconds']:.0f} s")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    fidelity_data.fold_arguments(parser)
-    args = parser.parse_args()
-    t_all = time.perf_counter()
-    datasets = fidelity_data.run_datasets(run_fold, summarize_dataset, args)
+def describe(datasets: dict[str, Any]) -> dict[str, Any]:
+    """The question and the protocol of the results file (:func:`fidelity_data.fold_benchmark`)."""
     base = fidelity.job(Path("TRAIN.npz"), Path("VALID.npz"), "comera", 0, fidelity.EARLY_STEPS)
-    payload = {
-        "benchmark": "late_rates",
+    return {
         "question": (
             "does the early checkpoint, trained on with no cut at the late stages' rates, stay "
             "within the fidelity guard's tolerance of its own accuracy"
         ),
-        "machine": machine_info(),
         "protocol": {
-            "reps": args.reps,
-            "jobs": args.jobs,
-            "threads": args.threads,
-            "datasets": list(datasets),
             "scales": list(SCALES),
             "steps": STEPS,
             "interval": INTERVAL,
             "tolerance_points": TOLERANCE,
             "job": control_job(base, 1.0),
         },
-        "datasets": datasets,
-        "seconds": round(time.perf_counter() - t_all, 1),
     }
-    write_json("late_rates", payload)
+
+
+def main() -> None:
+    payload = fidelity_data.fold_benchmark(
+        "late_rates", __doc__, run_fold, summarize_dataset, describe
+    )
     print_markdown(payload)
 
 

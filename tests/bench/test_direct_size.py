@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import sys
+
 import pytest
 import torch
 
-from bench import direct_size, fidelity, fidelity_data
+from bench import common, direct_size, fidelity, fidelity_data
 
 
 def test_a_fold_of_wine_lands_each_factor_at_its_size(monkeypatch, tmp_path, capsys):
@@ -29,3 +32,28 @@ def test_a_fold_of_wine_lands_each_factor_at_its_size(monkeypatch, tmp_path, cap
     assert summary["0.5"]["folds_within_1_point"] == int(diff >= -1.0)
     direct_size.print_markdown({"datasets": {"wine": {"summary": summary}}, "seconds": 1.0})
     assert "| wine | 0.5 |" in capsys.readouterr().out
+
+
+def test_fold_benchmark_runs_every_fold_and_writes_what_it_returns(monkeypatch, tmp_path):
+    """The shared ``main`` of the per-fold benchmarks (direct_size, auto_defaults, late_rates):
+    the command line's folds run, the payload's protocol starts with the command line's."""
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    monkeypatch.setattr(sys, "argv", ["demo", "--reps", "2", "--datasets", "wine", "--jobs", "1"])
+    payload = fidelity_data.fold_benchmark(
+        "demo",
+        "A demo.\n\nMore.",
+        lambda name, rep, tmp, x, y: {"fold": rep, "rows": len(y)},
+        lambda folds: {"folds": [f["fold"] for f in folds]},
+        lambda datasets: {"question": "q?", "protocol": {"k": sorted(datasets)}},
+    )
+    assert json.loads((tmp_path / "demo.json").read_text()) == payload
+    assert payload["benchmark"] == "demo" and payload["question"] == "q?"
+    assert payload["protocol"] == {
+        "reps": 2,
+        "jobs": 1,
+        "threads": 1,
+        "datasets": ["wine"],
+        "k": ["wine"],
+    }
+    assert payload["datasets"]["wine"]["summary"] == {"folds": [0, 1]}
+    assert [f["rows"] for f in payload["datasets"]["wine"]["folds"]] == [178, 178]
