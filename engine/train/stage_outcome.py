@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from engine.rank import tensorized_layers
+from engine.train.optim import GROUPS
 from engine.train.report import early_stage_advice, late_stage_advice
 from engine.tt.shapes import bond_rank_bounds
 
@@ -120,6 +121,6 @@ def late_advice(control: RankControl, size_end: int | None) -> dict[str, Any] | 
         metric=control.metric,
         reference=guard.reference,
         tolerance=guard.max_drop,
-        lr={g: float(getattr(stage.lr, g)) for g in ("cores", "gates", "others")},
+        lr={g: float(getattr(stage.lr, g)) for g in GROUPS},
         lr_before=control.info.get("lr_before", {}),
     )
