@@ -156,7 +156,9 @@ class TTLinear(KernelChoice, nn.Module):
             dtype=w.dtype,
         )
         cores = matrix_to_tt(w, layer.in_modes, layer.out_modes, max_rank=max_rank, tol=tol)
-        layer.cores = ParamList([nn.Parameter(c.to(w.dtype)) for c in cores])
+        # contiguous: a checkpoint loads contiguous cores, and a strided one can round
+        # differently in the BLAS (a resumed run would then not be the same run)
+        layer.cores = ParamList([nn.Parameter(c.to(w.dtype).contiguous()) for c in cores])
         layer.gates = ParamList(
             [
                 nn.Parameter(torch.ones(c.shape[-1], dtype=w.dtype, device=w.device))

@@ -72,6 +72,20 @@ def _delta(tol: float | None, norm: float, n_svds: int) -> float | None:
     return None if tol is None else tol / math.sqrt(max(n_svds, 1)) * norm
 
 
+def _svd(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Thin SVD of ``m (a, b)`` with a fixed sign per singular pair: each column of ``u`` has
+    its largest-magnitude entry real and positive (``vh``'s row turns with it). LAPACK's signs
+    depend on the build and the CPU's code path, so without this the same weight could give
+    cores of other signs on another machine, or on this one under another kernel."""
+    u, s, vh = torch.linalg.svd(m, full_matrices=False)  # (a, q), (q,), (q, b)
+    if u.numel():
+        pivot = u.gather(0, u.abs().argmax(0, keepdim=True))  # (1, q)
+        phase = pivot / pivot.abs().clamp_min(torch.finfo(s.dtype).tiny)  # (1, q), |phase| = 1
+        phase = torch.where(pivot == 0, torch.ones_like(phase), phase)
+        u, vh = u * phase.conj(), vh * phase.mT  # u diag(conj p) diag(p) vh = u vh
+    return u, s, vh
+
+
 def tt_svd(
     tensor: torch.Tensor, max_rank: MaxRank = None, tol: float | None = None
 ) -> list[torch.Tensor]:
@@ -89,7 +103,7 @@ def tt_svd(
     r_prev = 1
     for k in range(k_dims - 1):
         c = c.reshape(r_prev * shape[k], -1)  # (r_{k-1} s_k, s_{k+1} ... s_K)
-        u, s, vh = torch.linalg.svd(c, full_matrices=False)  # (m, q), (q,), (q, n)
+        u, s, vh = _svd(c)  # (m, q), (q,), (q, n)
         r = _choose_rank(s, caps[k], delta)
         cores.append(u[:, :r].reshape(r_prev, shape[k], r).to(out_dtype))  # (r_{k-1}, s_k, r_k)
         c = s[:r, None] * vh[:r]  # (r_k, s_{k+1} ... s_K)
@@ -128,7 +142,7 @@ def tt_round(
     delta = _delta(tol, float(torch.linalg.vector_norm(g[0])), n - 1)
     for k in range(n - 1):
         r0, s, r1 = g[k].shape
-        u, sv, vh = torch.linalg.svd(g[k].reshape(r0 * s, r1), full_matrices=False)
+        u, sv, vh = _svd(g[k].reshape(r0 * s, r1))
         r = _choose_rank(sv, caps[k], delta)
         g[k] = u[:, :r].reshape(r0, s, r)  # (r_{k-1}, s_k, r)
         g[k + 1] = torch.tensordot(sv[:r, None] * vh[:r], g[k + 1], dims=1)  # (r, s_{k+1}, r_{k+1})

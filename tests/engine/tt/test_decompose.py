@@ -144,6 +144,27 @@ def test_tt_svd_float32_keeps_dtype():
     assert _rel_err(tt_to_full(cores).double(), full) <= 1e-5
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+def test_tt_svd_fixes_the_signs_of_its_cores(dtype):
+    """Each core but the last, unfolded to (r_{k-1} s_k, r_k), has every column's largest
+    entry real and positive; so T and -T share every core but the last, which flips, and
+    the chain still rebuilds T (LAPACK alone leaves the signs to its code path)."""
+    g = _gen(4)
+    full = torch.randn(4, 5, 3, 6, generator=g, dtype=DT)
+    if dtype.is_complex:
+        full = torch.complex(full, torch.randn(4, 5, 3, 6, generator=g, dtype=DT))
+    for cores in (tt_svd(full, max_rank=3), tt_round(_rand_chain((4, 5, 6), (1, 4, 4, 1)), 2)):
+        for core in cores[:-1]:
+            flat = core.reshape(-1, core.shape[-1])  # (r_{k-1} s_k, r_k)
+            pivot = flat.gather(0, flat.abs().argmax(0, keepdim=True))  # (1, r_k)
+            assert torch.all(pivot.real > 0)
+            assert not pivot.is_complex() or torch.all(pivot.imag.abs() < 1e-12)
+    a, b = tt_svd(full, tol=1e-10), tt_svd(-full, tol=1e-10)
+    assert all(torch.allclose(x, y, atol=1e-12) for x, y in zip(a[:-1], b[:-1], strict=True))
+    assert torch.allclose(a[-1], -b[-1], atol=1e-12)
+    assert _rel_err(tt_to_full(a), full) <= 1e-10
+
+
 def _block_sum(a, b):
     """Chain of A + B via block-diagonal cores (ranks add)."""
     out = []
