@@ -76,6 +76,7 @@ from engine.data.english_text import (
     question_texts,
     wikipedia_texts,
 )
+from engine.data.text_cache import cached_pool
 
 __all__ = [
     "StdlibTextParams",
@@ -87,6 +88,8 @@ __all__ = [
     "check_packages",
 ]
 
+# the code that cuts source files into sentences: a change to it is a new cache entry
+_CODE = (Path(__file__), Path(__file__).with_name("english_text.py"))
 _SKIP_DIRS = {
     "site-packages",
     "dist-packages",
@@ -316,7 +319,10 @@ def package_sentences(
     files = check_packages(packages)
     params = StdlibTextParams(min_words=min_words, max_words=max_words)
     docs = (doc for path in files for doc in _docstrings(path))
-    return tuple(_new_sentences(docs, params, set()))
+    key = {"packages": packages, "min_words": min_words, "max_words": max_words}
+    return cached_pool(
+        "package-docstrings", key, files, _CODE, lambda: _new_sentences(docs, params, set())
+    )
 
 
 def _new_sentences(docs: Iterable[str], params: StdlibTextParams, seen: set[str]) -> Iterator[str]:
@@ -339,12 +345,18 @@ def tagged_sentences(min_words: int = 6, max_words: int = 40) -> tuple[tuple[str
     occurrence kept), in file order."""
     params = StdlibTextParams(min_words=min_words, max_words=max_words)
     root = Path(sysconfig.get_paths()["stdlib"])
-    seen: set[str] = set()
-    pool: list[tuple[str, str]] = []
-    for path in _source_files(root):
-        module = _top_module(path, root)
-        pool += ((module, s) for s in _new_sentences(_docstrings(path), params, seen))
-    return tuple(pool)
+    files = _source_files(root)
+
+    def build() -> list[tuple[str, str]]:
+        seen: set[str] = set()
+        pool: list[tuple[str, str]] = []
+        for path in files:
+            module = _top_module(path, root)
+            pool += ((module, s) for s in _new_sentences(_docstrings(path), params, seen))
+        return pool
+
+    key = {"min_words": min_words, "max_words": max_words}
+    return cached_pool("stdlib-docstrings", key, files, _CODE, build)
 
 
 def _reference_sentences(params: StdlibTextParams) -> tuple[str, ...]:
@@ -414,7 +426,10 @@ def _comment_sentences(
     root = Path(sysconfig.get_paths()["stdlib"])
     files = [f for f in _source_files(root) if _selected(_top_module(f, root), modules)]
     files += check_packages(packages)
-    return tuple(_new_sentences(code_comments(files), params, set()))
+    key = {"modules": modules, "packages": packages, "min_words": min_words, "max_words": max_words}
+    return cached_pool(
+        "comments", key, files, _CODE, lambda: _new_sentences(code_comments(files), params, set())
+    )
 
 
 @functools.lru_cache(maxsize=4)
