@@ -3,7 +3,7 @@
 The MiniLM recipe at full length (32,000 sentences, 2,400 steps, ~10 minutes on 2 cores) is a
 benchmark, ``python -m bench.fidelity_encoder`` (its committed figures are the ``encoder``
 entry of ``bench/results/fidelity.json``, written by ``python -m bench.fidelity``); here the
-same recipe runs scaled down (128 calibration sentences, 12 steps of 16) and is checked
+same recipe runs scaled down (128 calibration sentences, 8 probe sentences, 12 steps of 16) and is checked
 against what it must beat.
 """
 
@@ -36,13 +36,13 @@ RECIPE = Path(__file__).resolve().parents[3] / "examples" / "engine" / "minilm_h
 
 
 def small_recipe() -> dict:
-    """``examples/engine/minilm_hf.json`` on 128 calibration sentences (and the 16 probe
-    sentences after them), 12 distillation steps of 16,
+    """``examples/engine/minilm_hf.json`` on 128 calibration sentences (and the 8 probe
+    sentences after them: 16 cost 1.6 s more for the same checks), 12 distillation steps of 16,
     sentences of the standard library only (the recipe's ``packages`` take ~30 s to parse),
     half the recipe's learning rate."""
     job = json.loads(RECIPE.read_text())
-    job["model"]["config"].update(calibration_sentences=128, probe_sentences=16)
-    job["data"].update(n_train=144, n_valid=48, max_len=32)
+    job["model"]["config"].update(calibration_sentences=128, probe_sentences=8)
+    job["data"].update(n_train=136, n_valid=48, max_len=32)
     assert job["data"].pop("params")["packages"]
     job["schedule"][-1].update(steps=12, warmup_steps=3)
     # the recipe's cores lr (1e-3) is for 2,400 steps over 32,000 sentences; 12 steps on 144
@@ -93,10 +93,10 @@ def export(result, trainer: Trainer, job: JobConfig, out) -> None:
     )
 
 
-# one of the suite's heaviest tests (a real MiniLM: 17 s alone, 41-45 s beside two other test
-# processes; building the trainer, the sequential start's calibration and rank plan, is most of
-# it): it runs alone (scripts/test.sh); bitwise resume of the same workload is checked on a tiny
-# BERT below
+# one of the suite's heaviest tests (a real MiniLM: 22 s alone on 2 cores with the sentence
+# pool cached, 30 s without; building the trainer, the sequential start's calibration and rank
+# plan, is most of it): it runs alone (scripts/test.sh); bitwise resume of the same workload is
+# checked on a tiny BERT below
 @pytest.mark.solo
 @pytest.mark.slow
 def test_minilm_recipe_compresses_5x_beats_svd_and_exports(tmp_path, one_thread):
@@ -119,7 +119,7 @@ def test_minilm_recipe_compresses_5x_beats_svd_and_exports(tmp_path, one_thread)
         f"\nsmall MiniLM recipe: {ratio:.2f}x, svd {svd_cosine:.4f}, fit {fit:.4f}, end {end:.4f}"
     )
     assert 5.0 <= ratio < 5.05  # the budget is spent, not exceeded
-    assert svd_cosine < 0.35 < 0.55 < min(fit, end)  # measured: svd 0.26, fit 0.66, end 0.63
+    assert svd_cosine < 0.35 < 0.55 < min(fit, end)  # measured: svd 0.26, fit 0.65, end 0.62
     assert end == pytest.approx(cosine(result.model, teacher, valid), abs=1e-5)
     # export and reload: the same embeddings without the original
     export(result, trainer, job, tmp_path / "model")
