@@ -138,9 +138,12 @@ class RedisServer:
 
 
 def clean_env(home: Path, **extra: str) -> dict[str, str]:
-    """This process's environment without ``COMERA_*``, plus ``COMERA_HOME`` and ``extra``."""
+    """This process's environment without ``COMERA_*``, plus ``COMERA_HOME``, one planner
+    child per API process, and ``extra``. (A test's service plans a job at a time; each
+    planner child is a spawn and a torch import, ~3 s of a core, and the default two of them
+    made every API start of a fault test cost twice that on a 2-core machine.)"""
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMERA_")}
-    env.update(COMERA_HOME=str(home), **extra)
+    env.update({"COMERA_HOME": str(home), "COMERA_PLANNER_PROCESSES": "1", **extra})
     return env
 
 

@@ -3,8 +3,8 @@
 The MiniLM recipe at full length (32,000 sentences, 2,400 steps, ~10 minutes on 2 cores) is a
 benchmark, ``python -m bench.fidelity_encoder`` (its committed figures are the ``encoder``
 entry of ``bench/results/fidelity.json``, written by ``python -m bench.fidelity``); here the
-same recipe runs scaled down (128 calibration sentences, 8 probe sentences, 12 steps of 16) and is checked
-against what it must beat.
+same recipe runs scaled down (128 calibration sentences, 8 probe sentences, 12 steps of 16)
+and is checked against what it must beat.
 """
 
 from __future__ import annotations
