@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.fidelity_encoder import embed, plain_svd
+from engine.data import build_data
 from engine.export import export_compressed, load_compressed
 from engine.rank import compression_summary
 from engine.train import JobConfig
@@ -93,13 +94,26 @@ def export(result, trainer: Trainer, job: JobConfig, out) -> None:
     )
 
 
-# one of the suite's heaviest tests (a real MiniLM: 22 s alone on 2 cores with the sentence
-# pool cached, 30 s without; building the trainer, the sequential start's calibration and rank
-# plan, is most of it): it runs alone (scripts/test.sh); bitwise resume of the same workload is
-# checked on a tiny BERT below
+def validation(job: JobConfig, workdir: Path) -> list:
+    """The validation batches a trainer of ``job`` evaluates on."""
+    data = build_data(
+        job.data,
+        arch=job.model.arch,
+        batch_size=job.training.batch_size,
+        seed=job.training.seed,
+        workdir=workdir,
+        model_config=job.model.config,
+    )
+    return list(data.valid.batches(0))
+
+
+# one of the suite's heaviest tests (a real MiniLM: 21 s alone on 2 cores; building the
+# trainer, the sequential start's calibration and rank plan, is most of it): it runs alone
+# (scripts/test.sh); what it must beat is measured by the next test, bitwise resume of the same
+# workload on a tiny BERT below
 @pytest.mark.solo
 @pytest.mark.slow
-def test_minilm_recipe_compresses_5x_beats_svd_and_exports(tmp_path, one_thread):
+def test_minilm_recipe_compresses_5x_and_exports(tmp_path, one_thread):
     spec = small_recipe()
     job = JobConfig.from_dict(spec)
     trainer = Trainer(job, workdir=tmp_path / "a")
@@ -107,19 +121,13 @@ def test_minilm_recipe_compresses_5x_beats_svd_and_exports(tmp_path, one_thread)
     valid = list(trainer.data.valid.batches(0))
     assert model.preparation["calibration_sentences"] == 128
     fit = cosine(model, teacher, valid)
-    config = spec["model"]["config"]  # plain SVD within the same budget: what to beat
-    svd, _ = plain_svd(config, config["target_compression"])
-    assert compression_summary(svd)["tensorized_ratio"] >= 5.0
-    svd_cosine = cosine(svd, teacher, valid)
     result = trainer.run()
     report = result.report
     ratio = report["compression"]["tensorized_ratio"]
     end = report["stages"][-1]["metrics"]["cosine"]
-    print(
-        f"\nsmall MiniLM recipe: {ratio:.2f}x, svd {svd_cosine:.4f}, fit {fit:.4f}, end {end:.4f}"
-    )
+    print(f"\nsmall MiniLM recipe: {ratio:.2f}x, fit {fit:.4f}, end {end:.4f}")
     assert 5.0 <= ratio < 5.05  # the budget is spent, not exceeded
-    assert svd_cosine < 0.35 < 0.55 < min(fit, end)  # measured: svd 0.26, fit 0.65, end 0.62
+    assert SVD_BELOW < 0.55 < min(fit, end)  # measured: fit 0.65, end 0.62
     assert end == pytest.approx(cosine(result.model, teacher, valid), abs=1e-5)
     # export and reload: the same embeddings without the original
     export(result, trainer, job, tmp_path / "model")
@@ -131,6 +139,24 @@ def test_minilm_recipe_compresses_5x_beats_svd_and_exports(tmp_path, one_thread)
     assert loaded.teacher is None
     got, want = embed(loaded, valid), embed(result.model, valid)
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+SVD_BELOW = 0.35  # what plain SVD at the recipe's budget stays under on these sentences
+
+
+@pytest.mark.slow
+def test_plain_svd_within_the_recipes_budget_stays_under_what_the_recipe_reaches(
+    tmp_path, one_thread
+):
+    """What the test above must beat: every encoder linear by truncated SVD at the one rank
+    that fits the same 5x budget, on the same validation sentences (measured: 0.26)."""
+    spec = small_recipe()
+    config = spec["model"]["config"]
+    svd, rank = plain_svd(config, config["target_compression"])
+    assert compression_summary(svd)["tensorized_ratio"] >= 5.0
+    valid = validation(JobConfig.from_dict(spec), tmp_path)
+    assert cosine(svd, svd.teacher, valid) < SVD_BELOW
+    assert rank > 1
 
 
 def tiny_job(path: str, every: int | None = None) -> JobConfig:
