@@ -8,10 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench.device_summary import summary
 from tests.helpers.groups import LAUNCHES
 
-pytestmark = LAUNCHES
+# three Python processes importing torch (the one-process run, then torchrun's two): 14 s
+# alone, 31-38 s beside two other test processes on 2 cores, so it runs alone (scripts/test.sh)
+pytestmark = [LAUNCHES, pytest.mark.solo]
 
 
 def test_ddp_step_smoke_on_cpu_and_its_summary_row(tmp_path: Path):
