@@ -31,6 +31,7 @@ body, the same one a failed job's problem gives (``worker.problems``).
 from __future__ import annotations
 
 import atexit
+import concurrent.futures.process
 import logging
 import queue
 import threading
@@ -256,7 +257,10 @@ class Planner:
                 if not self._closed:
                     child.start(START_TIMEOUT_S)
             except Exception:  # noqa: BLE001 (a request starts it again, or reports why)
-                log.warning("a planner child could not be started", exc_info=True)
+                # close(), or the interpreter's exit (the executor then refuses new work),
+                # stops a child mid-start: a shutdown, not a failure worth a traceback
+                if not self._closed and not _exiting():
+                    log.warning("a planner child could not be started", exc_info=True)
             finally:
                 self._idle.put(child)
 
@@ -316,6 +320,13 @@ class TenantPlanner:
             options=options,
             spec=spec,
         )
+
+
+def _exiting() -> bool:
+    """The interpreter has begun to exit: :mod:`concurrent.futures` has run its exit hook, so
+    every process pool refuses new work (no public flag says so; ``sys.is_finalizing`` turns
+    true only later)."""
+    return bool(getattr(concurrent.futures.process, "_global_shutdown", False))
 
 
 _default: Planner | None = None

@@ -96,3 +96,28 @@ def test_a_child_that_died_is_replaced_on_the_next_request():
     finally:
         planner.close()
     assert not _alive(second)
+
+
+# an API process that exits while its start-up thread (a daemon, as service.main starts it)
+# still starts the planner's child
+EXIT_WHILE_WARMING = """
+import logging, threading, time
+from service.planner import default_planner
+logging.basicConfig(level=logging.WARNING)
+threading.Thread(target=default_planner().warm, daemon=True).start()
+time.sleep(0.5)
+"""
+
+
+def test_an_exit_while_the_child_starts_is_quiet():
+    """The interpreter exits while ``warm`` starts the child (its pool refuses new work, or
+    atexit closes the planner): a shutdown, not a warning with a traceback."""
+    out = subprocess.run(
+        [sys.executable, "-c", EXIT_WHILE_WARMING],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "could not be started" not in out.stderr and "Traceback" not in out.stderr, out.stderr
