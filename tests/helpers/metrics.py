@@ -12,7 +12,20 @@ from engine.data import build_data
 from engine.models.registry import get_workload
 from engine.train import JobConfig
 
-__all__ = ["validation_metrics"]
+__all__ = ["validation_batches", "validation_metrics"]
+
+
+def validation_batches(cfg: JobConfig, workdir: Path) -> list[dict[str, Any]]:
+    """One pass of the job's validation data, built as its trainer builds it (in ``workdir``)."""
+    data = build_data(
+        cfg.data,
+        arch=cfg.model.arch,
+        batch_size=cfg.training.batch_size,
+        seed=cfg.training.seed,
+        workdir=workdir,
+        model_config=cfg.model.config,
+    )
+    return list(data.valid.batches(0))
 
 
 def validation_metrics(
@@ -20,16 +33,9 @@ def validation_metrics(
 ) -> dict[str, float]:
     """Metrics of ``model`` over one pass of the job's validation data (built in ``workdir``)."""
     cfg = JobConfig.from_dict(engine_config)
-    data = build_data(
-        cfg.data,
-        arch=cfg.model.arch,
-        batch_size=cfg.training.batch_size,
-        seed=cfg.training.seed,
-        workdir=workdir,
-    )
     workload, sums = get_workload(cfg.model.arch), {}
     with torch.no_grad():
-        for batch in data.valid.batches(0):
+        for batch in validation_batches(cfg, workdir):
             for k, v in workload.forward_loss(model, batch).sums.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
     return workload.summarize(sums)

@@ -17,13 +17,13 @@ import torch
 import torch.nn.functional as F
 
 from bench.fidelity_encoder import embed, plain_svd
-from engine.data import build_data
 from engine.export import export_compressed, load_compressed
 from engine.rank import compression_summary
 from engine.train import JobConfig
 from engine.train.cli import run_job
 from engine.train.trainer import Trainer
 from tests.helpers.hf_bert import write_tiny_bert
+from tests.helpers.metrics import validation_batches
 from tests.helpers.specs import (
     early_stage,
     engine_job,
@@ -94,19 +94,6 @@ def export(result, trainer: Trainer, job: JobConfig, out) -> None:
     )
 
 
-def validation(job: JobConfig, workdir: Path) -> list:
-    """The validation batches a trainer of ``job`` evaluates on."""
-    data = build_data(
-        job.data,
-        arch=job.model.arch,
-        batch_size=job.training.batch_size,
-        seed=job.training.seed,
-        workdir=workdir,
-        model_config=job.model.config,
-    )
-    return list(data.valid.batches(0))
-
-
 # one of the suite's heaviest tests (a real MiniLM: 21 s alone on 2 cores; building the
 # trainer, the sequential start's calibration and rank plan, is most of it): it runs alone
 # (scripts/test.sh); what it must beat is measured by the next test, bitwise resume of the same
@@ -154,7 +141,7 @@ def test_plain_svd_within_the_recipes_budget_stays_under_what_the_recipe_reaches
     config = spec["model"]["config"]
     svd, rank = plain_svd(config, config["target_compression"])
     assert compression_summary(svd)["tensorized_ratio"] >= 5.0
-    valid = validation(JobConfig.from_dict(spec), tmp_path)
+    valid = validation_batches(JobConfig.from_dict(spec), tmp_path)
     assert cosine(svd, svd.teacher, valid) < SVD_BELOW
     assert rank > 1
 
