@@ -9,11 +9,12 @@ pure function of its inputs, so it is kept as JSON and read back while they are 
 * the code that cuts them (the bytes of the modules named by ``code``);
 * the interpreter (``sys.version``) and the pool's own parameters (``key``).
 
-A change to any of them is another file name, so nothing is ever invalidated in place. The
-directory is ``COMERA_TEXT_CACHE`` if set (``off`` turns the cache off), else
-``$XDG_CACHE_HOME/comera/text`` (``~/.cache/comera/text``). A file is written whole under a
-temporary name and renamed into place, so concurrent writers and readers see a whole file or
-none; a cache that cannot be read or written is passed over, never an error.
+A change to any of them is another file name, so nothing is ever invalidated in place; the
+directory keeps the :data:`MAX_ENTRIES` pools used last (a read touches its file) and drops
+the rest when it writes. It is ``COMERA_TEXT_CACHE`` if set (``off`` turns the cache off),
+else ``$XDG_CACHE_HOME/comera/text`` (``~/.cache/comera/text``). A file is written whole
+under a temporary name and renamed into place, so concurrent writers and readers see a whole
+file or none; a cache that cannot be read or written is passed over, never an error.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 __all__ = ["CACHE_ENV", "cache_dir", "cached_pool"]
 
 CACHE_ENV = "COMERA_TEXT_CACHE"
+MAX_ENTRIES = 32  # pools kept (the standard library's: ~0.8 MB; torch's docstrings: a few MB)
 _FORMAT = 1  # bump when the file layout below changes
 
 
@@ -74,9 +76,13 @@ def cached_pool(
     path = directory / f"{name}-{_digest(key, files, code)[:40]}.json"
     try:
         items = json.loads(path.read_text(encoding="utf-8"))["pool"]
-        return tuple(tuple(x) if isinstance(x, list) else x for x in items)
+        pool = tuple(tuple(x) if isinstance(x, list) else x for x in items)
     except (OSError, ValueError, KeyError, TypeError):
         pass  # absent or unreadable: build it
+    else:
+        with contextlib.suppress(OSError):
+            os.utime(path)  # used now: the last to be dropped
+        return pool
     pool = tuple(build())
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -86,4 +92,18 @@ def cached_pool(
     except OSError:  # a read-only or full disk: the pool is still returned
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
+    else:
+        _prune(directory)
     return pool
+
+
+def _prune(directory: Path) -> None:
+    """Drop all but the :data:`MAX_ENTRIES` pools of ``directory`` modified last."""
+    stamped = []
+    for entry in directory.glob("*.json"):
+        with contextlib.suppress(OSError):
+            stamped.append((entry.stat().st_mtime_ns, entry))
+    stamped.sort(reverse=True)
+    for _, old in stamped[MAX_ENTRIES:]:
+        with contextlib.suppress(OSError):
+            old.unlink()

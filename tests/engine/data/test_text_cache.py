@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.data import stdlib_text
+from engine.data import stdlib_text, text_cache
 from engine.data.text_cache import CACHE_ENV, cache_dir, cached_pool
 
 
@@ -118,3 +118,24 @@ def test_the_stdlib_pools_are_the_uncached_pools(cache, monkeypatch):
     plain = (package(("json",)), comments(("json",), (), 6, 40))
     assert cold == warm == plain
     assert all(len(p) > 5 for p in plain)
+
+
+def test_the_cache_keeps_the_pools_used_last(cache, sources, monkeypatch):
+    """Past ``MAX_ENTRIES`` pools a write drops those used longest ago; a read counts as use."""
+    monkeypatch.setattr(text_cache, "MAX_ENTRIES", 3)
+    builds = {n: Counting([f"pool {n}"]) for n in range(5)}
+
+    def use(n: int, at: int) -> None:
+        assert cached_pool("t", {"n": n}, sources, [], builds[n]) == (f"pool {n}",)
+        for entry in cache.glob("t-*.json"):  # the clock: the one just used is at ``at``
+            if json.loads(entry.read_text())["pool"] == [f"pool {n}"]:
+                os.utime(entry, ns=(at * 10**9, at * 10**9))
+
+    for n in range(3):
+        use(n, at=n + 1)  # 0, 1, 2 kept
+    use(0, at=10)  # read again: now the newest
+    use(3, at=11)  # a fourth: 1 (used longest ago) goes
+    kept = sorted(json.loads(e.read_text())["pool"][0] for e in cache.glob("t-*.json"))
+    assert kept == ["pool 0", "pool 2", "pool 3"]
+    use(1, at=12)
+    assert builds[1].calls == 2 and builds[0].calls == 1  # 1 was built again, 0 never
