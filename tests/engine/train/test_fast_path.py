@@ -195,3 +195,34 @@ def test_trainer_steps_match_with_and_without_the_fast_path(tmp_path):
     la = results[True].report["stages"][0]["metrics"]
     lb = results[False].report["stages"][0]["metrics"]
     assert la["loss"] == pytest.approx(lb["loss"], rel=1e-6)
+
+
+def test_forget_learns_the_runs_of_layers_that_replaced_the_old():
+    """A late stage's rewrite replaces the TT-linears: the sibling runs learned from the old
+    layers (kept by their ids) fuse nothing any more; after ``forget`` the next session learns
+    the new layers' runs and the one after fuses them, equal to eager."""
+    model = _model(n_heads=8, max_rank=8)
+    ids, labels = _batch()
+    fast = FastPath(model)
+    _loss_and_grads(model, ids, labels, fast)
+    old = dict(fast._siblings)
+    assert fast.learned and old
+    for name, layer in [(n, m) for n, m in model.named_modules() if isinstance(m, TTLinear)]:
+        parent, _, attr = name.rpartition(".")  # a new object, the same function (a rewrite)
+        setattr(model.get_submodule(parent), attr, copy.deepcopy(layer))
+
+    def fused() -> int:
+        with fast.session() as session:
+            model(ids).sum().backward()
+        model.zero_grad(set_to_none=True)
+        return session.stats["sibling_runs"]
+
+    assert fused() == 0  # the old ids name no layer of the model now
+    fast.forget()
+    assert not fast.learned and fast._siblings == {}
+    eager = _loss_and_grads(model, ids, labels, None)
+    _assert_same(_loss_and_grads(model, ids, labels, fast), eager, 1e-12)  # learns
+    assert fast.learned and set(fast._siblings).isdisjoint(old)
+    assert sorted(len(r) for r in fast._siblings.values()) == [2, 2, 3, 3]
+    assert fused() == 2  # q/k/v of both blocks, from the new layers
+    _assert_same(_loss_and_grads(model, ids, labels, fast), eager, 1e-12)
