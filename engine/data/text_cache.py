@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -33,6 +34,7 @@ __all__ = ["CACHE_ENV", "cache_dir", "cached_pool"]
 CACHE_ENV = "COMERA_TEXT_CACHE"
 MAX_ENTRIES = 32  # pools kept (the standard library's: ~0.8 MB; torch's docstrings: a few MB)
 _FORMAT = 1  # bump when the file layout below changes
+_ENTRY = re.compile(r"[a-z][a-z0-9-]*-[0-9a-f]{40}\.json")  # a pool's file name
 
 
 def cache_dir() -> Path | None:
@@ -98,9 +100,12 @@ def cached_pool(
 
 
 def _prune(directory: Path) -> None:
-    """Drop all but the :data:`MAX_ENTRIES` pools of ``directory`` modified last."""
+    """Drop all but the :data:`MAX_ENTRIES` pools of ``directory`` modified last (only files
+    named as :func:`cached_pool` names them: the directory may hold others)."""
     stamped = []
     for entry in directory.glob("*.json"):
+        if not _ENTRY.fullmatch(entry.name):
+            continue
         with contextlib.suppress(OSError):
             stamped.append((entry.stat().st_mtime_ns, entry))
     stamped.sort(reverse=True)

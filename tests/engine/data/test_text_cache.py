@@ -131,6 +131,9 @@ def test_the_cache_keeps_the_pools_used_last(cache, sources, monkeypatch):
             if json.loads(entry.read_text())["pool"] == [f"pool {n}"]:
                 os.utime(entry, ns=(at * 10**9, at * 10**9))
 
+    (cache / "notes.json").parent.mkdir(parents=True, exist_ok=True)
+    (cache / "notes.json").write_text("{}")  # not a pool: never dropped
+    os.utime(cache / "notes.json", ns=(0, 0))
     for n in range(3):
         use(n, at=n + 1)  # 0, 1, 2 kept
     use(0, at=10)  # read again: now the newest
@@ -139,3 +142,4 @@ def test_the_cache_keeps_the_pools_used_last(cache, sources, monkeypatch):
     assert kept == ["pool 0", "pool 2", "pool 3"]
     use(1, at=12)
     assert builds[1].calls == 2 and builds[0].calls == 1  # 1 was built again, 0 never
+    assert (cache / "notes.json").exists()
