@@ -21,7 +21,7 @@ export COMERA_TEST_REQUIRE_SERVICES="${COMERA_TEST_REQUIRE_SERVICES:-1}"
 # time (clean clones on 2 cores: 607 s with three; the run before with two, before some tests
 # were trimmed, 731 s); the 15 slowest tests are listed, so a test that grows shows in the log.
 # 'loadgroup': the tests of one xdist group run one after another in one process (the tests
-# that start service stacks or launch training processes take turns, one at a time:
+# that start service stacks, and those that launch training processes, each take turns:
 # tests/helpers/groups.py); the rest spread.
 # The few 'solo' tests start several heavy processes each: they run one at a time afterwards,
 # where the suite's 60 s limit holds them with room (pytest's status 5: nothing was selected)

@@ -3,10 +3,8 @@ one after another in one test process while the other test processes take the re
 
 Tests that start several busy processes of their own take 4-22 s alone on 2 cores; three of
 them side by side starved each other's children past the suite's 60 s limit (a CI run saw the
-killed-worker and broker-restart tests at 60 s), and two side by side, beside a third test
-process, took 25-53 s here and past 60 s on a slower CI host. So both kinds below are one
-xdist group, ``processes``: one such test runs at a time, while the other test processes take
-the light tests (and the heaviest, marked ``solo``, run alone after the rest):
+killed-worker and broker-restart tests at 60 s). In two groups, at most two run at once, and
+the third test process takes the light tests:
 
 ``SERVICES``: a service stack (``comera up``, the API, Celery workers, the reaper) that runs
 jobs. ``LAUNCHES``: training processes launched apart from the test (torchrun ranks, the
@@ -23,7 +21,6 @@ from __future__ import annotations
 
 import pytest
 
-PROCESSES = "processes"  # the xdist group of both kinds
-SERVICES = pytest.mark.xdist_group(PROCESSES)
-LAUNCHES = pytest.mark.xdist_group(PROCESSES)
+SERVICES = pytest.mark.xdist_group("services")
+LAUNCHES = pytest.mark.xdist_group("launches")
 CLIENT = pytest.mark.xdist_group("client")
