@@ -18,7 +18,7 @@ import torch
 import torch.distributed as torch_dist
 from torch import nn
 
-from engine.data import build_data
+from engine.data import DataBundle, build_data
 from engine.models.registry import get_workload
 from engine.rank import tensorized_layers
 from engine.train.auto_rank import AutoRank, calibrate
@@ -29,7 +29,7 @@ from engine.train.job import JobConfig
 from engine.train.optim import build_optimizer
 from engine.train.rank_control import RankControl
 
-__all__ = ["Parts", "build_parts", "check_distributed"]
+__all__ = ["Parts", "build_parts", "check_distributed", "job_data"]
 
 
 @dataclass
@@ -60,6 +60,18 @@ def check_distributed(job: JobConfig, ctx: DistContext, device: torch.device) ->
     return device
 
 
+def job_data(job: JobConfig, workdir: Path) -> DataBundle:
+    """The job's data as its trainer builds it (``workdir``: where a trained tokenizer goes)."""
+    return build_data(
+        job.data,
+        arch=job.model.arch,
+        batch_size=job.training.batch_size,
+        seed=job.training.seed,
+        workdir=workdir,
+        model_config=job.model.config,
+    )
+
+
 def build_parts(
     job: JobConfig,
     workdir: Path,
@@ -73,14 +85,7 @@ def build_parts(
     main = dist is None or dist.main
     if not main:  # rank 0 writes what the data needs (a trained tokenizer) first
         torch_dist.barrier()
-    data = build_data(
-        job.data,
-        arch=job.model.arch,
-        batch_size=job.training.batch_size,
-        seed=job.training.seed,
-        workdir=workdir,
-        model_config=job.model.config,
-    )
+    data = job_data(job, workdir)
     if dist is not None and main:
         torch_dist.barrier()
     model_config = job.model_config(data.model_overrides)

@@ -8,24 +8,16 @@ from typing import Any
 
 import torch
 
-from engine.data import build_data
 from engine.models.registry import get_workload
 from engine.train import JobConfig
+from engine.train.parts import job_data
 
 __all__ = ["validation_batches", "validation_metrics"]
 
 
 def validation_batches(cfg: JobConfig, workdir: Path) -> list[dict[str, Any]]:
     """One pass of the job's validation data, built as its trainer builds it (in ``workdir``)."""
-    data = build_data(
-        cfg.data,
-        arch=cfg.model.arch,
-        batch_size=cfg.training.batch_size,
-        seed=cfg.training.seed,
-        workdir=workdir,
-        model_config=cfg.model.config,
-    )
-    return list(data.valid.batches(0))
+    return list(job_data(cfg, workdir).valid.batches(0))
 
 
 def validation_metrics(
