@@ -116,9 +116,14 @@ def get_lr(base: float, step: int, stage: StageConfig, total_steps: int) -> floa
 
 
 def set_stage_lrs(
-    optimizer: torch.optim.Optimizer, stage: StageConfig, step: int, total_steps: int
+    optimizer: torch.optim.Optimizer,
+    stage: StageConfig,
+    step: int,
+    total_steps: int,
+    scale: float = 1.0,
 ) -> None:
-    """Learning rate of every group for ``step`` of ``stage`` (gates frozen in finetune).
+    """Learning rate of every group for ``step`` of ``stage`` (gates frozen in finetune), times
+    ``scale`` (the fidelity guard's, after a back-off: :mod:`engine.train.guard`).
 
     A tensor learning rate (a capturable optimizer replayed in a CUDA graph) is set in place.
     """
@@ -126,7 +131,7 @@ def set_stage_lrs(
         base = getattr(stage.lr, group["name"])
         if stage.kind == "finetune" and group["name"] == "gates":
             base = 0.0
-        lr = get_lr(base, step, stage, total_steps)
+        lr = get_lr(base, step, stage, total_steps) * scale
         if isinstance(group["lr"], torch.Tensor):
             group["lr"].fill_(lr)
         else:

@@ -134,5 +134,6 @@ def _emit(
         "final": final,
     }
     if decision != "accept":
-        event.update(next_cut=control.guard.cap, next_wait=control.guard.wait)
+        guard = control.guard
+        event.update(next_cut=guard.cap, next_wait=guard.wait, lr_scale=guard.lr_scale)
     t.events.emit(event)

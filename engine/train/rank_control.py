@@ -288,6 +288,10 @@ class RankControl:
     def guarded(self) -> bool:
         return self.guard is not None
 
+    def lr_scale(self) -> float:
+        """Of the stage's scheduled learning rates: lowered by the guard's back-offs."""
+        return 1.0 if self.guard is None else self.guard.lr_scale
+
     def judge_due(self, stage_step: int) -> bool:
         """Whether the last cut has had its recovery steps and is to be judged now."""
         if self.guard is None or not self.dirty:

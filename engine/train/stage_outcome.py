@@ -64,6 +64,7 @@ def stage_outcome(
             "reference": control.guard.reference,
             "accepted": control.guard.accepted,
             "back_offs": len(backs),
+            "lr_scale": control.guard.lr_scale,  # of the scheduled rates, at the stage's end
         }
         if retries:
             out["retries"] = retries

@@ -361,7 +361,8 @@ class Trainer:
                         s.batch += 1
                         continue
                     self._rows = (*ddp.rows_of(total, self.dist), total)
-                set_stage_lrs(self.optimizer, stage, s.stage_step, s.stage_total or 0)
+                scale = 1.0 if self.control is None else self.control.lr_scale()
+                set_stage_lrs(self.optimizer, stage, s.stage_step, s.stage_total or 0, scale)
                 self._step(stage, batch)
                 s.batch, s.stage_step, s.global_step = (
                     s.batch + 1,

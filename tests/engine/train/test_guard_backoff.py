@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from engine.train import FunctionCallback, Trainer
-from engine.train.guard import FidelityGuard
+from engine.train.guard import LR_BACK_OFF, MIN_LR_SCALE, FidelityGuard
+from engine.train.optim import get_lr
 from tests.engine.train.test_rank_control import LR, mlp_job
 from tests.engine.train.test_trainer import _assert_same_run
 
@@ -63,12 +64,15 @@ def backed_off(tmp_path_factory):
     """One guarded run that backs off; the state at every accept and after every restore."""
     path = tmp_path_factory.mktemp("backoff")
     events: list[dict] = []
-    seen: dict[str, Any] = {"accepted": None, "checks": 0}
+    seen: dict[str, Any] = {"accepted": None, "checks": 0, "rates": []}
     holder: dict[str, Trainer] = {}
 
     def on_event(event: dict) -> None:
         events.append(event)
         t = holder.get("t")
+        if event["event"] == "progress" and event["stage"] == 1:  # the rates this step ran at
+            lrs = {g["name"]: float(g["lr"]) for g in t.optimizer.param_groups}
+            seen["rates"].append((event["stage_step"], lrs, t.control.lr_scale()))
         if event["event"] == "stage_start" and event["stage"] == 1:
             seen["accepted"] = _state(t)  # the guard's first snapshot: the stage start
         if event["event"] != "guard" or event["stage"] != 1:
@@ -116,6 +120,22 @@ def test_the_retry_cut_is_smaller_and_the_stage_goes_on(backed_off):
     assert late["guard"]["back_offs"] >= 1
 
 
+def test_a_back_off_lowers_the_stage_rates_from_then_on(backed_off):
+    job, _, result, _, seen = backed_off
+    stage = job.schedule[1]
+    late = result.report["stages"][1]
+    backs = [r for r in late["retries"] if r["decision"] == "back_off"]
+    want = [max(LR_BACK_OFF ** (i + 1), MIN_LR_SCALE) for i in range(len(backs))]
+    assert [r["next_lr_scale"] for r in backs] == pytest.approx(want)
+    rates = seen["rates"]
+    assert rates[0][2] == 1.0 and rates[-1][2] == pytest.approx(want[-1]) < 1.0
+    # each step ran at its schedule's rates times the scale the guard held before it
+    for (_, _, scale), (stage_step, lrs, _) in zip(rates, rates[1:], strict=False):
+        for name, lr in lrs.items():
+            base = get_lr(getattr(stage.lr, name), stage_step - 1, stage, late["steps"])
+            assert lr == pytest.approx(base * scale, rel=1e-12), (stage_step, name)
+
+
 def test_every_retry_is_an_event_and_in_the_report(backed_off):
     _, _, result, events, _ = backed_off
     late = result.report["stages"][1]
@@ -148,6 +168,7 @@ def test_the_guard_backs_off_by_halves_and_stops_at_one_rank():
     guard.cut_made(10, 10, 1000, 600)
     entry = guard.back_off(15, 580, bad, one_rank=50, final=False)
     assert entry["decision"] == "back_off" and guard.cap == 200 and guard.wait == 10
+    assert guard.lr_scale == entry["next_lr_scale"] == LR_BACK_OFF
     assert guard.limit(1000, 100.0) == 800  # at most the cap below the size
     assert guard.limit(1000, 900.0) == 900  # never below the bound
     guard.cut_made(15, 15, 1000, 800)
@@ -158,10 +179,14 @@ def test_the_guard_backs_off_by_halves_and_stops_at_one_rank():
     assert guard.back_off(40, 950, bad, one_rank=50, final=False)["decision"] == "stop"
     guard.cut_made(40, 40, 1000, 900)
     assert guard.back_off(45, 900, bad, one_rank=50, final=True)["decision"] == "restore"
+    assert guard.lr_scale == LR_BACK_OFF**2  # only a back-off lowers the rates
     # the penalty, not a cut, shrank the model below the snapshot: restored, the limits stay
     entry = guard.back_off(46, 700, bad, one_rank=50, final=False)
     assert entry["decision"] == "back_off" and entry["cut_step"] is None
-    assert (guard.cap, guard.wait) == (100, 15)
+    assert (guard.cap, guard.wait) == (100, 15) and guard.lr_scale == LR_BACK_OFF**3
+    for _ in range(10):  # never below the floor
+        guard.back_off(47, 700, bad, one_rank=50, final=False)
+    assert guard.lr_scale == MIN_LR_SCALE
     guard.cut_made(45, 45, 1000, 920)
     guard.passed(50, 920, {"accuracy": 0.95})
     assert guard.wait == 5 and guard.retries[-1]["decision"] == "accept"
