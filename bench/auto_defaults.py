@@ -37,14 +37,17 @@ from bench import fidelity, fidelity_data
 from bench.fidelity_summary import MAIN, TOLERANCE
 from engine.train import JobConfig, Trainer
 
-TARGET = fidelity.EARLY_TARGET  # 0.15: the early stage's target of bench.fidelity
+# 0.15: bench.fidelity's early target before its MLP rows moved to 0.3, the harder of the two
+TARGET = 0.15
 
 
 def defaults_job(train: Path, valid: Path, seed: int, steps: int) -> dict[str, Any]:
     """:func:`bench.fidelity.job`'s CoMERA early stage from the automatic start (the engine's
-    defaults: no ``max_rank``, no ``d``, no ``gamma``, only the stage's ``target_ratio``)."""
+    defaults: no ``max_rank``, no ``d``, no ``gamma``, only the stage's ``target_ratio``,
+    :data:`TARGET`)."""
     spec = fidelity.job(train, valid, "comera", seed, steps, MAIN, start="auto")
     spec["name"] = "auto-defaults"
+    spec["schedule"][0]["target_ratio"] = TARGET
     return spec
 
 

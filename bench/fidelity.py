@@ -34,11 +34,17 @@ their package. Per data set and fold (``--reps`` of 5 stratified 80/20 folds), t
   variants run for a layer set: all four at 0.5 and 0.2 for ``all``, ``full`` alone at 0.8
   and for ``hidden.1``.
 
+* ``room`` (layer set ``all``): the room probe of the 0.2 check, the early stage trained
+  directly to ``EARLY_TARGET / ROOM``, a quarter of its own target. A fold counts in the 0.2
+  check when it is shown to have that room: the probe ends within the tolerance of the late
+  stage's start, or the late stage reaches 0.2 within it
+  (:func:`bench.fidelity_summary.room_shown`).
+
 One more row, ``stdlib_modules_text`` (``--skip-text`` leaves it out): the same sentences and
 folds as ``stdlib_modules``, as raw text, for the ``transformer`` workload trained from
 scratch (:func:`text_job`: a WordPiece vocabulary trained on the fold's training rows, every
-linear of the encoder tensorized, from the automatic start and to the early target of the MLP
-rows); :data:`TEXT_REPS` folds and :data:`TEXT_VARIANTS` only, as a transformer step costs
+linear of the encoder tensorized, from the automatic start and to :data:`TEXT_EARLY_TARGET`);
+:data:`TEXT_REPS` folds and :data:`TEXT_VARIANTS` only, as a transformer step costs
 ~30x an MLP step.
 
 Each row gives the validation accuracy (mean over the folds, and each fold), the ratio of
@@ -53,23 +59,17 @@ The pretrained-encoder part (MiniLM compressed 5x, fidelity on a text source it 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
-import json
 import math
 import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from tempfile import TemporaryDirectory
 from typing import Any
 
-import torch
-
-from bench import fidelity_data, fidelity_encoder
-from bench.common import machine_info, map_spawned, write_json
-from bench.fidelity_results import merge_update, previous_results, summarize
+from bench import fidelity_data
+from bench.fidelity_results import summarize
 from bench.fidelity_summary import (
     ABLATION_TARGETS,
     MAIN,
@@ -77,12 +77,6 @@ from bench.fidelity_summary import (
     TARGETS,
     TOLERANCE,
     VARIANTS,
-    ablation,
-    aggregate,
-    checks,
-    print_dataset,
-    print_markdown,
-    summary_checks,
 )
 from engine.train import JobConfig, Trainer
 from engine.train.config import DEFAULT_AUTO_MAX_STEPS
@@ -98,9 +92,13 @@ LATE_MAX_STEPS = DEFAULT_AUTO_MAX_STEPS
 # layer at rank 64 without any cut (gamma 0) is as far behind at 720 (84.04)
 EARLY_EPOCHS = 30
 BATCH = 64
-# of the start's size: 5.6-6.6x against dense from the automatic start (larger than dense at
-# its start), ~13x from rank 64 of 2 + 2 cores (2.0x at its start)
-EARLY_TARGET = 0.15
+# of the start's size (the automatic start is larger than dense): ~3.2x against dense. At 0.15
+# (5.6-6.6x) stdlib_modules' early stage left under 2x of room: every late stage there, any
+# budget, stops at ~10x against dense (at 0.5 1/5 folds, 2/5 with 4,000 steps), as do training
+# at that size from scratch, bench.direct_size and one-shot SVD cuts (bench/README.md)
+EARLY_TARGET = 0.3
+# the transformer row's: its early stage at 0.15 (~6x) left room for 0.2 in every fold
+TEXT_EARLY_TARGET = 0.15
 # the compression keys of the early stage's start (see the module doc): "auto", the protocol,
 # none (the engine chooses, as for a user who gives only target_ratio); "auto-d2", the same in
 # 2 + 2 cores; "rank64", the protocol before
@@ -187,8 +185,10 @@ def text_job(
 ) -> dict[str, Any]:
     """The early-stage job (or its dense twin) of the ``transformer`` row: JSONL sentences,
     a WordPiece vocabulary trained on the training rows, every encoder linear tensorized, from
-    the automatic start to :data:`EARLY_TARGET`, as the MLP rows."""
+    the automatic start to :data:`TEXT_EARLY_TARGET`."""
     spec = job(train, valid, method, seed, steps, start="auto")
+    if method == "comera":
+        spec["schedule"][0]["target_ratio"] = TEXT_EARLY_TARGET
     spec["model"] = {
         "arch": "transformer",
         "config": {**TEXT_MODEL, "num_classes": fidelity_data.PACKAGES, "dropout": 0.1},
@@ -257,9 +257,12 @@ def guard_stops() -> Iterator[None]:
     original = FidelityGuard.back_off
 
     def back_off(self: FidelityGuard, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        scale = self.lr_scale
         entry = original(self, *args, **kwargs)
-        if entry["decision"] == "back_off":
+        if entry["decision"] == "back_off":  # no retry: neither its cut nor its rates
             entry.update(decision="stop", next_cut=None, next_wait=None, no_back_off=True)
+            entry.update(next_lr_scale=None)
+            self.lr_scale = scale
         return entry
 
     FidelityGuard.back_off = back_off  # type: ignore[method-assign]
@@ -292,6 +295,15 @@ def run_split(
         base = make(train, valid, "comera", rep, steps, layers)
         result = Trainer(JobConfig.from_dict(base), workdir=work).run()
         rows[f"{layers}/early"] = summarize(result, time.perf_counter() - t0)
+        if not text and layers == MAIN:  # the room probe of the 0.2 check (room_shown)
+            t0 = time.perf_counter()
+            probe = copy.deepcopy(base)
+            probe["name"] = "fidelity-room"
+            probe["schedule"][0]["target_ratio"] = EARLY_TARGET / ROOM
+            result = Trainer(
+                JobConfig.from_dict(probe), workdir=work.with_name(work.name + "-room")
+            )
+            rows[f"{layers}/room"] = summarize(result.run(), time.perf_counter() - t0)
         early_ckpt = work / "checkpoints" / "final.safetensors"
         vocab = [p.relative_to(work) for p in work.rglob("tokenizer.json")] if text else []
         for target, variant in plan(layers, text):
@@ -312,159 +324,7 @@ def run_split(
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--reps", type=int, default=fidelity_data.FOLDS, help="folds run per data set (<= 5)"
-    )
-    parser.add_argument("--datasets", default=",".join(fidelity_data.DATASETS))
-    parser.add_argument("--layer-sets", default=",".join(LAYER_SETS))
-    parser.add_argument("--skip-encoder", action="store_true")
-    parser.add_argument("--skip-text", action="store_true", help="no transformer row")
-    parser.add_argument("--text-reps", type=int, default=TEXT_REPS)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads, MLP runs")
-    parser.add_argument("--jobs", type=int, default=2, help="MLP splits run side by side")
-    parser.add_argument("--encoder-threads", type=int, default=2, help="torch threads, MiniLM")
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--early-steps", type=int, default=EARLY_STEPS)
-    parser.add_argument("--lr-schedule", default=LR_SCHEDULE, choices=("constant", "cosine"))
-    parser.add_argument(
-        "--start", default=START, choices=tuple(STARTS), help="the MLP early stage's start"
-    )
-    parser.add_argument(
-        "--late-linear-d", type=int, help="late stages' linear_d (default: engine's)"
-    )
-    parser.add_argument("--note", default=None, help="recorded in the JSON (a partial run)")
-    parser.add_argument(
-        "--update",
-        action="store_true",
-        help="replace only the data sets run now in the results file (keep the others)",
-    )
-    args = parser.parse_args()
-    _set_protocol(args.early_steps, args.lr_schedule, args.start, args.late_linear_d)
-    torch.set_num_threads(args.threads)
-    t_all = time.perf_counter()
-    results: dict[str, Any] = {}
-    sets = tuple(args.layer_sets.split(","))
-    names = [n for n in args.datasets.split(",") if n]
-    if not args.skip_text:
-        names += [n for n in fidelity_data.TEXT_DATASETS if n not in names]
-    with TemporaryDirectory() as tmp:
-        loaded = {
-            n: fidelity_data.load_text(n)
-            if n in fidelity_data.TEXT_DATASETS
-            else fidelity_data.load(n)
-            for n in names
-        }
-        reps = {n: args.text_reps if n in fidelity_data.TEXT_DATASETS else args.reps for n in names}
-        # the transformer folds first: the longest runs start while the pool is empty
-        order = sorted(names, key=lambda n: n not in fidelity_data.TEXT_DATASETS)
-        work = [(n, rep, Path(tmp), *loaded[n][:2], sets) for n in order for rep in range(reps[n])]
-        done = dict(zip(((w[0], w[1]) for w in work), run_splits(work, args), strict=True))
-        for name in names:
-            x, y, info = loaded[name]
-            splits = [done[name, rep] for rep in range(reps[name])]
-            agg = aggregate(splits)
-            text = name in fidelity_data.TEXT_DATASETS
-            layer_sets = ("encoder",) if text else sets
-            results[name] = {
-                "info": {
-                    **info,
-                    "rows": int(len(y)),
-                    "n_classes": len(set(y.tolist())),
-                    "workload": "transformer" if text else "mlp",
-                    **splits[0]["split"],
-                },
-                "runs": agg,
-                "splits": splits,
-                "checks": {ls: checks(name, agg, splits, ls) for ls in layer_sets},
-                # the runs' own times (the splits may run side by side: --jobs)
-                "seconds": round(sum(r["seconds"] for r in agg.values()), 1),
-            }
-            print_dataset(name, results[name])
-    previous = previous_results(args.out)
-    if args.update:  # the data sets run now replace theirs; the others stay as they were
-        kept = {n: r for n, r in previous.get("datasets", {}).items() if n not in results}
-        for name, res in kept.items():  # their checks as defined now, from their runs
-            res["checks"] = {
-                ls: checks(name, res["runs"], res["splits"], ls) for ls in res["checks"]
-            }
-        results = {**previous.get("datasets", {}), **results}
-    mlp = {n: r for n, r in results.items() if n not in fidelity_data.TEXT_DATASETS}
-    text_rows = {n: r for n, r in results.items() if n in fidelity_data.TEXT_DATASETS}
-    abl = {"mlp": ablation(mlp), "transformer": ablation(text_rows, "encoder")}
-    encoder = None
-    if not args.skip_encoder:
-        encoder = fidelity_encoder.run(threads=args.encoder_threads)
-        fidelity_encoder.print_table(encoder)
-        torch.set_num_threads(args.threads)
-    elif previous.get("encoder"):  # --skip-encoder keeps the last MiniLM pass
-        encoder = {**previous["encoder"], "kept_from_previous_run": True}
-    payload = {
-        "benchmark": "fidelity",
-        "machine": machine_info(),
-        "note": args.note,
-        "protocol": {
-            "reps": args.reps,
-            "text_reps": 0 if args.skip_text else args.text_reps,
-            "jobs": args.jobs,
-            "layer_sets": {s: LAYER_SETS[s] for s in sets},
-            "main_layer_set": MAIN,
-            "early_steps": EARLY_STEPS,
-            "early_epochs_at_least": EARLY_EPOCHS,
-            "late_steps": "auto",
-            "late_max_steps": LATE_MAX_STEPS,
-            "finetune_steps": FINETUNE_STEPS,
-            "start": START,
-            "late_linear_d": LATE_LINEAR_D,
-            "late_lr_scale": LATE_LR_SCALE,
-            "early_target": EARLY_TARGET,
-            "tolerance_points": TOLERANCE,
-            "room_for_the_0.2_check": ROOM,
-            "teacher_weight": TEACHER_WEIGHT,
-            "variants": {v: {"teacher": t, "back_off": b} for v, (t, b) in VARIANTS.items()},
-            "plan": {s: [f"late-{t:g}/{v}" for t, v in plan(s)] for s in sets},
-            "job": job(Path("TRAIN.npz"), Path("VALID.npz"), "comera", 0, EARLY_STEPS),
-            "text_job": text_job(
-                Path("TRAIN.jsonl"), Path("VALID.jsonl"), "comera", 0, EARLY_STEPS
-            ),
-            "text_plan": [f"late-{t:g}/{v}" for t, v in plan("encoder", text=True)],
-            "text_early_epochs_at_least": TEXT_EARLY_EPOCHS,
-        },
-        "datasets": results,
-        "ablation": abl,
-        "checks": summary_checks(results, abl),
-        "encoder": encoder,
-        "seconds": round(time.perf_counter() - t_all, 1),
-    }
-    if args.update and previous:
-        merge_update(payload, previous, names, args)
-    if args.out:
-        Path(args.out).write_text(json.dumps(payload, indent=2) + "\n")
-    else:
-        write_json("fidelity", payload)
-    print_markdown(payload)
-
-
-def run_splits(work: list[tuple], args: argparse.Namespace) -> list[dict[str, dict[str, Any]]]:
-    """:func:`run_split` of every ``(name, rep, tmp, x, y, layer_sets)``, in order;
-    ``args.jobs`` processes of ``args.threads`` torch threads each run them side by side
-    (spawned: no forked torch)."""
-    init = (args.early_steps, args.lr_schedule, args.start, args.late_linear_d, args.threads)
-    return map_spawned(run_split, work, args.jobs, _init, init)
-
-
-def _init(early_steps: int, lr_schedule: str, start: str, late_d: int | None, threads: int) -> None:
-    _set_protocol(early_steps, lr_schedule, start, late_d)
-    torch.set_num_threads(threads)
-
-
-def _set_protocol(
-    early_steps: int, lr_schedule: str, start: str = "auto", late_d: int | None = LATE_LINEAR_D
-) -> None:
-    global EARLY_STEPS, LR_SCHEDULE, START, LATE_LINEAR_D
-    EARLY_STEPS, LR_SCHEDULE, START, LATE_LINEAR_D = early_steps, lr_schedule, start, late_d
-
-
 if __name__ == "__main__":
+    from bench.fidelity_main import main
+
     main()

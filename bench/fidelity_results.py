@@ -52,7 +52,7 @@ def summarize(result: Any, seconds: float) -> dict[str, Any]:
             size_target=st["size_ref"],
             size_end=st["size_end"],
             late_ratio=st["size_start"] / st["size_end"] if st["size_end"] else None,
-            room=st["size_start"] / smallest_size(rep["ranks"]),
+            rank_one_room=st["size_start"] / smallest_size(rep["ranks"]),
             target_reached=st.get("target_reached"),
             stopped=bool(st.get("stopped")),
             back_offs=guard.get("back_offs", 0),

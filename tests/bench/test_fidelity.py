@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench import fidelity, fidelity_data, fidelity_encoder, fidelity_results
+from bench import fidelity, fidelity_data, fidelity_encoder, fidelity_results, fidelity_summary
 from engine.models.hf_bert import load_pretrained
 from engine.models.hf_bert.config import check_model_dir, read_architecture
 from engine.train import JobConfig
@@ -114,7 +114,7 @@ def test_the_late_branches_set_the_teacher_by_variant_and_the_plan_runs_the_abla
     assert text["model"]["arch"] == "transformer" and text["data"]["kind"] == "jsonl"
     # the automatic start, as the MLP rows: no max_rank, d or gamma, the same early target
     assert not {"max_rank", "d"} & set(text["compression"]) and "gamma" not in text["schedule"][0]
-    assert text["schedule"][0]["target_ratio"] == fidelity.EARLY_TARGET
+    assert text["schedule"][0]["target_ratio"] == fidelity.TEXT_EARLY_TARGET
     assert JobConfig.from_dict(text).compression.options.max_rank == "auto"
     JobConfig.from_dict(fidelity.late_job(text, 0.5, "neither"))
 
@@ -128,8 +128,10 @@ def test_the_guard_without_back_off_stops_where_the_engine_retries():
 
     assert failed_cut(FidelityGuard("accuracy", 1.0, interval=25))["decision"] == "back_off"
     with fidelity.guard_stops():
-        entry = failed_cut(FidelityGuard("accuracy", 1.0, interval=25))
+        guard = FidelityGuard("accuracy", 1.0, interval=25)
+        entry = failed_cut(guard)
         assert entry["decision"] == "stop" and entry["next_cut"] is None
+        assert entry["next_lr_scale"] is None and guard.lr_scale == 1.0  # no rates lowered
     assert failed_cut(FidelityGuard("accuracy", 1.0, interval=25))["decision"] == "back_off"
 
 
@@ -156,13 +158,16 @@ def test_a_fold_runs_every_path_and_the_checks_and_tables_follow(monkeypatch, tm
     x, y, info = fidelity_data.load("wine")
     rows = fidelity.run_split("wine", 0, tmp_path, x, y, ("all",))
     assert {"dense", "all/early", "all/late-0.5/no-back-off", "all/late-0.5/neither"} <= set(rows)
+    # the room probe: the early stage trained directly to a quarter of its own target
+    probe, early = rows["all/room"], rows["all/early"]
+    assert probe["early_target_reached"] and probe["size"] < early["size"] / 2
     late = rows["all/late-0.5/neither"]
     # the late stage starts from the early model rewritten in 2 + 2 cores (the engine's default
     # for its own two cores): the same ranks plus the two outer cores, 16^2 + 16^2 entries
     (n1, _), (_, m2) = (resolve_modes(256, None, d=2, descending=d).modes for d in (True, False))
     assert late["size_start"] == rows["all/early"]["size"] + n1 * n1 + m2 * m2
     assert set(late["ranks"]) == {"hidden.1"} and len(late["ranks"]["hidden.1"]) == 5
-    assert late["room"] > 1 and late["late_ratio"] >= 1
+    assert late["rank_one_room"] > 1 and late["late_ratio"] >= 1
     assert all(r["decision"] != "back_off" for r in late["retries"])  # it stops instead
     words = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "theta", "kappa", "zeta"]
     sentences = [
@@ -177,20 +182,60 @@ def test_a_fold_runs_every_path_and_the_checks_and_tables_follow(monkeypatch, tm
         ("wine", rows, ("all",)),
         ("stdlib_modules_text", text, ("encoder",)),
     ):
-        agg = fidelity.aggregate([fold])
-        checks = {s: fidelity.checks(name, agg, [fold], s) for s in sets}
+        agg = fidelity_summary.aggregate([fold])
+        checks = {s: fidelity_summary.checks(name, agg, [fold], s) for s in sets}
         assert checks[sets[0]]["no_run_ends_below_tolerance"] in (True, False)
         info = {"rows": 178 if name == "wine" else 200, "features": 13, "n_classes": 3}
         results[name] = {"info": info, "runs": agg, "checks": checks}
-    abl = {"mlp": fidelity.ablation({"wine": results["wine"]})}
+    abl = {"mlp": fidelity_summary.ablation({"wine": results["wine"]})}
     assert set(abl["mlp"]["parts"]) == {"teacher"}  # no-back-off against neither only
-    summary = fidelity.summary_checks(results, abl)
+    summary = fidelity_summary.summary_checks(results, abl)
     assert "wine:no_run_ends_below_tolerance" in summary
     assert "stdlib_modules_text:early_target_reached" in summary
     assert "ablation:mlp:teacher_adds" in summary
-    fidelity.print_markdown({"datasets": results, "encoder": None})
+    fidelity_summary.print_markdown({"datasets": results, "encoder": None})
     out = capsys.readouterr().out
     assert "| wine | all | 0.5 |" in out and "| stdlib_modules_text | encoder | 0.5 |" in out
+
+
+def test_room_is_shown_by_the_probe_or_by_the_late_stage_reaching_its_target():
+    def fold(start: float, probe: float | None, reached: bool, late: float) -> dict:
+        row = {"target_reached": reached, "stage_start_accuracy": start}
+        row.update(late_accuracy=late, accuracy=late)
+        out = {"all/late-0.2/full": row}
+        if probe is not None:
+            out["all/room"] = {"accuracy": probe}
+        return out
+
+    splits = [
+        fold(0.90, 0.895, False, 0.90),  # the probe holds within a point: room
+        fold(0.90, 0.885, False, 0.90),  # the probe falls 1.5 points, the target missed: none
+        fold(0.90, 0.50, True, 0.895),  # reached within the tolerance: room, whatever the probe
+        fold(0.90, 0.50, True, 0.80),  # "reached" 10 points under its start: none
+        fold(0.90, None, False, 0.90),  # no probe (the text row), not reached: none
+    ]
+    assert fidelity_summary.room_shown(splits) == [True, False, True, False, False]
+    # the 0.2 check counts the roomy folds only
+    reached = [False, False, True, False, False]
+    runs = {"all/late-0.2/full": {"reached_within_tolerance": reached}}
+    assert _checks_02(splits, runs) is False  # 1 hit of 2 folds: ceil(3 * 2 / 5) = 2 asked
+    splits[0]["all/room"]["accuracy"] = 0.50  # only the reached fold is roomy: 1 of 1
+    assert _checks_02(splits, runs) is True
+    for s in splits:
+        s["all/late-0.2/full"]["target_reached"] = False
+    assert (
+        _checks_02(splits, {"all/late-0.2/full": {"reached_within_tolerance": [False] * 5}}) is None
+    )
+
+
+def _checks_02(splits: list, runs: dict) -> bool | None:
+    early = {"early_target_reached": True, "early_size_start": 2, "early_size_end": 1}
+    splits = [{**s, "all/early": early} for s in splits]
+    agg = {"dense": {"accuracy": 0.9}, "all/early": {"accuracy": 0.9}, **runs}
+    for v in agg.values():
+        v.setdefault("within_tolerance", [True])
+    out = fidelity_summary.checks("x", agg, splits)
+    return out["late-0.2_reached_within_tolerance_3_of_5"]
 
 
 def test_the_text_folds_are_the_folds_of_the_embedded_set(tmp_path):
@@ -227,7 +272,7 @@ def test_the_tables_print_from_a_payload(capsys):
         },
         "encoder": encoder_payload(),
     }
-    fidelity.print_markdown(payload)
+    fidelity_summary.print_markdown(payload)
     fidelity_encoder.print_table(payload["encoder"])
     out = capsys.readouterr().out
     assert "| wine (178) | all | 95.00% | 95.00% at 12.0x | - |" in out
