@@ -128,7 +128,7 @@ def test_a_back_off_lowers_the_stage_rates_from_then_on(backed_off):
     want = [max(LR_BACK_OFF ** (i + 1), MIN_LR_SCALE) for i in range(len(backs))]
     assert [r["next_lr_scale"] for r in backs] == pytest.approx(want)
     rates = seen["rates"]
-    assert rates[0][2] == 1.0 and rates[-1][2] == pytest.approx(want[-1]) < 1.0
+    assert want[-1] < 1.0 and rates[0][2] == 1.0 and rates[-1][2] == pytest.approx(want[-1])
     # each step ran at its schedule's rates times the scale the guard held before it
     for (_, _, scale), (stage_step, lrs, _) in zip(rates, rates[1:], strict=False):
         for name, lr in lrs.items():

@@ -68,6 +68,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from bench import fidelity_data
 from bench.fidelity_results import summarize
 from bench.fidelity_summary import (
@@ -324,7 +326,31 @@ def run_split(
     return rows
 
 
-if __name__ == "__main__":
-    from bench.fidelity_main import main
+def set_protocol_and_threads(
+    early_steps: int,
+    lr_schedule: str,
+    start: str,
+    late_d: int | None,
+    early_target: float,
+    late_max_steps: int,
+    threads: int,
+) -> None:
+    """:func:`set_protocol` and the torch threads of a spawned process that runs folds."""
+    set_protocol(early_steps, lr_schedule, start, late_d, early_target, late_max_steps)
+    torch.set_num_threads(threads)
 
-    main()
+
+def set_protocol(
+    early_steps: int,
+    lr_schedule: str,
+    start: str = "auto",
+    late_d: int | None = None,
+    early_target: float | None = None,
+    late_max_steps: int | None = None,
+) -> None:
+    """Set the protocol's constants the command line may change (in this process; the folds'
+    processes call it through :func:`set_protocol_and_threads`)."""
+    global EARLY_STEPS, LR_SCHEDULE, START, LATE_LINEAR_D, EARLY_TARGET, LATE_MAX_STEPS
+    EARLY_STEPS, LR_SCHEDULE, START, LATE_LINEAR_D = early_steps, lr_schedule, start, late_d
+    EARLY_TARGET = EARLY_TARGET if early_target is None else early_target
+    LATE_MAX_STEPS = LATE_MAX_STEPS if late_max_steps is None else late_max_steps

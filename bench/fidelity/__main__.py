@@ -2,7 +2,7 @@
 side by side, the results file with its protocol, checks and ablation, and the tables.
 
 The protocol's constants live in :mod:`bench.fidelity`; the options that change them set
-them there, in this process and in every spawned one (:func:`_set_protocol`).
+them there, in this process and in every spawned one (:func:`bench.fidelity.set_protocol`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ __all__ = ["main"]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=F.__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.fidelity", description=F.__doc__.split("\n\n")[0]
+    )
     parser.add_argument(
         "--reps", type=int, default=fidelity_data.FOLDS, help="folds run per data set (<= 5)"
     )
@@ -71,7 +73,7 @@ def main() -> None:
         help="replace only the data sets run now in the results file (keep the others)",
     )
     args = parser.parse_args()
-    _set_protocol(
+    F.set_protocol(
         args.early_steps,
         args.lr_schedule,
         args.start,
@@ -197,30 +199,8 @@ def run_splits(work: list[tuple], args: argparse.Namespace) -> list[dict[str, di
         args.late_max_steps,
         args.threads,
     )
-    return map_spawned(F.run_split, work, args.jobs, _init, init)
+    return map_spawned(F.run_split, work, args.jobs, F.set_protocol_and_threads, init)
 
 
-def _init(
-    early_steps: int,
-    lr_schedule: str,
-    start: str,
-    late_d: int | None,
-    early_target: float,
-    late_max_steps: int,
-    threads: int,
-) -> None:
-    _set_protocol(early_steps, lr_schedule, start, late_d, early_target, late_max_steps)
-    torch.set_num_threads(threads)
-
-
-def _set_protocol(
-    early_steps: int,
-    lr_schedule: str,
-    start: str = "auto",
-    late_d: int | None = None,
-    early_target: float | None = None,
-    late_max_steps: int | None = None,
-) -> None:
-    F.EARLY_STEPS, F.LR_SCHEDULE, F.START, F.LATE_LINEAR_D = early_steps, lr_schedule, start, late_d
-    F.EARLY_TARGET = F.EARLY_TARGET if early_target is None else early_target
-    F.LATE_MAX_STEPS = F.LATE_MAX_STEPS if late_max_steps is None else late_max_steps
+if __name__ == "__main__":
+    main()
