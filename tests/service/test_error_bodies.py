@@ -28,6 +28,10 @@ from service.store.settings import Settings
 from tests.helpers.services import ROOT, free_port
 from tests.service.api_helpers import issue_key, job_body
 
+# a healthz call delayed more than this (s) over the quiet median means a rejection held the
+# event loop: the old code held it 1-2.5 s per body; scheduling noise stayed under 0.25 s
+LOOP_HELD = 0.5
+
 BAD_LABELS = 40_000
 
 
@@ -164,9 +168,10 @@ def _round(url: str, headers: dict[str, str], big: bytes, n: int) -> tuple[float
 
 def test_healthz_is_not_delayed_while_huge_bad_bodies_are_rejected(server):
     """The old code held the event loop for 1-2.5 s per body in every round. This shared
-    2-core host also delays a quiet server by 50-140 ms now and then (other processes), so
-    up to four rounds are run and one must keep every healthz call within 50 ms of the quiet
-    median: a rejection that blocked the loop would fail them all."""
+    2-core host also delays a quiet server now and then (other processes): 50-140 ms, and
+    100-220 ms in every one of four rounds on a slow day beside the rest of the suite. So up
+    to four rounds are run and one must keep every healthz call within :data:`LOOP_HELD` of
+    the quiet median: a rejection that blocked the loop would fail them all."""
     url, key = server
     headers = {"Authorization": f"Bearer {key}", "content-type": "application/json"}
     big = _body(BAD_LABELS)
@@ -189,6 +194,6 @@ def test_healthz_is_not_delayed_while_huge_bad_bodies_are_rejected(server):
             f"max {max(busy) * 1e3:.1f} ms (quiet median {base * 1e3:.1f} ms)"
         )
         print(rounds[-1])
-        if max(busy) - base <= 0.050:
+        if max(busy) - base <= LOOP_HELD:
             break
-    assert max(busy) - base <= 0.050, rounds
+    assert max(busy) - base <= LOOP_HELD, rounds
