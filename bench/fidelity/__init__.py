@@ -94,12 +94,12 @@ LATE_MAX_STEPS = DEFAULT_AUTO_MAX_STEPS
 # layer at rank 64 without any cut (gamma 0) is as far behind at 720 (84.04)
 EARLY_EPOCHS = 30
 BATCH = 64
-# of the start's size (the automatic start is larger than dense): ~3.2x against dense. At 0.15
+# of the start's size (the automatic start is larger than dense): 3.0-3.7x against dense. At 0.15
 # (5.6-6.6x) stdlib_modules' early stage left under 2x of room: every late stage there, any
 # budget, stops at ~10x against dense (at 0.5 1/5 folds, 2/5 with 4,000 steps), as do training
 # at that size from scratch, bench.direct_size and one-shot SVD cuts (bench/README.md)
 EARLY_TARGET = 0.3
-# the transformer row's: its early stage at 0.15 (~6x) left room for 0.2 in every fold
+# the transformer row's: its early stage at 0.15 (4.8x) left room for 0.2 in every fold
 TEXT_EARLY_TARGET = 0.15
 # the compression keys of the early stage's start (see the module doc): "auto", the protocol,
 # none (the engine chooses, as for a user who gives only target_ratio); "auto-d2", the same in
