@@ -45,9 +45,8 @@ def defaults_job(train: Path, valid: Path, seed: int, steps: int) -> dict[str, A
     """:func:`bench.fidelity.job`'s CoMERA early stage from the automatic start (the engine's
     defaults: no ``max_rank``, no ``d``, no ``gamma``, only the stage's ``target_ratio``,
     :data:`TARGET`)."""
-    spec = fidelity.job(train, valid, "comera", seed, steps, MAIN, start="auto")
+    spec = fidelity.job(train, valid, "comera", seed, steps, MAIN, start="auto", target=TARGET)
     spec["name"] = "auto-defaults"
-    spec["schedule"][0]["target_ratio"] = TARGET
     return spec
 
 

@@ -35,9 +35,9 @@ FACTORS = (1.0, 0.5, 0.2)  # of the early stage's target: its own, and the late 
 
 def size_job(train: Path, valid: Path, seed: int, steps: int, factor: float) -> dict[str, Any]:
     """The automatic start's early stage of :mod:`bench.fidelity` at ``EARLY_TARGET * factor``."""
-    spec = fidelity.job(train, valid, "comera", seed, steps, MAIN, start="auto")
+    target = fidelity.EARLY_TARGET * factor
+    spec = fidelity.job(train, valid, "comera", seed, steps, MAIN, start="auto", target=target)
     spec["name"] = f"direct-size-{factor:g}"
-    spec["schedule"][0]["target_ratio"] = fidelity.EARLY_TARGET * factor
     return spec
 
 

@@ -51,6 +51,11 @@ def _ok(r: dict[str, Any], tol: float) -> bool:
     return r["late_accuracy"] >= floor and r["accuracy"] >= floor
 
 
+def _hit(r: dict[str, Any], tol: float) -> bool:
+    """A late branch reached its target and ended within the tolerance of its stage start."""
+    return bool(r["target_reached"]) and _ok(r, tol)
+
+
 def aggregate(splits: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     tol = TOLERANCE / 100
@@ -70,9 +75,7 @@ def aggregate(splits: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, An
         if "target_reached" in rows[0]:
             agg["target_reached"] = [r["target_reached"] for r in rows]
             agg["within_tolerance"] = [_ok(r, tol) for r in rows]
-            agg["reached_within_tolerance"] = [
-                bool(r["target_reached"]) and _ok(r, tol) for r in rows
-            ]
+            agg["reached_within_tolerance"] = [_hit(r, tol) for r in rows]
             agg["late_ratio"] = statistics.fmean(r["late_ratio"] or 1.0 for r in rows)
             agg["rank_one_room"] = [round(r["rank_one_room"], 1) for r in rows]
             agg["back_offs"] = [r["back_offs"] for r in rows]
@@ -98,9 +101,8 @@ def room_shown(splits: list, layers: str = MAIN, target: float = 0.2) -> list[bo
     out = []
     for s in splits:
         late, probe = s[f"{layers}/late-{target:g}/full"], s.get(f"{layers}/room")
-        reached = bool(late["target_reached"]) and _ok(late, tol)
         held = probe is not None and probe["accuracy"] >= late["stage_start_accuracy"] - tol
-        out.append(reached or held)
+        out.append(_hit(late, tol) or held)
     return out
 
 

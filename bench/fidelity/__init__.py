@@ -148,10 +148,12 @@ def job(
     steps: int,
     layers: str = MAIN,
     start: str | None = None,
+    target: float | None = None,
 ) -> dict[str, Any]:
     """The early-stage job (or its dense twin) of one split, ``steps`` long, the ``mlp``
     workload with the layer set ``layers`` (:data:`LAYER_SETS`) tensorized, from ``start``
-    (:data:`STARTS`; default :data:`START`)."""
+    (:data:`STARTS`; default :data:`START`), to the stage ``target_ratio`` ``target``
+    (default :data:`EARLY_TARGET`)."""
     start = START if start is None else start
     compression: dict[str, Any] = {
         "layers": LAYER_SETS[layers],
@@ -159,7 +161,7 @@ def job(
         "shrink_every": 25,
         "max_metric_drop": TOLERANCE,
     }
-    early: dict[str, Any] = {"target_ratio": EARLY_TARGET}
+    early: dict[str, Any] = {"target_ratio": EARLY_TARGET if target is None else target}
     if start == "rank64":
         early["gamma"] = "auto"  # given: the automatic start leaves it to the engine
     return {
@@ -188,9 +190,7 @@ def text_job(
     """The early-stage job (or its dense twin) of the ``transformer`` row: JSONL sentences,
     a WordPiece vocabulary trained on the training rows, every encoder linear tensorized, from
     the automatic start to :data:`TEXT_EARLY_TARGET`."""
-    spec = job(train, valid, method, seed, steps, start="auto")
-    if method == "comera":
-        spec["schedule"][0]["target_ratio"] = TEXT_EARLY_TARGET
+    spec = job(train, valid, method, seed, steps, start="auto", target=TEXT_EARLY_TARGET)
     spec["model"] = {
         "arch": "transformer",
         "config": {**TEXT_MODEL, "num_classes": fidelity_data.PACKAGES, "dropout": 0.1},
@@ -262,8 +262,8 @@ def guard_stops() -> Iterator[None]:
         scale = self.lr_scale
         entry = original(self, *args, **kwargs)
         if entry["decision"] == "back_off":  # no retry: neither its cut nor its rates
-            entry.update(decision="stop", next_cut=None, next_wait=None, no_back_off=True)
-            entry.update(next_lr_scale=None)
+            entry.update(decision="stop", next_cut=None, next_wait=None, next_lr_scale=None)
+            entry["no_back_off"] = True
             self.lr_scale = scale
         return entry
 
@@ -299,9 +299,8 @@ def run_split(
         rows[f"{layers}/early"] = summarize(result, time.perf_counter() - t0)
         if not text and layers == MAIN:  # the room probe of the 0.2 check (room_shown)
             t0 = time.perf_counter()
-            probe = copy.deepcopy(base)
+            probe = job(train, valid, "comera", rep, steps, layers, target=EARLY_TARGET / ROOM)
             probe["name"] = "fidelity-room"
-            probe["schedule"][0]["target_ratio"] = EARLY_TARGET / ROOM
             result = Trainer(
                 JobConfig.from_dict(probe), workdir=work.with_name(work.name + "-room")
             )

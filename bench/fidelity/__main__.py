@@ -73,15 +73,7 @@ def main() -> None:
         help="replace only the data sets run now in the results file (keep the others)",
     )
     args = parser.parse_args()
-    F.set_protocol(
-        args.early_steps,
-        args.lr_schedule,
-        args.start,
-        args.late_linear_d,
-        args.early_target,
-        args.late_max_steps,
-    )
-    torch.set_num_threads(args.threads)
+    F.set_protocol_and_threads(*_protocol(args))
     t_all = time.perf_counter()
     results: dict[str, Any] = {}
     sets = tuple(args.layer_sets.split(","))
@@ -190,7 +182,13 @@ def run_splits(work: list[tuple], args: argparse.Namespace) -> list[dict[str, di
     """:func:`bench.fidelity.run_split` of every ``(name, rep, tmp, x, y, layer_sets)``, in order;
     ``args.jobs`` processes of ``args.threads`` torch threads each run them side by side
     (spawned: no forked torch)."""
-    init = (
+    return map_spawned(F.run_split, work, args.jobs, F.set_protocol_and_threads, _protocol(args))
+
+
+def _protocol(args: argparse.Namespace) -> tuple:
+    """The arguments of :func:`bench.fidelity.set_protocol_and_threads` the options give (this
+    process and every spawned one set the same)."""
+    return (
         args.early_steps,
         args.lr_schedule,
         args.start,
@@ -199,7 +197,6 @@ def run_splits(work: list[tuple], args: argparse.Namespace) -> list[dict[str, di
         args.late_max_steps,
         args.threads,
     )
-    return map_spawned(F.run_split, work, args.jobs, F.set_protocol_and_threads, init)
 
 
 if __name__ == "__main__":
