@@ -18,8 +18,6 @@ import typer
 
 from service.cli_settings import load_settings
 from service.store.auth import DEFAULT_SCOPES
-from service.store.db.crud.api_keys import create_key, has_active_key, list_keys, revoke_key
-from service.store.db.session import make_engine, make_sessionmaker
 from service.store.settings import Settings
 
 __all__ = ["KEY_FILE", "app", "ensure_first_key", "write_key_file"]
@@ -29,7 +27,18 @@ app = typer.Typer(help="API keys (stored as sha256; shown once).", no_args_is_he
 
 
 def _sessions(settings: Settings):  # noqa: ANN202 (a sessionmaker)
+    from service.store.db.session import make_engine, make_sessionmaker
+
     return make_sessionmaker(make_engine(settings.db_url, pool_size=1, max_overflow=0))
+
+
+def _keys():  # noqa: ANN202 (the module)
+    """The key store, imported on use: ``service.cli`` imports this module, so every process
+    it starts would load the ORM at start (a third of a second; the API's spawned planner
+    children import ``service.cli`` again as their main module)."""
+    from service.store.db.crud import api_keys
+
+    return api_keys
 
 
 def write_key_file(home: Path, key: str) -> Path:
@@ -48,9 +57,11 @@ def ensure_first_key(settings: Settings) -> str | None:
     else ``None``."""
     sessions = _sessions(settings)
     with sessions() as session:
-        if has_active_key(session=session):
+        if _keys().has_active_key(session=session):
             return None
-        _, key = create_key(session=session, tenant="default", scopes=(*DEFAULT_SCOPES, "admin"))
+        _, key = _keys().create_key(
+            session=session, tenant="default", scopes=(*DEFAULT_SCOPES, "admin")
+        )
     write_key_file(settings.home, key)
     return key
 
@@ -69,7 +80,9 @@ def create(
     settings = load_settings()
     with _sessions(settings)() as session:
         try:
-            row, key = create_key(session=session, tenant=tenant, scopes=scope or DEFAULT_SCOPES)
+            row, key = _keys().create_key(
+                session=session, tenant=tenant, scopes=scope or DEFAULT_SCOPES
+            )
         except ValueError as err:
             raise typer.BadParameter(str(err), param_hint="--scope") from None
         typer.echo(
@@ -88,7 +101,7 @@ def list_(show_revoked: bool = False) -> None:
     settings = load_settings()
     with _sessions(settings)() as session:
         names = {t.id: t.name for t in session.query(Tenant).all()}
-        for k in list_keys(session=session):
+        for k in _keys().list_keys(session=session):
             if k.revoked_at is not None and not show_revoked:
                 continue
             revoked = f"  revoked {k.revoked_at:%Y-%m-%d %H:%M}" if k.revoked_at else ""
@@ -104,7 +117,7 @@ def revoke(key_id: str) -> None:
     """Revoke a key by id (API processes notice within ``COMERA_KEY_CACHE_SECONDS``)."""
     settings = load_settings()
     with _sessions(settings)() as session:
-        if not revoke_key(session=session, key_id=key_id):
+        if not _keys().revoke_key(session=session, key_id=key_id):
             typer.echo(f"no active key {key_id}", err=True)
             raise typer.Exit(1)
     typer.echo(f"revoked {key_id}", err=True)

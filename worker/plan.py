@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import nn
 
 from api_schemas.engine_spec import SpecError
@@ -33,6 +32,7 @@ from engine.data.tokenizer import TOKENIZER_FILE, load_tokenizer, special_ids
 from engine.export.manifest import layer_record
 from engine.models.hf_bert.config import resolve_model_dir
 from engine.models.registry import get_workload
+from engine.nn.meta import on_meta
 from engine.nn.tt_linear import TTLinear
 from engine.nn.ttm_embedding import TTMEmbedding
 from engine.rank.size import tensorized_layers
@@ -100,7 +100,7 @@ PRETRAINED_ARCHS = ("hf", "hf_bert")  # with model.config.path: a frozen origina
 def _build(cfg: JobConfig, model_config: Any, tensorized: bool) -> nn.Module:
     workload = get_workload(cfg.model.arch)
     try:
-        with torch.device("meta"):
+        with on_meta():
             return workload.build(
                 workload.plan_config(model_config),
                 tensorized=tensorized,

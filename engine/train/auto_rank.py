@@ -42,6 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from engine.models.tensorize import AUTO_RANK_CAP
+from engine.nn.meta import on_meta
 from engine.tt.decompose import tt_svd, tt_to_full
 from engine.tt.shapes import bond_rank_bounds
 
@@ -245,7 +246,7 @@ def calibrate(
     with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(seed)
         dense = workload.build(model_config, tensorized=False, options=options).to(device)
-        with torch.device("meta"):
+        with on_meta():
             tt = workload.build(model_config, tensorized=True, options=options)
         from engine.rank import tensorized_layers
 

@@ -42,7 +42,8 @@ def init_cores(
     for shape in core_shapes:
         std = math.sqrt(variance ** (1.0 / k) / shape[-1])
         g = torch.empty(shape, device=device, dtype=dtype)
-        g.normal_(0.0, std, generator=generator)
+        if not g.is_meta:  # a meta core has no values (engine.nn.meta)
+            g.normal_(0.0, std, generator=generator)
         out.append(g)
     return out
 

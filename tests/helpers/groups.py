@@ -11,7 +11,10 @@ jobs. ``LAUNCHES``: training processes launched apart from the test (torchrun ra
 engine's CLI, a Python without this project loading an export).
 
 ``CLIENT``: the tests of ``tests/client`` that share its package-scoped ``comera up`` server
-and finished job; in one test process they start it once, not once per process.
+and finished job; in one test process they start it once, not once per process. They run in
+the ``services`` group: a group of their own was a third busy test process beside the other
+two, and a CI run on a slow host saw the client's first test (the server's start and one job,
+16 s alone) and two fault tests (10 and 21 s alone) pass 60 s.
 
 The grouping needs pytest 9.1 (pyproject.toml): under 9.2, xdist 3.8 loses the group without a
 word (``tests/test_groups.py`` fails then).
@@ -23,4 +26,4 @@ import pytest
 
 SERVICES = pytest.mark.xdist_group("services")
 LAUNCHES = pytest.mark.xdist_group("launches")
-CLIENT = pytest.mark.xdist_group("client")
+CLIENT = SERVICES  # the same group: see above

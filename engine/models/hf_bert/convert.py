@@ -29,6 +29,7 @@ from engine.models.hf_bert.model import (
 )
 from engine.models.hf_bert.whiten import balance_cores_
 from engine.models.tensorize import TensorizeOptions, TensorizeReport, require_matches
+from engine.nn.meta import on_meta
 from engine.nn.tt_linear import TTLinear
 from engine.nn.ttm_embedding import TTMEmbedding
 from engine.summary import SkippedLayer
@@ -187,7 +188,7 @@ def _student_of(teacher: BertEncoder, config: HFBertConfig) -> SentenceEncoder:
     Built on the meta device and then filled, so no random start is drawn for weights that
     are overwritten at once (a third of a pretrained build's time for MiniLM). Nothing is
     shared with the teacher."""
-    with torch.device("meta"):
+    with on_meta():
         model = SentenceEncoder(config.arch, config)
     model.to_empty(device="cpu")
     model.load_state_dict(teacher.state_dict(), strict=True)
