@@ -31,7 +31,7 @@ status=0
   status=$?
 [ "$status" -eq 5 ] && status=0
 solo=0
-"${pytest[@]}" -n 0 --durations=5 -m solo "$@" || solo=$?
+"${pytest[@]}" -n 0 --durations=10 -m solo "$@" || solo=$?
 [ "$solo" -eq 5 ] && solo=0
 [ "$status" -ne 0 ] && exit "$status"
 exit "$solo"

@@ -105,6 +105,9 @@ def test_a_malformed_data_row_exits_2_naming_file_and_line(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+# torchrun and its two ranks: 9-10 s alone, 28-36 s beside two other test processes on 2
+# cores; so it runs alone (scripts/test.sh)
+@pytest.mark.solo
 @LAUNCHES
 def test_nproc_per_node_runs_the_job_under_torchrun_and_rank_0_writes(tmp_path):
     """Two processes under torchrun (a real subprocess, the rendezvous on a free port): the

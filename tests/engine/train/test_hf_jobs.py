@@ -119,6 +119,9 @@ def _loaded_alone(tmp_path: Path, cases: list[tuple[Path, str, str]]) -> list[di
     return results
 
 
+# a training process, then a clean interpreter importing transformers: 18-22 s alone, 22-31 s
+# beside two other test processes on 2 cores; so it runs alone (scripts/test.sh)
+@pytest.mark.solo
 @LAUNCHES
 def test_a_llama_export_from_the_cli_loads_with_transformers_alone(tmp_path):
     """``python -m engine.train`` on a LLaMA (grouped-query attention) directory: its
