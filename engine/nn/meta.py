@@ -4,8 +4,12 @@ A model built on ``meta`` has shapes and no values, so drawing its random start 
 work; worse, the first ``normal_`` on a meta tensor runs through ``torch._refs``, whose
 wrapper imports ``torch._dynamo`` (about 1.5 s of a core, once per process). Every plan of a
 job, in the API's planner children and again in the worker's fresh child per job, paid that
-import for an ``nn.Embedding`` or a TT core that nobody reads. :func:`on_meta` builds on the
-meta device and turns the random initializers into no-ops for meta tensors only.
+import for an ``nn.Embedding`` or a TT core that nobody reads (a worker's job imports it
+anyway when it builds its optimizer; the planner children never need it). :func:`on_meta`
+builds on the meta device and turns the random initializers into no-ops for meta tensors only;
+:func:`engine.tt.cores.init_cores` skips meta cores itself, for layers made with
+``device="meta"`` outside it. Meta fills draw nothing from the CPU generator, so skipping them
+changes no later random draw.
 """
 
 from __future__ import annotations
