@@ -9,6 +9,7 @@ same processes, pointed at PostgreSQL and Redis through ``COMERA_DATABASE_URL`` 
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import subprocess
@@ -102,6 +103,7 @@ def up(
     from service.store.reaper import ReaperThread, TaskControl
     from service.task_control import CeleryControl, LocalControl
 
+    _stacks_on_sigusr1()
     settings = load_settings(home)
     settings.ensure_dirs()
     upgrade(settings.db_url)
@@ -141,6 +143,12 @@ def up(
         signal.signal(signal.SIGTERM, previous)
 
 
+def _stacks_on_sigusr1() -> None:
+    """``kill -USR1 PID`` writes every thread's stack to stderr (the process goes on): what a
+    stuck API or shutdown is waiting for. A Celery worker's main process does the same."""
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+
+
 def _terminated(signum: int, frame: object) -> None:
     """SIGTERM to ``comera up``: uvicorn shuts the API down on it, then raises the signal again
     once it has put this handler back; the default action would kill the process before the
@@ -162,10 +170,16 @@ def _first_key(settings: Settings) -> None:
 
 
 def _stop(procs: list[subprocess.Popen], grace: float = 60.0) -> None:
-    """Warm shutdown (SIGTERM: the running job checkpoints), then SIGKILL after ``grace``."""
+    """Warm shutdown, then SIGKILL to each worker's process group after ``grace``.
+
+    SIGTERM goes to each worker's main process only, as ``docker stop`` and systemd send it:
+    the main process forwards it to the pool child that runs a job (``worker.shutdown``: the
+    job checkpoints and is requeued) and ends its idle pool children itself. Signalling the
+    whole group as well killed idle children at whatever point they were (logged as an ERROR
+    at every shutdown), for nothing the main process does not already do."""
     for p in procs:
         if p.poll() is None:
-            os.killpg(p.pid, signal.SIGTERM)
+            os.kill(p.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     for p in procs:
         try:
@@ -186,6 +200,7 @@ def api(
     """Serve only the API (deployments run workers separately)."""
     import uvicorn
 
+    _stacks_on_sigusr1()
     settings = load_settings(home)
     if workers == 1:
         from service.main import create_app

@@ -53,7 +53,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
                 time.sleep(0.3)
         yield Server(srv.url, home, log, read_key(home))
     finally:
-        stop([proc])
+        stop([proc], [log])
 
 
 @pytest.fixture

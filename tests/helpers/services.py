@@ -2,11 +2,13 @@
 
 Children run as a user runs them (``python -m service.cli up|api|worker``) in their own
 process group, with every inherited ``COMERA_*`` variable removed; ``stop`` sends SIGINT (as
-Ctrl-C) and kills the group if it has not exited within a minute.
+Ctrl-C) and fails the test, with the stacks of what it waited on, if they have not exited
+within ``STOP_S``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -20,6 +22,7 @@ from typing import Any
 
 import redis
 
+from tests.helpers.proctree import alive, cmdline, descendants
 from tests.helpers.specs import (
     api_job,
     early_stage,
@@ -216,13 +219,45 @@ def auth_headers(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-def stop(procs: list[subprocess.Popen]) -> None:
+STOP_S = 30.0  # `comera up` stops in 5-7 s on a loaded 2-core host; a test's limit is 60 s
+
+
+def stop(procs: list[subprocess.Popen], logs: list[Path], timeout: float = STOP_S) -> None:
+    """SIGINT to each process group, as Ctrl-C sends it, and wait ``timeout`` s for all.
+
+    A service still running then is stuck, not slow: every thread's stack of it and of the
+    Celery workers it started goes to its log (SIGUSR1: ``comera up`` and Celery's main
+    process both write them), everything it started is killed, and the test fails with the
+    log's tail, so a stuck shutdown on CI says where it waited."""
     for p in procs:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGINT)
-    for p in procs:
+    deadline, stuck = time.monotonic() + timeout, []
+    for p, log in zip(procs, logs, strict=True):
         try:
-            p.wait(timeout=60)
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+            stuck.append((p, log, descendants(p.pid)))
+    for p, _, started in stuck:
+        for pid in [p.pid, *started]:
+            if pid == p.pid or "celery" in cmdline(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGUSR1)
+    if stuck:
+        time.sleep(3)  # the stacks are written
+    for p, _, started in stuck:
+        for pid in [p.pid, *started]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        p.wait()
+    left = {pid for _, _, started in stuck for pid in started}
+    deadline = time.monotonic() + 10  # SIGKILL is delivered, not waited for
+    while any(alive(pid) for pid in left) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if stuck:
+        tails = "\n".join(
+            f"{p.args[1:]} did not stop within {timeout:g} s of SIGINT; {log.name} ends:\n"
+            + log.read_text(errors="replace")[-12000:]
+            for p, log, _ in stuck
+        )
+        raise AssertionError(tails)

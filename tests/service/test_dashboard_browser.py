@@ -149,7 +149,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
                 client.headers["Authorization"] = f"Bearer {key}"
             yield Service(url, key, client, log)
     finally:
-        stop([proc])
+        stop([proc], [log])
 
 
 @pytest.fixture(scope="module")

@@ -121,7 +121,7 @@ def test_embedded_comera_up_runs_a_job_end_to_end(tmp_path):
             client.headers.update(auth_headers(key))
             _run_job_and_check(client, [log], tmp_path)
     finally:
-        stop([proc])
+        stop([proc], [log])
     assert (tmp_path / "home" / "comera.db").exists()
 
 
@@ -148,4 +148,4 @@ def test_distributed_api_and_worker_on_postgres_and_redis(tmp_path):
                 wait_for(lambda: _ready(client), 120, "the API")
                 _run_job_and_check(client, logs, tmp_path)
         finally:
-            stop(procs)
+            stop(procs, logs)

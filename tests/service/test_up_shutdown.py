@@ -13,42 +13,10 @@ import httpx
 import pytest
 
 from tests.helpers.groups import SERVICES
+from tests.helpers.proctree import alive, children, cmdline, descendants
 from tests.helpers.services import clean_env, free_port, start_cli
 
 pytestmark = [pytest.mark.slow, SERVICES]
-
-
-def _children() -> dict[int, list[int]]:
-    """parent pid -> child pids, from /proc."""
-    tree: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ...
-        if fields[0] != "Z":
-            tree.setdefault(int(fields[1]), []).append(int(entry.name))
-    return tree
-
-
-def _descendants(pid: int) -> set[int]:
-    tree, out, todo = _children(), set(), [pid]
-    while todo:
-        for child in tree.get(todo.pop(), []):
-            out.add(child)
-            todo.append(child)
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _wait(predicate, timeout: float, what: str, log: Path) -> None:
@@ -76,15 +44,26 @@ def test_sigterm_stops_comera_up_and_its_worker(tmp_path):
         assert proc.poll() is None, log.read_text()
 
         def worker_started() -> bool:  # the Celery worker and its pool child
-            tree.update(_descendants(proc.pid))
-            return any(_descendants(child) for child in _children().get(proc.pid, []))
+            tree.update(descendants(proc.pid))
+            return any(descendants(child) for child in children().get(proc.pid, []))
 
         _wait(worker_started, 60, "the worker's pool child", log)
-        tree.update(_descendants(proc.pid))
+        tree.update(descendants(proc.pid))
+
+        # SIGUSR1 writes every thread's stack to the log and stops nothing: `comera up`'s
+        # (faulthandler) and its Celery worker's (Celery's own), what a stuck stop is
+        # diagnosed with (tests.helpers.services.stop)
+        (celery,) = [p for p in children()[proc.pid] if "celery" in cmdline(p)]
+        for pid in (proc.pid, celery):
+            os.kill(pid, signal.SIGUSR1)
+        _wait(lambda: "(most recent call first)" in log.read_text(), 15, "up's stacks", log)
+        _wait(lambda: "MainThread\n=====" in log.read_text(), 15, "the worker's stacks", log)
+        assert "in run" in log.read_text()  # uvicorn's server loop, as faulthandler names it
+        assert proc.poll() is None and alive(celery), log.read_text()[-3000:]
 
         os.kill(proc.pid, signal.SIGTERM)  # the main process only, as a service manager does
         status = proc.wait(timeout=90)
-        _wait(lambda: not any(_alive(p) for p in tree), 15, "every child to exit", log)
+        _wait(lambda: not any(alive(p) for p in tree), 15, "every child to exit", log)
         assert status == 128 + signal.SIGTERM, log.read_text()[-3000:]
         assert "Finished server process" in log.read_text()
     finally:
@@ -92,5 +71,5 @@ def test_sigterm_stops_comera_up_and_its_worker(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         for pid in tree:  # what the old code left behind (started by this test)
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
