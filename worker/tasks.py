@@ -6,6 +6,10 @@ It re-reads everything from the database (the message carries only ids), and it 
 idempotent: a duplicate or stale message loses the claim and returns ``"skipped"``. Acks are
 early (worker.celery_app).
 
+A message taken while this worker shuts down (``worker.shutdown.shutting_down``) goes back to
+the end of its queue, unchanged, and returns ``"handed back"``: the job is not claimed by a
+process about to be stopped.
+
 Tenants take turns (docs/service.md#scheduling-order): when another tenant's turn comes
 first (``service.store.db.crud.fair_queue``), the message goes back to the end of its queue,
 unchanged but for a ``deferred`` count, and the task returns ``"deferred"``; the turn's own
@@ -32,15 +36,18 @@ from typing import Any
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from api_schemas import JobState
 from service.store.db.crud.fair_queue import next_tenant
+from service.store.db.models import Job
 from service.store.db.session import session_scope
-from service.store.placement import queue_name
+from service.store.placement import placement, queue_name
 from service.store.queue import TASK_NAME, client_app, task_id
 from service.store.reaper import reap_once
 from service.store.settings import Settings, get_settings
 from service.task_control import CeleryControl
 from worker import pipeline
 from worker.celery_app import app, session_factory
+from worker.shutdown import shutting_down
 
 __all__ = ["reap", "run_job"]
 
@@ -60,6 +67,10 @@ log = logging.getLogger(__name__)
 )
 def run_job(self: Any, job_id: str, attempt: int, deferred: int = 0) -> str:
     settings, factory = get_settings(), session_factory()
+    if shutting_down():  # taken in the last moments of this worker's loop: not for it
+        return _hand_back(
+            self, settings, factory, job_id=job_id, attempt=attempt, deferred=deferred
+        )
     if _send_back(self, settings, factory, job_id=job_id, attempt=attempt, deferred=deferred):
         return "deferred"
     soft = (self.request.timelimit or (None, None))[1]
@@ -90,19 +101,9 @@ def _send_back(
         decision = next_tenant(session=s, job_id=job_id, attempt=attempt)
     if decision.its_turn or deferred >= decision.waiting:
         return False
-    hard, soft = task.request.timelimit or (None, None)
     queue = queue_name(settings.queue, devices=decision.devices, nodes=decision.nodes)
     try:
-        client_app(settings.broker).send_task(
-            TASK_NAME,
-            args=(job_id, attempt),
-            kwargs={"deferred": deferred + 1},
-            task_id=task.request.id or task_id(job_id, attempt),
-            queue=queue,
-            soft_time_limit=soft,
-            time_limit=hard,
-            retry=False,
-        )
+        _resend(task, settings, queue, job_id=job_id, attempt=attempt, deferred=deferred + 1)
     except Exception as exc:  # noqa: BLE001 (any broker failure: run it now instead)
         log.warning("job %s: could not send its message back (%s); running it", job_id, exc)
         return False
@@ -114,6 +115,63 @@ def _send_back(
         deferred + 1,
     )
     return True
+
+
+def _hand_back(
+    task: Any,
+    settings: Settings,
+    factory: sessionmaker[Session],
+    *,
+    job_id: str,
+    attempt: int,
+    deferred: int,
+) -> str:
+    """This worker is shutting down (``worker.shutdown``): the message of a job waiting for
+    this attempt goes back to the end of its queue, untouched, and the job is not claimed;
+    a stale or duplicate message is dropped as the claim would drop it."""
+    with session_scope(factory) as s:
+        job = s.get(Job, job_id)
+        waiting = job is not None and job.state == JobState.QUEUED.value and job.attempt == attempt
+        where = placement(job.spec) if waiting else {}
+    if not waiting:
+        return "skipped"
+    try:
+        _resend(
+            task,
+            settings,
+            queue_name(settings.queue, **where),
+            job_id=job_id,
+            attempt=attempt,
+            deferred=deferred,
+        )
+    except Exception as exc:  # noqa: BLE001 (the reaper re-sends a lost message)
+        log.warning(
+            "job %s attempt %s: this worker is stopping and could not send its "
+            "message back (%s); the reaper will",
+            job_id,
+            attempt,
+            exc,
+        )
+        return "lost"
+    log.info("job %s attempt %s: this worker is stopping; message sent back", job_id, attempt)
+    return "handed back"
+
+
+def _resend(
+    task: Any, settings: Settings, queue: str, *, job_id: str, attempt: int, deferred: int
+) -> None:
+    """This message again, to the end of ``queue``: the same id and time limits."""
+    hard, soft = task.request.timelimit or (None, None)
+    client_app(settings.broker).send_task(
+        TASK_NAME,
+        args=(job_id, attempt),
+        kwargs={"deferred": deferred},
+        task_id=task.request.id or task_id(job_id, attempt),
+        queue=queue,
+        soft_time_limit=soft,
+        time_limit=hard,
+        retry=False,
+    )
 
 
 @app.task(name="comera.reap", ignore_result=True, acks_late=False)

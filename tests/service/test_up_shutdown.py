@@ -1,12 +1,17 @@
 """``comera up`` stopped by a service manager (SIGTERM, as ``docker stop`` or systemd send it)
 leaves nothing running: its Celery worker and that worker's pool child stop with it, as with
-Ctrl-C (SIGINT). A real ``python -m service.cli up`` process, embedded store and broker."""
+Ctrl-C (SIGINT), and the job it was running waits for the next start as its next attempt, with
+its message in the queue. A real ``python -m service.cli up`` process, embedded store and
+broker."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import sqlite3
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -14,7 +19,14 @@ import pytest
 
 from tests.helpers.groups import SERVICES
 from tests.helpers.proctree import alive, children, cmdline, descendants
-from tests.helpers.services import clean_env, free_port, start_cli
+from tests.helpers.services import (
+    TINY_JOB,
+    auth_headers,
+    clean_env,
+    free_port,
+    read_key,
+    start_cli,
+)
 
 pytestmark = [pytest.mark.slow, SERVICES]
 
@@ -34,9 +46,26 @@ def _ready(client: httpx.Client) -> bool:
         return False
 
 
-def test_sigterm_stops_comera_up_and_its_worker(tmp_path):
-    port, log = free_port(), tmp_path / "up.log"
-    proc = start_cli(["up", "--port", str(port)], clean_env(tmp_path / "home"), log)
+def _running(port: int, home: Path, log: Path) -> str:
+    """A long job submitted and seen training (its fifth step)."""
+    job = {**TINY_JOB, "schedule": [{**TINY_JOB["schedule"][0], "steps": 100_000}]}
+    headers = {**auth_headers(read_key(home)), "Idempotency-Key": str(uuid.uuid4())}
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60, headers=headers) as c:
+        resp = c.post("/v1/jobs", json={**job, "name": "long"})
+        assert resp.status_code == 202, resp.text
+        job_id = resp.json()["id"]
+
+        def training() -> bool:
+            got = c.get(f"/v1/jobs/{job_id}").json()
+            return got["state"] == "RUNNING" and got["progress"]["step"] >= 5
+
+        _wait(training, 90, "the job to train", log)
+    return job_id
+
+
+def test_sigterm_stops_comera_up_and_its_worker_and_requeues_the_job(tmp_path):
+    port, log, home = free_port(), tmp_path / "up.log", tmp_path / "home"
+    proc = start_cli(["up", "--port", str(port)], clean_env(home), log)
     tree: set[int] = set()
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
@@ -61,11 +90,22 @@ def test_sigterm_stops_comera_up_and_its_worker(tmp_path):
         assert "in run" in log.read_text()  # uvicorn's server loop, as faulthandler names it
         assert proc.poll() is None and alive(celery), log.read_text()[-3000:]
 
+        job_id = _running(port, home, log)
+        tree.update(descendants(proc.pid))
         os.kill(proc.pid, signal.SIGTERM)  # the main process only, as a service manager does
         status = proc.wait(timeout=90)
         _wait(lambda: not any(alive(p) for p in tree), 15, "every child to exit", log)
         assert status == 128 + signal.SIGTERM, log.read_text()[-3000:]
         assert "Finished server process" in log.read_text()
+        # preempted, and its next attempt waits with its message queued: the stopping worker
+        # took that message in its last moments, and sent it back instead of claiming the job
+        # (which left it STARTING, its lease to expire minutes later, an attempt spent)
+        with sqlite3.connect(home / "comera.db") as db:
+            state = db.execute("SELECT state, attempt FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        assert state == ("QUEUED", 2), log.read_text()[-3000:]
+        with sqlite3.connect(home / "broker.db") as db:
+            bodies = db.execute("SELECT payload FROM kombu_message WHERE visible").fetchall()
+        assert [json.loads(b)["headers"]["id"] for (b,) in bodies] == [f"{job_id}:2"]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
