@@ -36,11 +36,9 @@ from typing import Any
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from api_schemas import JobState
 from service.store.db.crud.fair_queue import next_tenant
-from service.store.db.models import Job
 from service.store.db.session import session_scope
-from service.store.placement import placement, queue_name
+from service.store.placement import queue_name
 from service.store.queue import TASK_NAME, client_app, task_id
 from service.store.reaper import reap_once
 from service.store.settings import Settings, get_settings
@@ -130,20 +128,12 @@ def _hand_back(
     this attempt goes back to the end of its queue, untouched, and the job is not claimed;
     a stale or duplicate message is dropped as the claim would drop it."""
     with session_scope(factory) as s:
-        job = s.get(Job, job_id)
-        waiting = job is not None and job.state == JobState.QUEUED.value and job.attempt == attempt
-        where = placement(job.spec) if waiting else {}
-    if not waiting:
+        decision = next_tenant(session=s, job_id=job_id, attempt=attempt)
+    if decision.tenant_id is None:  # gone, no longer QUEUED, or at another attempt
         return "skipped"
+    queue = queue_name(settings.queue, devices=decision.devices, nodes=decision.nodes)
     try:
-        _resend(
-            task,
-            settings,
-            queue_name(settings.queue, **where),
-            job_id=job_id,
-            attempt=attempt,
-            deferred=deferred,
-        )
+        _resend(task, settings, queue, job_id=job_id, attempt=attempt, deferred=deferred)
     except Exception as exc:  # noqa: BLE001 (the reaper re-sends a lost message)
         log.warning(
             "job %s attempt %s: this worker is stopping and could not send its "

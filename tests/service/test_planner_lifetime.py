@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.proctree import alive
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # like uvicorn: SIGTERM sets a flag, the main loop returns, the interpreter exits normally
@@ -36,17 +38,9 @@ time.sleep(1.5)  # a graceful shutdown that takes a while (the child died meanwh
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
-    except OSError:
-        return False
-    return state != "Z"  # a zombie waiting for its reaper counts as gone
-
-
 def _session_left(sid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-s", str(sid)], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split() if _alive(int(p))]
+    return [int(p) for p in out.split() if alive(int(p))]
 
 
 @pytest.mark.parametrize("how", ["sigterm_to_the_group", "sigkill"])
@@ -60,7 +54,7 @@ def test_the_planner_child_goes_when_the_api_process_goes(how: str):
     )
     try:
         children = [int(p) for p in proc.stdout.readline().split()]
-        assert children and all(_alive(c) for c in children)
+        assert children and all(alive(c) for c in children)
         if how == "sigkill":
             proc.send_signal(signal.SIGKILL)  # no atexit, no clean-up at all
         else:
@@ -87,15 +81,15 @@ def test_a_child_that_died_is_replaced_on_the_next_request():
         (first,) = planner.pids()
         os.kill(first, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while _alive(first) and time.monotonic() < deadline:
+        while alive(first) and time.monotonic() < deadline:
             time.sleep(0.05)
         with pytest.raises(PlanFailed):
             planner.plan({})  # answered by a fresh child, not an error
         (second,) = planner.pids()
-        assert second != first and _alive(second)
+        assert second != first and alive(second)
     finally:
         planner.close()
-    assert not _alive(second)
+    assert not alive(second)
 
 
 # an API process that exits while its start-up thread (a daemon, as service.main starts it)
